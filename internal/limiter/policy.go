@@ -1,0 +1,61 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// ErrInvalidPolicy is wrapped by every policy validation error.
+var ErrInvalidPolicy = errors.New("limiter: invalid policy")
+
+// Limits the scripts accept (lua/window.lua); policies are checked against
+// them up front so that no request can reach Redis with arguments the
+// scripts would refuse.
+const (
+	MinWindow = time.Second
+	MaxWindow = 366 * 24 * time.Hour
+	MaxLimit  = 1_000_000_000
+)
+
+var policyNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
+
+// Policy is one rate limit: Limit units per Window, Cost units a request.
+type Policy struct {
+	// Name names the limit in X-RateLimit-Resource and RateLimit-Policy, and
+	// is part of every key: 1 to 64 of [a-z0-9_.-], starting with a letter or
+	// digit.
+	Name string
+	// Limit is the number of units a window allows, 1 to MaxLimit.
+	Limit int64
+	// Window is the window length, whole seconds from MinWindow to MaxWindow.
+	// A window starts at its first request and ends (resets) Window later,
+	// rounded up to a whole second.
+	Window time.Duration
+	// Cost is what one request charges, 1 to Limit. 0 means 1.
+	Cost int64
+}
+
+// Validate reports the first problem with p, wrapping ErrInvalidPolicy.
+func (p Policy) Validate() error {
+	switch {
+	case !policyNameRE.MatchString(p.Name):
+		return fmt.Errorf("%w: name %q: want 1 to 64 of [a-z0-9_.-]", ErrInvalidPolicy, truncate(p.Name, 70))
+	case p.Limit < 1 || p.Limit > MaxLimit:
+		return fmt.Errorf("%w: %s: limit %d: want 1 to %d", ErrInvalidPolicy, p.Name, p.Limit, MaxLimit)
+	case p.Window < MinWindow || p.Window > MaxWindow || p.Window%time.Second != 0:
+		return fmt.Errorf("%w: %s: window %v: want whole seconds from %v to %v", ErrInvalidPolicy, p.Name, p.Window, MinWindow, MaxWindow)
+	case p.Cost < 0 || p.Cost > p.Limit:
+		return fmt.Errorf("%w: %s: cost %d: want 1 to the limit (%d)", ErrInvalidPolicy, p.Name, p.Cost, p.Limit)
+	}
+	return nil
+}
+
+// CostOrDefault is the policy's cost, 1 when unset.
+func (p Policy) CostOrDefault() int64 {
+	if p.Cost == 0 {
+		return 1
+	}
+	return p.Cost
+}

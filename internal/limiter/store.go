@@ -1,0 +1,311 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tallyhq/tally/internal/shard"
+	"github.com/tallyhq/tally/lua"
+)
+
+var (
+	// ErrInvalidArgument is wrapped by errors about an operation's arguments,
+	// whether Go or the script refused them. Retrying cannot help.
+	ErrInvalidArgument = errors.New("limiter: invalid argument")
+	// ErrNoReplica is returned by Check when every replica of the key's shard
+	// is down and the read policy is shard.ReadFail.
+	ErrNoReplica = errors.New("limiter: no replica up")
+)
+
+var (
+	checkScript  = redis.NewScript(lua.Check)
+	openScript   = redis.NewScript(lua.Open)
+	chargeScript = redis.NewScript(lua.Charge)
+	refundScript = redis.NewScript(lua.Refund)
+)
+
+// Options configure a Store. Zero values take the defaults stated.
+type Options struct {
+	// Clock supplies now for every script call. Default SystemClock.
+	Clock Clock
+	// Grace is how long a window's key outlives its reset (garbage collection
+	// only), and how old an event may be and still open a window on an empty
+	// key. It must exceed the clock difference between Tally and Redis.
+	// Default 60s; minimum 1s.
+	Grace time.Duration
+	// SkewTolerance lets an event that started up to this long before its
+	// window's start count in that window: edge clocks differ, and two edges
+	// can race to open one window. Default 2s; negative means 0.
+	SkewTolerance time.Duration
+	// ReadPolicy says what Check does when every replica of a shard is down.
+	// Default shard.ReadPrimary. A shard with no replicas always reads its
+	// primary.
+	ReadPolicy shard.ReadPolicy
+	// ReplicaCooldown is how long a failed replica stays out of rotation.
+	// Default shard.DefaultCooldown.
+	ReplicaCooldown time.Duration
+	// DialTimeout, ReadTimeout and WriteTimeout bound each Redis round trip.
+	// Default 500ms each. Context deadlines are honoured as well.
+	DialTimeout, ReadTimeout, WriteTimeout time.Duration
+	// PoolSize is the connection pool size per node; 0 means go-redis's
+	// default (10 per GOMAXPROCS).
+	PoolSize int
+	// MaxRetries is how often go-redis retries a command after a connection
+	// error. Retries are safe: every script is idempotent. Default 1;
+	// -1 disables retries.
+	MaxRetries int
+}
+
+func (o *Options) setDefaults() error {
+	if o.Clock == nil {
+		o.Clock = SystemClock{}
+	}
+	if o.Grace == 0 {
+		o.Grace = 60 * time.Second
+	}
+	if o.Grace < time.Second {
+		return fmt.Errorf("%w: grace %v: want at least 1s", ErrInvalidArgument, o.Grace)
+	}
+	if o.SkewTolerance == 0 {
+		o.SkewTolerance = 2 * time.Second
+	}
+	o.SkewTolerance = max(0, o.SkewTolerance)
+	if err := o.ReadPolicy.Validate(); err != nil {
+		return err
+	}
+	for _, d := range []*time.Duration{&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout} {
+		if *d <= 0 {
+			*d = 500 * time.Millisecond
+		}
+	}
+	if o.MaxRetries == 0 {
+		o.MaxRetries = 1
+	}
+	return nil
+}
+
+// Store runs the window scripts on the shards: checks on replicas, opens,
+// charges and refunds on primaries. It is safe for concurrent use.
+type Store struct {
+	opts   Options
+	m      *shard.Map
+	shards []*shardNodes
+}
+
+type shardNodes struct {
+	name     string
+	primary  *redis.Client
+	replicas []*redis.Client
+	health   *shard.Replicas
+}
+
+// NewStore connects (lazily) to every node of every shard. Call Close when
+// done.
+func NewStore(shards []shard.Config, opts Options) (*Store, error) {
+	if err := shard.Validate(shards); err != nil {
+		return nil, err
+	}
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	names := make([]string, len(shards))
+	s := &Store{opts: opts}
+	for i, sc := range shards {
+		names[i] = sc.Name
+		n := &shardNodes{
+			name:    sc.Name,
+			primary: redis.NewClient(opts.client(sc.Primary)),
+			health:  shard.NewReplicas(len(sc.Replicas), opts.ReplicaCooldown),
+		}
+		for _, r := range sc.Replicas {
+			n.replicas = append(n.replicas, redis.NewClient(opts.client(r)))
+		}
+		s.shards = append(s.shards, n)
+	}
+	s.m = shard.NewMap(names)
+	return s, nil
+}
+
+func (o *Options) client(n shard.Node) *redis.Options {
+	return &redis.Options{
+		Addr:                  n.Addr,
+		Username:              n.Username,
+		Password:              n.Password,
+		DB:                    n.DB,
+		DialTimeout:           o.DialTimeout,
+		ReadTimeout:           o.ReadTimeout,
+		WriteTimeout:          o.WriteTimeout,
+		PoolSize:              o.PoolSize,
+		MaxRetries:            o.MaxRetries,
+		ContextTimeoutEnabled: true,
+		DisableIdentity:       true,
+	}
+}
+
+// Close closes every connection.
+func (s *Store) Close() error {
+	var errs []error
+	for _, n := range s.shards {
+		errs = append(errs, n.primary.Close())
+		for _, r := range n.replicas {
+			errs = append(errs, r.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Shards is the number of shards.
+func (s *Store) Shards() int { return len(s.shards) }
+
+// ShardName is the configured name of shard i.
+func (s *Store) ShardName(i int) string { return s.shards[i].name }
+
+// ShardOf is the index of the shard that owns k.
+func (s *Store) ShardOf(k Key) int { return s.m.Pick(k.Hash()) }
+
+// Check reads k's live window from a replica of its shard. A window whose
+// reset_at is not after now reads as not live, whatever the replica still
+// holds. A replica that fails with a connection error is marked down and
+// the next one is tried; when none is up, the read policy applies.
+func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
+	n := s.shards[s.ShardOf(k)]
+	now := s.opts.Clock.Now()
+	keys, arg := []string{k.String()}, ms(now)
+	for _, i := range n.health.Candidates(now) {
+		w, err := parseCheck(checkScript.RunRO(ctx, n.replicas[i], keys, arg))
+		if err == nil {
+			return w, nil
+		}
+		if ctx.Err() != nil || !nodeDown(err) {
+			return Window{}, fmt.Errorf("limiter: check on shard %s replica %d: %w", n.name, i, err)
+		}
+		n.health.MarkDown(i, s.opts.Clock.Now())
+	}
+	if len(n.replicas) > 0 && s.opts.ReadPolicy == shard.ReadFail {
+		return Window{}, fmt.Errorf("limiter: check on shard %s: %w", n.name, ErrNoReplica)
+	}
+	w, err := parseCheck(checkScript.RunRO(ctx, n.primary, keys, arg))
+	if err != nil {
+		return Window{}, fmt.Errorf("limiter: check on shard %s primary: %w", n.name, err)
+	}
+	return w, nil
+}
+
+// Open returns k's live window from its shard's primary, opening one at now
+// (reset at now + window, rounded up to a whole second) when none is live.
+// opened reports whether this call created it. Edges call Open when a check
+// finds no live window, so that the very first responses of a window carry
+// the reset time every later response will show.
+func (s *Store) Open(ctx context.Context, k Key, window time.Duration) (w Window, opened bool, err error) {
+	if err := validWindow(window); err != nil {
+		return Window{}, false, err
+	}
+	n := s.shards[s.ShardOf(k)]
+	v, err := openScript.Run(ctx, n.primary, []string{k.String()},
+		ms(s.opts.Clock.Now()), window.Milliseconds(), s.opts.Grace.Milliseconds()).Int64Slice()
+	if err != nil {
+		return Window{}, false, fmt.Errorf("limiter: open on shard %s: %w", n.name, scriptErr(err))
+	}
+	if len(v) != 4 {
+		return Window{}, false, fmt.Errorf("limiter: open on shard %s: unexpected reply %v", n.name, v)
+	}
+	return Window{Live: true, Used: v[1], ResetAt: fromMS(v[2]), Start: fromMS(v[3])}, v[0] == 1, nil
+}
+
+// ProbeReplicas asks every replica for its replication state. Replicas that
+// do not answer, or whose link to the primary is down (they would serve
+// counts that no longer move), are marked down; the others are marked up.
+// Run it periodically (RunProbes); Check marks replicas down on its own
+// when reads fail.
+func (s *Store) ProbeReplicas(ctx context.Context) {
+	for _, n := range s.shards {
+		for i, r := range n.replicas {
+			info, err := r.Info(ctx, "replication").Result()
+			if err == nil && strings.Contains(info, "master_link_status:up") {
+				n.health.MarkUp(i)
+			} else {
+				n.health.MarkDown(i, s.opts.Clock.Now())
+			}
+		}
+	}
+}
+
+// RunProbes calls ProbeReplicas every interval until ctx is done.
+func (s *Store) RunProbes(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		s.ProbeReplicas(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ReplicaUp reports whether replica r of shard i is in rotation.
+func (s *Store) ReplicaUp(i, r int) bool {
+	return s.shards[i].health.Up(r, s.opts.Clock.Now())
+}
+
+// Ping checks that every primary answers; edges and accountants use it for
+// readiness.
+func (s *Store) Ping(ctx context.Context) error {
+	for _, n := range s.shards {
+		if err := n.primary.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("limiter: shard %s primary: %w", n.name, err)
+		}
+	}
+	return nil
+}
+
+func parseCheck(cmd *redis.Cmd) (Window, error) {
+	v, err := cmd.Int64Slice()
+	if err != nil {
+		return Window{}, scriptErr(err)
+	}
+	switch {
+	case len(v) == 1 && v[0] == 0:
+		return Window{}, nil
+	case len(v) == 4 && v[0] == 1:
+		return Window{Live: true, Used: v[1], ResetAt: fromMS(v[2]), Start: fromMS(v[3])}, nil
+	}
+	return Window{}, fmt.Errorf("unexpected check reply %v", v)
+}
+
+// refused reports whether err is a script's refusal of its arguments.
+func refused(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "tally: invalid")
+}
+
+// scriptErr marks a script's refusal of its arguments as ErrInvalidArgument.
+func scriptErr(err error) error {
+	if refused(err) {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return err
+}
+
+// nodeDown reports whether err means the node could not serve the command,
+// as opposed to the command failing on a node that works.
+func nodeDown(err error) bool {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout):
+		return true
+	}
+	return redis.HasErrorPrefix(err, "LOADING") || redis.HasErrorPrefix(err, "MASTERDOWN")
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func fromMS(v int64) time.Time { return time.UnixMilli(v) }

@@ -1,0 +1,109 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+)
+
+// ErrInvalidConfig is wrapped by every configuration error.
+var ErrInvalidConfig = errors.New("shard: invalid config")
+
+// ReadPolicy says what a read does when every replica of its shard is down.
+type ReadPolicy string
+
+const (
+	// ReadPrimary sends the read to the shard's primary. This is the default.
+	ReadPrimary ReadPolicy = "primary"
+	// ReadFail fails the read with an error wrapping ErrNoReplica.
+	ReadFail ReadPolicy = "fail"
+)
+
+// Node is one Redis server.
+type Node struct {
+	// Addr is host:port.
+	Addr string `yaml:"addr"`
+	// Username and Password authenticate with AUTH (ACL user or requirepass).
+	// Empty means no authentication.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	// DB is the logical database, 0 by default.
+	DB int `yaml:"db"`
+}
+
+// Config describes one shard.
+type Config struct {
+	// Name identifies the shard. It drives placement, so renaming a shard
+	// moves its keys; it appears in subjects and metrics, so it is limited to
+	// [a-z0-9_-], 1 to 32 characters.
+	Name     string `yaml:"name"`
+	Primary  Node   `yaml:"primary"`
+	Replicas []Node `yaml:"replicas"`
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9_-]{1,32}$`)
+
+// Validate reports the first problem with the shard list, naming the shard
+// and field.
+func Validate(shards []Config) error {
+	if len(shards) == 0 {
+		return fmt.Errorf("%w: no shards", ErrInvalidConfig)
+	}
+	seen := make(map[string]bool, len(shards))
+	addrs := make(map[string]string)
+	for i, s := range shards {
+		where := fmt.Sprintf("shards[%d]", i)
+		if !nameRE.MatchString(s.Name) {
+			return fmt.Errorf("%w: %s.name %q: want 1 to 32 of [a-z0-9_-]", ErrInvalidConfig, where, s.Name)
+		}
+		if seen[s.Name] {
+			return fmt.Errorf("%w: %s.name %q: duplicate shard name", ErrInvalidConfig, where, s.Name)
+		}
+		seen[s.Name] = true
+		nodes := append([]Node{s.Primary}, s.Replicas...)
+		for j, n := range nodes {
+			field := where + ".primary"
+			if j > 0 {
+				field = fmt.Sprintf("%s.replicas[%d]", where, j-1)
+			}
+			if err := n.validate(); err != nil {
+				return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, field, err)
+			}
+			if other, dup := addrs[n.key()]; dup {
+				return fmt.Errorf("%w: %s: %s is already %s", ErrInvalidConfig, field, n.Addr, other)
+			}
+			addrs[n.key()] = field
+		}
+	}
+	return nil
+}
+
+func (n Node) validate() error {
+	host, port, err := net.SplitHostPort(n.Addr)
+	if err != nil || host == "" {
+		return fmt.Errorf("addr %q: want host:port", n.Addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("addr %q: bad port", n.Addr)
+	}
+	if n.DB < 0 {
+		return fmt.Errorf("db %d: must be >= 0", n.DB)
+	}
+	return nil
+}
+
+// key identifies a node's keyspace: two shards on one server and database
+// would share windows.
+func (n Node) key() string { return n.Addr + "/" + strconv.Itoa(n.DB) }
+
+// Validate reports whether p is a known policy; the empty policy means
+// ReadPrimary.
+func (p ReadPolicy) Validate() error {
+	switch p {
+	case "", ReadPrimary, ReadFail:
+		return nil
+	}
+	return fmt.Errorf("%w: read policy %q: want %q or %q", ErrInvalidConfig, p, ReadPrimary, ReadFail)
+}

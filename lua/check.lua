@@ -1,0 +1,25 @@
+-- check.lua: read one key's live window.
+-- Runs on: a replica (or the primary), with EVALSHA_RO; it never writes.
+--
+-- KEYS[1] -> the window hash of one (resource, identity) key (keys.go)
+-- ARGV[1] -> now, ms since the Unix epoch (the caller's clock)
+--
+-- Returns:
+--   {0}                      no live window: none stored, or its reset_at has
+--                            passed (a replica keeps expired keys, and a
+--                            lagging replica keeps closed windows)
+--   {1, used, reset_at, start}
+--                            the live window; reset_at and start in ms
+-- Errors: "ERR tally: invalid now" when ARGV[1] is not 0..1e14.
+if type(ARGV[1]) ~= "string" or #ARGV[1] > 15 or not string.match(ARGV[1], "^%d+$") then
+  return redis.error_reply("ERR tally: invalid now")
+end
+local now = tonumber(ARGV[1])
+
+local f = redis.call("HMGET", KEYS[1], "u", "s", "r")
+local s = tonumber(f[2])
+local r = tonumber(f[3])
+if r == nil or s == nil or r <= now then
+  return { 0 }
+end
+return { 1, tonumber(f[1]) or 0, r, s }

@@ -287,6 +287,21 @@ func TestExactlyOnce(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, n)
 	})
+	t.Run("old event on an empty key whose window would still be live", func(t *testing.T) {
+		defer e.clock.Set(t0)
+		k := e.keys.Key("core", t.Name())
+		e.clock.Set(t0.Add(90 * time.Second))
+		// A 10-minute window opened at t0 would still be live, but a window
+		// that held t0 may have been garbage collected (grace is 60s): the
+		// event cannot be placed, and opening a window at t0 would hand the
+		// client a window that never existed.
+		r, err := e.store.Charge(ctx, k, "e1", t0, 1, 10*minute)
+		require.NoError(t, err)
+		require.Equal(t, limiter.Late, r.Outcome)
+		r, err = e.store.Charge(ctx, k, "e2", e.clock.Now().Add(-59*time.Second), 1, 10*minute)
+		require.NoError(t, err)
+		require.Equal(t, limiter.Applied, r.Outcome, "within the grace it opens the window")
+	})
 	t.Run("event from a clock that runs ahead is clamped to now", func(t *testing.T) {
 		k := e.keys.Key("core", t.Name())
 		r := e.charge(t, k, "e1", t0.Add(time.Hour), 1)

@@ -40,7 +40,7 @@ if tol == nil then return redis.error_reply("ERR tally: invalid skew tolerance")
 local grace = arg_int(7, 1000, 1000000000000)
 if grace == nil then return redis.error_reply("ERR tally: invalid grace") end
 
-local state, w, at = place(t, now, len, tol, grace)
+local state, w, at = place(t, now, len, tol, grace, field)
 if state == "late" then
   return { 3, 0, 0, 0, 0 }
 end
@@ -49,10 +49,10 @@ if state == "new" then
   return { 1, w.u, w.r, w.s, cost }
 end
 
-local rec = redis.call("HGET", KEYS[1], field)
+local rec = w.rec
 if rec == false then
-  local used = redis.call("HINCRBY", KEYS[1], "u", cost)
-  redis.call("HSET", KEYS[1], field, "c:" .. num(cost) .. ":" .. num(used))
+  local used = w.u + cost
+  redis.call("HSET", KEYS[1], "u", num(used), field, "c:" .. num(cost) .. ":" .. num(used))
   return { 1, used, w.r, w.s, cost }
 end
 if rec == "p" then

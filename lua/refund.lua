@@ -34,7 +34,7 @@ if tol == nil then return redis.error_reply("ERR tally: invalid skew tolerance")
 local grace = arg_int(6, 1000, 1000000000000)
 if grace == nil then return redis.error_reply("ERR tally: invalid grace") end
 
-local state, w, at = place(t, now, len, tol, grace)
+local state, w, at = place(t, now, len, tol, grace, field)
 if state == "late" then
   return { 3, 0, 0, 0, 0 }
 end
@@ -43,7 +43,7 @@ if state == "new" then
   return { 5, w.u, w.r, w.s, 0 }
 end
 
-local rec = redis.call("HGET", KEYS[1], field)
+local rec = w.rec
 if rec == false then
   redis.call("HSET", KEYS[1], field, "p")
   return { 5, w.u, w.r, w.s, 0 }

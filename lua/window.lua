@@ -49,15 +49,21 @@ local function num(v)
 end
 
 -- load reads the stored window, or returns nil when there is none or it is
--- unreadable.
-local function load()
-  local f = redis.call("HMGET", KEYS[1], "u", "s", "r", "p")
+-- unreadable. With a field, it reads that event record in the same call and
+-- returns it in w.rec (false when absent).
+local function load(field)
+  local f
+  if field then
+    f = redis.call("HMGET", KEYS[1], "u", "s", "r", "p", field)
+  else
+    f = redis.call("HMGET", KEYS[1], "u", "s", "r", "p")
+  end
   local r = tonumber(f[3])
   local s = tonumber(f[2])
   if r == nil or s == nil then
     return nil
   end
-  return { u = tonumber(f[1]) or 0, s = s, r = r, p = tonumber(f[4]) or 0 }
+  return { u = tonumber(f[1]) or 0, s = s, r = r, p = tonumber(f[4]) or 0, rec = f[5] or false }
 end
 
 -- create replaces whatever the key holds with a fresh window starting at t,
@@ -75,19 +81,21 @@ local function create(t, len, grace, p, u, field, record)
   return { u = u, s = t, r = r, p = p }
 end
 
--- place finds the window an event that started at t belongs to, at time now.
+-- place finds the window an event that started at t belongs to, at time now,
+-- and reads the event's record (field) with it.
 -- t is clamped to now first (an edge whose clock runs ahead cannot open a
 -- window in the future); the clamped t is always the third result:
---   "live", w, t    w is stored and live, and t belongs to it
+--   "live", w, t    w is stored and live, and t belongs to it; w.rec is the
+--                   event's record, false when there is none
 --   "new", p, t     no live window holds t; a new one may open at t, with p as
 --                   its earliest accepted start
 --   "late", nil, t  the event's window has closed (or was replaced): it must
 --                   not touch the current window
-local function place(t, now, len, tol, grace)
+local function place(t, now, len, tol, grace, field)
   if t > now then
     t = now
   end
-  local w = load()
+  local w = load(field)
   if w == nil then
     -- Nothing stored: any window that held t and was garbage collected
     -- ended at least grace ago, so only a start newer than that may open one.

@@ -1,0 +1,49 @@
+# Tally: one entry point for building, testing and benchmarking.
+# `make test` and `make bench` install Debian's redis-server when it is missing.
+
+GO        ?= go
+PKGS      ?= ./...
+BENCHTIME ?= 2s
+BENCHCOUNT ?= 5
+REDIS_MIN_MAJOR := 7
+
+.DEFAULT_GOAL := help
+.PHONY: help build test lint bench demo redis-server
+
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## Compile every package and command.
+	$(GO) build $(PKGS)
+
+test: redis-server ## Run every test with the race detector (real Redis, no mocks).
+	$(GO) test -race -count=1 $(PKGS)
+
+lint: ## Check formatting (gofmt) and run go vet.
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+bench: redis-server ## Run the benchmarks (results: docs/performance.md explains them).
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./internal/...
+
+demo: ## Run the whole pipeline locally (arrives with the edge-checker and accountant).
+	@echo "make demo arrives with the edge-checker and the accountant; see README.md." >&2; exit 2
+
+# redis-server: present and >= 7.0, or installed from Debian's packages when
+# we are root; otherwise stop and say what to install.
+redis-server:
+	@if ! command -v redis-server >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "redis-server is missing: installing Debian's redis-server package"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null \
+	      || { echo "installing redis-server failed" >&2; exit 1; }; \
+	  else \
+	    echo "redis-server (>= $(REDIS_MIN_MAJOR).0) is missing. Install it, e.g. 'sudo apt-get install redis-server', and run make again." >&2; \
+	    exit 1; \
+	  fi; \
+	fi; \
+	v=$$(redis-server --version | sed -n 's/.*v=\([0-9]*\)\..*/\1/p'); \
+	if [ -z "$$v" ] || [ "$$v" -lt $(REDIS_MIN_MAJOR) ]; then \
+	  echo "redis-server $$(redis-server --version) is too old: Tally needs Redis >= $(REDIS_MIN_MAJOR).0" >&2; exit 1; \
+	fi

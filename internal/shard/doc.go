@@ -30,4 +30,8 @@
 // [ReadPolicy] decides: read the primary (the default: correct, at the cost of
 // primary load), or fail the read and let the caller apply its own
 // fail-open or fail-closed rule.
+//
+// The I/O side of all this (connections, probes, recovering from NOSCRIPT
+// after a restart, a SCRIPT FLUSH or a promotion) lives in limiter.Store,
+// which drives this package.
 package shard

@@ -17,7 +17,7 @@ build: ## Compile every package and command.
 	$(GO) build $(PKGS)
 
 test: redis-server ## Run every test with the race detector (real Redis, no mocks).
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 lint: ## Check formatting (gofmt) and run go vet.
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

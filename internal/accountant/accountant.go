@@ -114,11 +114,17 @@ func New(js jetstream.JetStream, store *limiter.Store, keys *limiter.KeySpace, c
 	return &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now}
 }
 
-// Run creates the streams and consumers if needed, then consumes until ctx
-// ends, and drains. It returns the first worker error that was not caused
+// Run creates the streams and consumers if needed (waiting for NATS when it
+// is not up yet), then consumes until ctx ends, and drains. It returns the first worker error that was not caused
 // by ctx ending.
 func (a *Accountant) Run(ctx context.Context) error {
-	if err := events.EnsureStreams(ctx, a.js, a.cfg.Stream); err != nil {
+	err := events.EnsureStreamsRetry(ctx, a.js, a.cfg.Stream, 2*time.Second, func(err error) {
+		a.log.Warn("creating streams failed; retrying", "err", err)
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	var wg sync.WaitGroup

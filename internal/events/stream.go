@@ -196,3 +196,25 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, sc StreamConfig
 	}
 	return cons, nil
 }
+
+// EnsureStreamsRetry calls EnsureStreams until it succeeds or ctx ends,
+// waiting every between attempts and reporting each failure to onErr
+// (which may be nil). A process can start before NATS does.
+func EnsureStreamsRetry(ctx context.Context, js jetstream.StreamManager, c StreamConfig, every time.Duration, onErr func(error)) error {
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := EnsureStreams(attempt, js, c)
+		cancel()
+		if err == nil || errors.Is(err, ErrInvalidConfig) {
+			return err
+		}
+		if onErr != nil {
+			onErr(err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(every):
+		}
+	}
+}

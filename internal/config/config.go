@@ -1,0 +1,444 @@
+// Package config reads Tally's configuration file: one YAML file for a
+// deployment, from which the edge-checker and the accountant each take the
+// sections they need. Errors name the line and the field. Environment
+// variables override addresses and secrets (Env), so that secrets need not
+// be written in the file.
+//
+// docs/configuration.md describes every field and its default.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/shard"
+)
+
+// ErrInvalid is wrapped by every configuration error.
+var ErrInvalid = errors.New("config: invalid")
+
+// File is the whole configuration file.
+type File struct {
+	KeyPrefix  string     `yaml:"key_prefix"`
+	Redis      Redis      `yaml:"redis"`
+	NATS       NATS       `yaml:"nats"`
+	Edge       Edge       `yaml:"edge"`
+	Accountant Accountant `yaml:"accountant"`
+	Policies   []Policy   `yaml:"policies"`
+	Routes     []Route    `yaml:"routes"`
+
+	// KeySecret keys the identity hash (TALLY_KEY_SECRET). Never in the file.
+	KeySecret []byte `yaml:"-"`
+}
+
+// Redis is the shard map and the window settings.
+type Redis struct {
+	Shards        []shard.Config   `yaml:"shards"`
+	ReadPolicy    shard.ReadPolicy `yaml:"read_policy"`
+	Grace         time.Duration    `yaml:"grace"`
+	SkewTolerance time.Duration    `yaml:"skew_tolerance"`
+	Timeout       time.Duration    `yaml:"timeout"`
+}
+
+// NATS is the connection and the streams.
+type NATS struct {
+	URL       string                 `yaml:"url"`
+	Stream    events.StreamConfig    `yaml:"stream"`
+	Consumer  events.ConsumerConfig  `yaml:"consumer"`
+	Publisher events.PublisherConfig `yaml:"publisher"`
+}
+
+// Edge configures the edge-checker.
+type Edge struct {
+	// Listen serves proxy mode (requires Upstream). Empty: no proxy.
+	Listen   string `yaml:"listen"`
+	Upstream string `yaml:"upstream"`
+	// APIListen serves the decision API (/v1/check, /v1/finish). Empty: none.
+	APIListen string `yaml:"api_listen"`
+	// AdminListen serves /healthz, /readyz and /metrics. Default 127.0.0.1:9090.
+	AdminListen string `yaml:"admin_listen"`
+	// OnRedisError is "allow" (default: fail open) or "deny" (503).
+	OnRedisError string `yaml:"on_redis_error"`
+	// MaxHeaderBytes bounds request headers (431 above). Default 16 KiB.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// ShutdownTimeout bounds the graceful shutdown. Default 15s.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	Identity        Identity      `yaml:"identity"`
+	// DefaultPolicy applies to paths no route matches. Empty: such requests
+	// are passed through unlimited.
+	DefaultPolicy string `yaml:"default_policy"`
+	// Source is the CloudEvents source. Default edge-checker/<hostname>.
+	Source string `yaml:"source"`
+}
+
+// Identity says whose window a request counts against.
+type Identity struct {
+	// Header, when set and present on a request, is the identity (hashed).
+	// Requests without it are keyed by client IP.
+	Header string `yaml:"header"`
+	// TrustedProxies are CIDRs whose X-Forwarded-For entries are believed.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// IPv4Prefix and IPv6Prefix group client addresses. Defaults 32 and 64.
+	IPv4Prefix int `yaml:"ipv4_prefix"`
+	IPv6Prefix int `yaml:"ipv6_prefix"`
+}
+
+// Accountant configures the accountant.
+type Accountant struct {
+	BatchSize   int           `yaml:"batch_size"`
+	BatchWait   time.Duration `yaml:"batch_wait"`
+	RetryMin    time.Duration `yaml:"retry_min"`
+	RetryMax    time.Duration `yaml:"retry_max"`
+	AdminListen string        `yaml:"admin_listen"`
+}
+
+// Policy is one rate limit.
+type Policy struct {
+	Name   string        `yaml:"name"`
+	Limit  int64         `yaml:"limit"`
+	Window time.Duration `yaml:"window"`
+	Cost   int64         `yaml:"cost"`
+}
+
+// Route maps a path prefix to a policy and a cost.
+type Route struct {
+	// Path is a prefix: "/search" matches /search and /search/code. The
+	// longest matching prefix wins.
+	Path   string `yaml:"path"`
+	Policy string `yaml:"policy"`
+	// Cost overrides the policy's cost for this route.
+	Cost int64 `yaml:"cost"`
+}
+
+// Load reads, overrides from env and validates the file at path. env is
+// os.Getenv in production.
+func Load(path string, env func(string) string) (*File, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(b, env)
+}
+
+// Parse is Load on bytes. Errors wrap ErrInvalid and say "line N: field".
+func Parse(b []byte, env func(string) string) (*File, error) {
+	var f File
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	var root yaml.Node
+	_ = yaml.Unmarshal(b, &root)
+	if err := f.applyEnv(env); err != nil {
+		return nil, err
+	}
+	if err := f.validate(); err != nil {
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			if line := lineOf(&root, fe.path); line > 0 {
+				return nil, fmt.Errorf("%w: line %d: %s: %s", ErrInvalid, line, fe.path, fe.msg)
+			}
+			return nil, fmt.Errorf("%w: %s: %s", ErrInvalid, fe.path, fe.msg)
+		}
+		return nil, err
+	}
+	return &f, nil
+}
+
+// Environment variables read by Load.
+const (
+	EnvKeySecret     = "TALLY_KEY_SECRET"
+	EnvNATSURL       = "TALLY_NATS_URL"
+	EnvUpstream      = "TALLY_UPSTREAM"
+	EnvRedisUsername = "TALLY_REDIS_USERNAME"
+	EnvRedisPassword = "TALLY_REDIS_PASSWORD"
+	// TALLY_SHARD_<NAME>_PRIMARY and TALLY_SHARD_<NAME>_REPLICAS (comma
+	// separated) replace a shard's addresses; NAME is upper-cased, - → _.
+	envShardPrefix = "TALLY_SHARD_"
+)
+
+func (f *File) applyEnv(env func(string) string) error {
+	if env == nil {
+		env = func(string) string { return "" }
+	}
+	f.KeySecret = []byte(env(EnvKeySecret))
+	if v := env(EnvNATSURL); v != "" {
+		f.NATS.URL = v
+	}
+	if v := env(EnvUpstream); v != "" {
+		f.Edge.Upstream = v
+	}
+	user, pass := env(EnvRedisUsername), env(EnvRedisPassword)
+	for i := range f.Redis.Shards {
+		s := &f.Redis.Shards[i]
+		name := envShardPrefix + strings.ToUpper(strings.ReplaceAll(s.Name, "-", "_"))
+		if v := env(name + "_PRIMARY"); v != "" {
+			s.Primary.Addr = v
+		}
+		if v := env(name + "_REPLICAS"); v != "" {
+			s.Replicas = nil
+			for _, a := range strings.Split(v, ",") {
+				s.Replicas = append(s.Replicas, shard.Node{Addr: strings.TrimSpace(a)})
+			}
+		}
+		for _, n := range append([]*shard.Node{&s.Primary}, ptrs(s.Replicas)...) {
+			if n.Username == "" {
+				n.Username = user
+			}
+			if n.Password == "" {
+				n.Password = pass
+			}
+		}
+	}
+	return nil
+}
+
+func ptrs(ns []shard.Node) []*shard.Node {
+	out := make([]*shard.Node, len(ns))
+	for i := range ns {
+		out[i] = &ns[i]
+	}
+	return out
+}
+
+type fieldError struct {
+	path string // e.g. policies[1].limit
+	msg  string
+}
+
+func (e *fieldError) Error() string { return e.path + ": " + e.msg }
+
+func fieldErr(path, format string, args ...any) error {
+	return &fieldError{path: path, msg: fmt.Sprintf(format, args...)}
+}
+
+func (f *File) validate() error {
+	if f.KeyPrefix == "" {
+		f.KeyPrefix = "tally"
+	}
+	if _, err := limiter.NewKeySpace(f.KeyPrefix, nil); err != nil {
+		return fieldErr("key_prefix", "%v", err)
+	}
+	if err := shard.Validate(f.Redis.Shards); err != nil {
+		path, msg := "redis.shards", err.Error()
+		if rest, ok := strings.CutPrefix(msg, shard.ErrInvalidConfig.Error()+": "); ok {
+			msg = rest
+			if p, m, ok := strings.Cut(rest, ": "); ok && strings.HasPrefix(p, "shards[") {
+				path, msg = "redis."+p, m
+			}
+		}
+		return fieldErr(path, "%s", msg)
+	}
+	if err := f.Redis.ReadPolicy.Validate(); err != nil {
+		return fieldErr("redis.read_policy", "want primary or fail")
+	}
+	if f.NATS.URL == "" {
+		f.NATS.URL = "nats://127.0.0.1:4222"
+	}
+	if u, err := url.Parse(f.NATS.URL); err != nil || u.Host == "" {
+		return fieldErr("nats.url", "%q: want nats://host:port", f.NATS.URL)
+	}
+	seen := map[string]bool{}
+	for i, p := range f.Policies {
+		path := fmt.Sprintf("policies[%d]", i)
+		lp := p.Limiter()
+		if err := lp.Validate(); err != nil {
+			field := "name"
+			switch {
+			case strings.Contains(err.Error(), ": limit"):
+				field = "limit"
+			case strings.Contains(err.Error(), ": window"):
+				field = "window"
+			case strings.Contains(err.Error(), ": cost"):
+				field = "cost"
+			}
+			return fieldErr(path+"."+field, "%s", strings.TrimPrefix(err.Error(), limiter.ErrInvalidPolicy.Error()+": "))
+		}
+		if seen[p.Name] {
+			return fieldErr(path+".name", "duplicate policy %q", p.Name)
+		}
+		seen[p.Name] = true
+	}
+	byName := f.PolicyMap()
+	paths := map[string]bool{}
+	for i, r := range f.Routes {
+		path := fmt.Sprintf("routes[%d]", i)
+		if !strings.HasPrefix(r.Path, "/") {
+			return fieldErr(path+".path", "%q: want a path starting with /", r.Path)
+		}
+		if paths[r.Path] {
+			return fieldErr(path+".path", "duplicate route %q", r.Path)
+		}
+		paths[r.Path] = true
+		p, ok := byName[r.Policy]
+		if !ok {
+			return fieldErr(path+".policy", "unknown policy %q (known: %s)", r.Policy, strings.Join(sortedKeys(byName), ", "))
+		}
+		if r.Cost < 0 || r.Cost > p.Limit {
+			return fieldErr(path+".cost", "%d: want 1 to the policy's limit (%d)", r.Cost, p.Limit)
+		}
+	}
+	if d := f.Edge.DefaultPolicy; d != "" && !seen[d] {
+		return fieldErr("edge.default_policy", "unknown policy %q", d)
+	}
+	return f.validateEdge()
+}
+
+func (f *File) validateEdge() error {
+	e := &f.Edge
+	if e.Listen != "" {
+		u, err := url.Parse(e.Upstream)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fieldErr("edge.upstream", "%q: proxy mode (edge.listen) needs an http(s) upstream URL", e.Upstream)
+		}
+	}
+	if e.AdminListen == "" {
+		e.AdminListen = "127.0.0.1:9090"
+	}
+	switch e.OnRedisError {
+	case "":
+		e.OnRedisError = "allow"
+	case "allow", "deny":
+	default:
+		return fieldErr("edge.on_redis_error", "%q: want allow or deny", e.OnRedisError)
+	}
+	if e.MaxHeaderBytes == 0 {
+		e.MaxHeaderBytes = 16 << 10
+	}
+	if e.MaxHeaderBytes < 1024 {
+		return fieldErr("edge.max_header_bytes", "%d: want at least 1024", e.MaxHeaderBytes)
+	}
+	if e.ShutdownTimeout == 0 {
+		e.ShutdownTimeout = 15 * time.Second
+	}
+	id := &e.Identity
+	if id.IPv4Prefix == 0 {
+		id.IPv4Prefix = 32
+	}
+	if id.IPv6Prefix == 0 {
+		id.IPv6Prefix = 64
+	}
+	if id.IPv4Prefix < 8 || id.IPv4Prefix > 32 {
+		return fieldErr("edge.identity.ipv4_prefix", "%d: want 8 to 32", id.IPv4Prefix)
+	}
+	if id.IPv6Prefix < 16 || id.IPv6Prefix > 128 {
+		return fieldErr("edge.identity.ipv6_prefix", "%d: want 16 to 128", id.IPv6Prefix)
+	}
+	for i, c := range id.TrustedProxies {
+		if _, err := parsePrefix(c); err != nil {
+			return fieldErr(fmt.Sprintf("edge.identity.trusted_proxies[%d]", i), "%q: want an address or CIDR", c)
+		}
+	}
+	if len(f.Policies) == 0 && (e.Listen != "" || e.APIListen != "") {
+		return fieldErr("policies", "the edge needs at least one policy")
+	}
+	return nil
+}
+
+// Limiter is the policy as the limiter takes it.
+func (p Policy) Limiter() limiter.Policy {
+	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost}
+}
+
+// PolicyMap is the policies by name.
+func (f *File) PolicyMap() map[string]limiter.Policy {
+	m := make(map[string]limiter.Policy, len(f.Policies))
+	for _, p := range f.Policies {
+		m[p.Name] = p.Limiter()
+	}
+	return m
+}
+
+// StoreOptions are the limiter options the file sets.
+func (f *File) StoreOptions() limiter.Options {
+	return limiter.Options{
+		Grace: f.Redis.Grace, SkewTolerance: f.Redis.SkewTolerance, ReadPolicy: f.Redis.ReadPolicy,
+		DialTimeout: f.Redis.Timeout, ReadTimeout: f.Redis.Timeout, WriteTimeout: f.Redis.Timeout,
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// lineOf finds the line of a path like "policies[1].limit" in the document;
+// 0 when it is not there (a default, or an override from the environment).
+func lineOf(doc *yaml.Node, path string) int {
+	n := doc
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := 0
+	for _, part := range strings.Split(path, ".") {
+		name, idx := part, -1
+		if i := strings.IndexByte(part, '['); i >= 0 && strings.HasSuffix(part, "]") {
+			name = part[:i]
+			idx, _ = strconv.Atoi(part[i+1 : len(part)-1])
+		}
+		if n == nil || n.Kind != yaml.MappingNode {
+			return line
+		}
+		var next *yaml.Node
+		for k := 0; k+1 < len(n.Content); k += 2 {
+			if n.Content[k].Value == name {
+				line, next = n.Content[k].Line, n.Content[k+1]
+				break
+			}
+		}
+		if next == nil {
+			return line
+		}
+		n = next
+		if idx >= 0 {
+			if n.Kind != yaml.SequenceNode || idx >= len(n.Content) {
+				return line
+			}
+			n = n.Content[idx]
+			line = n.Line
+		}
+	}
+	return line
+}
+
+// Trusted returns the trusted proxy prefixes (validated by Load).
+func (id Identity) Trusted() []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(id.TrustedProxies))
+	for _, s := range id.TrustedProxies {
+		if p, err := parsePrefix(s); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// parsePrefix reads a CIDR, or a single address as a full-length prefix.
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		return p.Masked(), err
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}

@@ -13,8 +13,9 @@ REDIS_MIN_MAJOR := 7
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## Compile every package and command.
+build: ## Compile every package, and the commands into bin/.
 	$(GO) build $(PKGS)
+	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo
 
 test: redis-server ## Run every test with the race detector (real Redis, no mocks).
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
@@ -27,8 +28,10 @@ lint: ## Check formatting (gofmt) and run go vet.
 bench: redis-server ## Run the benchmarks (results: docs/performance.md explains them).
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./internal/...
 
-demo: ## Run the whole pipeline locally (arrives with the edge-checker and accountant).
-	@echo "make demo arrives with the edge-checker and the accountant; see README.md." >&2; exit 2
+demo: redis-server ## Run the whole pipeline locally: Redis shards, NATS, accountant, edge, traffic, summary.
+	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo
+	$(GO) build -o bin/nats-server github.com/nats-io/nats-server/v2
+	./bin/demo
 
 # redis-server: present and >= 7.0, or installed from Debian's packages when
 # we are root; otherwise stop and say what to install.

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -94,6 +95,9 @@ func (s *Server) launch(bin string) error {
 	}
 	s.cmd = exec.Command(bin, args...)
 	s.cmd.Dir = s.dir
+	// If the test binary dies without cleaning up (a timeout panic, a kill),
+	// the kernel stops the server too.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
 		return err
 	}

@@ -315,3 +315,36 @@ func TestPrimaryRestartWhileEventsFlow(t *testing.T) {
 	require.EqualValues(t, 40, a.Stats().Charged)
 	require.Zero(t, a.Stats().DeadLettered)
 }
+
+// Streams and consumers are created or updated idempotently at start-up.
+func TestStreamsAndConsumersAreIdempotent(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	require.NoError(t, events.EnsureStreams(ctx, f.js, f.cfg.Stream), "again, unchanged")
+	changed := f.cfg.Stream
+	changed.MaxAge = time.Hour
+	require.NoError(t, events.EnsureStreams(ctx, f.js, changed), "updated in place")
+	st, err := f.js.Stream(ctx, "TALLY_EVENTS")
+	require.NoError(t, err)
+	info, err := st.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, time.Hour, info.Config.MaxAge)
+	require.Equal(t, jetstream.DiscardNew, info.Config.Discard)
+	require.Equal(t, 2*time.Minute, info.Config.Duplicates)
+	require.Equal(t, jetstream.FileStorage, info.Config.Storage)
+
+	for range 2 {
+		cons, err := events.EnsureConsumer(ctx, f.js, f.cfg.Stream, f.cfg.Consumer, "s0")
+		require.NoError(t, err)
+		ci, err := cons.Info(ctx)
+		require.NoError(t, err)
+		require.Equal(t, -1, ci.Config.MaxDeliver, "transient failures must never exhaust deliveries")
+		require.Equal(t, jetstream.PriorityPolicyPinned, ci.Config.PriorityPolicy)
+		require.Equal(t, []string{"tally.events.s0.started", "tally.events.s0.finished"}, ci.Config.FilterSubjects)
+	}
+	for _, bad := range []events.StreamConfig{{Storage: "tape"}, {Discard: "maybe"}, {Replicas: 9}, {Duplicates: time.Hour, MaxAge: time.Minute}} {
+		require.ErrorIs(t, events.EnsureStreams(ctx, f.js, bad), events.ErrInvalidConfig)
+	}
+	_, err = events.EnsureConsumer(ctx, f.js, f.cfg.Stream, f.cfg.Consumer, "S 0")
+	require.ErrorIs(t, err, events.ErrInvalidConfig)
+}

@@ -197,12 +197,16 @@ func TestProxyChargesRefundsAndDenies(t *testing.T) {
 	require.Equal(t, 200, get(t, e.proxy.URL, "token-b").StatusCode)
 }
 
-// The first responses of a fresh window carry its final reset on every edge.
+// The first responses of a fresh window carry its final reset on every edge,
+// even before the first charge has reached Redis: edge b answers 1.5 s
+// after edge a (by its clock), so a reset it computed itself would differ.
 func TestFreshWindowResetIsFinalOnEveryEdge(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute}
-	a := pl.edge(nil)
-	b := pl.edge(nil)
+	now := time.Now().Truncate(time.Second).Add(100 * time.Millisecond)
+	clockA, clockB := limiter.NewManualClock(now), limiter.NewManualClock(now.Add(1500*time.Millisecond))
+	a := pl.edge(func(o *edge.Options) { o.Clock = clockA })
+	b := pl.edge(func(o *edge.Options) { o.Clock = clockB })
 	var resets []string
 	for i := range 6 {
 		e := a
@@ -216,6 +220,8 @@ func TestFreshWindowResetIsFinalOnEveryEdge(t *testing.T) {
 	for _, r := range resets {
 		require.Equal(t, resets[0], r, "all: %v", resets)
 	}
+	require.Equal(t, strconv.FormatInt(now.Add(time.Minute+time.Second).Truncate(time.Second).Unix(), 10), resets[0],
+		"the window opened at edge a's first request")
 	k := pl.keys.Key("core", "h:token-fresh")
 	pl.waitUsed(k, 6)
 	w, err := pl.store.Check(context.Background(), k)

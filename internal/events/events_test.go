@@ -60,9 +60,13 @@ func TestDecodeRejects(t *testing.T) {
 		"identity as key": func(nats.Header) []byte {
 			return []byte(strings.Replace(string(good.Data), strings.Repeat("ab", 16), "alice", 1))
 		},
-		"cost over limit": func(nats.Header) []byte { return []byte(strings.Replace(string(good.Data), `"cost":2`, `"cost":101`, 1)) },
-		"no start":        func(nats.Header) []byte { return []byte(strings.Replace(string(good.Data), `"started_at":"2026-11-21T10:00:00.1Z"`, `"x":1`, 1)) },
-		"bad shard":       func(h nats.Header) []byte { h["ce-tallyshard"] = []string{"S 0"}; return good.Data },
+		"cost over limit": func(nats.Header) []byte {
+			return []byte(strings.Replace(string(good.Data), `"cost":2`, `"cost":101`, 1))
+		},
+		"no start": func(nats.Header) []byte {
+			return []byte(strings.Replace(string(good.Data), `"started_at":"2026-11-21T10:00:00.1Z"`, `"x":1`, 1))
+		},
+		"bad shard": func(h nats.Header) []byte { h["ce-tallyshard"] = []string{"S 0"}; return good.Data },
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {

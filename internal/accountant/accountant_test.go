@@ -348,3 +348,54 @@ func TestStreamsAndConsumersAreIdempotent(t *testing.T) {
 	_, err = events.EnsureConsumer(ctx, f.js, f.cfg.Stream, f.cfg.Consumer, "S 0")
 	require.ErrorIs(t, err, events.ErrInvalidConfig)
 }
+
+// The configured primary was demoted (a failover the configuration has not
+// caught up with): writes fail with READONLY, events wait, and apply once
+// the node is a primary again.
+func TestReadOnlyPrimaryWaitsThenApplies(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	k := f.keys.Key("core", "alice")
+	other := redistest.Start(t)
+	require.NoError(t, f.primary.Client().Do(ctx, "REPLICAOF", "127.0.0.1", other.Port).Err())
+	a, _, stop := f.start()
+	defer stop()
+	for i := range 10 {
+		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("r%d", i), 0))
+	}
+	waitFor(t, "failed attempts", func() bool { return a.Stats().Retries >= 2 })
+	require.Zero(t, a.Stats().Charged)
+	require.NoError(t, f.primary.Client().Do(ctx, "REPLICAOF", "NO", "ONE").Err())
+	f.replica.WaitLinkUp()
+	f.waitUsed(k, 10)
+	require.EqualValues(t, 10, a.Stats().Charged)
+	require.Zero(t, a.Stats().DeadLettered, "READONLY is transient, never poison")
+}
+
+// Shutdown drains: the batch in hand is applied and acknowledged, nothing is
+// left delivered-but-unacknowledged to wait out the ack timeout.
+func TestShutdownDrains(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	k := f.keys.Key("core", "alice")
+	for i := range 500 {
+		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("r%d", i), 0))
+	}
+	a, _, stop := f.start()
+	waitFor(t, "some charges", func() bool { return a.Stats().Charged > 0 })
+	stop()
+	cons, err := f.js.Consumer(ctx, "TALLY_EVENTS", "accountant-s0")
+	require.NoError(t, err)
+	ci, err := cons.Info(ctx)
+	require.NoError(t, err)
+	require.Zero(t, ci.NumAckPending, "delivered events left unacknowledged")
+	charged := a.Stats().Charged
+	f.waitUsed(k, int64(charged))
+	require.EqualValues(t, 500, int(charged)+int(ci.NumPending), "every event is either applied or still waiting")
+
+	// The next accountant finishes the rest, with no duplicates.
+	b, _, stopB := f.start()
+	defer stopB()
+	f.waitUsed(k, 500)
+	require.Zero(t, b.Stats().Duplicates)
+}

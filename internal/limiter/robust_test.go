@@ -288,7 +288,7 @@ func TestScriptsSurviveFlushRestartAndPromotion(t *testing.T) {
 	// The primary restarts empty; the replica resyncs from it (to empty).
 	e.primary.Restart()
 	e.replica.WaitLinkUp()
-	r := eventuallyResult(t, func() (limiter.Result, error) { return e.store.Charge(ctx, k, "e3", t0, 1, minute) })
+	r := eventually(t, func() (limiter.Result, error) { return e.store.Charge(ctx, k, "e3", t0, 1, minute) })
 	require.Equal(t, limiter.Applied, r.Outcome)
 	require.EqualValues(t, 1, r.Used, "the restarted primary lost its data (no persistence in tests)")
 	require.EqualValues(t, 1, e.checkReplica(t, k).Used)
@@ -312,32 +312,20 @@ func TestScriptsSurviveFlushRestartAndPromotion(t *testing.T) {
 
 // eventually retries f a bounded number of times: the first command after a
 // restart may meet a pooled connection the server closed.
-func eventually(t *testing.T, f func() (limiter.Window, error)) limiter.Window {
+func eventually[T any](t *testing.T, f func() (T, error)) T {
 	t.Helper()
-	var err error
+	var (
+		v   T
+		err error
+	)
 	for range 20 {
-		var w limiter.Window
-		if w, err = f(); err == nil {
-			return w
+		if v, err = f(); err == nil {
+			return v
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	require.NoError(t, err)
-	return limiter.Window{}
-}
-
-func eventuallyResult(t *testing.T, f func() (limiter.Result, error)) limiter.Result {
-	t.Helper()
-	var err error
-	for range 20 {
-		var r limiter.Result
-		if r, err = f(); err == nil {
-			return r
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	require.NoError(t, err)
-	return limiter.Result{}
+	return v
 }
 
 // Replica selection: a dead replica is skipped, a replica whose link is down

@@ -136,7 +136,11 @@ func (d *demo) run(ctx context.Context) error {
 	// Let the accountant catch up, then read the windows from the primaries.
 	time.Sleep(500 * time.Millisecond)
 	keys, _ := limiter.NewKeySpace("tally", []byte(secret))
-	store, err := limiter.NewStore(shards, limiter.Options{ReadPolicy: shard.ReadPrimary})
+	primaries := make([]shard.Config, len(shards))
+	for i, s := range shards {
+		primaries[i] = shard.Config{Name: s.Name, Primary: s.Primary} // no replicas: reads go to the primary
+	}
+	store, err := limiter.NewStore(primaries, limiter.Options{})
 	if err != nil {
 		return err
 	}

@@ -166,10 +166,12 @@ func (a *Accountant) work(ctx context.Context, shard int, cons jetstream.Consume
 			w.process(batch)
 		}
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+			if ctx.Err() != nil { // drained on shutdown
 				return nil
 			}
-			return fmt.Errorf("accountant: shard %s: %w", name, err)
+			// The consumer was deleted or the connection closed under us:
+			// fail loudly so that a supervisor restarts the process.
+			return fmt.Errorf("accountant: shard %s: consuming stopped: %w", name, err)
 		}
 		if w.backoff > 0 { // the last batch failed: give Redis a moment
 			select {

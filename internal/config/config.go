@@ -233,14 +233,15 @@ func (f *File) validate() error {
 		return fieldErr("key_prefix", "%v", err)
 	}
 	if err := shard.Validate(f.Redis.Shards); err != nil {
-		path, msg := "redis.shards", err.Error()
-		if rest, ok := strings.CutPrefix(msg, shard.ErrInvalidConfig.Error()+": "); ok {
-			msg = rest
-			if p, m, ok := strings.Cut(rest, ": "); ok && strings.HasPrefix(p, "shards[") {
-				path, msg = "redis."+p, m
-			}
+		var ce *shard.ConfigError
+		if !errors.As(err, &ce) {
+			return err
 		}
-		return fieldErr(path, "%s", msg)
+		path := "redis.shards"
+		if ce.Field != "" {
+			path = "redis." + ce.Field
+		}
+		return fieldErr(path, "%s", ce.Msg)
 	}
 	if err := f.Redis.ReadPolicy.Validate(); err != nil {
 		return fieldErr("redis.read_policy", "want primary or fail")
@@ -254,18 +255,12 @@ func (f *File) validate() error {
 	seen := map[string]bool{}
 	for i, p := range f.Policies {
 		path := fmt.Sprintf("policies[%d]", i)
-		lp := p.Limiter()
-		if err := lp.Validate(); err != nil {
-			field := "name"
-			switch {
-			case strings.Contains(err.Error(), ": limit"):
-				field = "limit"
-			case strings.Contains(err.Error(), ": window"):
-				field = "window"
-			case strings.Contains(err.Error(), ": cost"):
-				field = "cost"
+		if err := p.Limiter().Validate(); err != nil {
+			var pe *limiter.PolicyError
+			if !errors.As(err, &pe) {
+				return err
 			}
-			return fieldErr(path+"."+field, "%s", strings.TrimPrefix(err.Error(), limiter.ErrInvalidPolicy.Error()+": "))
+			return fieldErr(path+"."+pe.Field, "%s", pe.Msg)
 		}
 		if seen[p.Name] {
 			return fieldErr(path+".name", "duplicate policy %q", p.Name)

@@ -37,17 +37,31 @@ type Policy struct {
 	Cost int64
 }
 
-// Validate reports the first problem with p, wrapping ErrInvalidPolicy.
+// PolicyError is a policy problem with the field it is in.
+type PolicyError struct {
+	Field string // name, limit, window or cost
+	Msg   string
+}
+
+func (e *PolicyError) Error() string { return ErrInvalidPolicy.Error() + ": " + e.Msg }
+
+// Unwrap makes errors.Is(err, ErrInvalidPolicy) hold.
+func (e *PolicyError) Unwrap() error { return ErrInvalidPolicy }
+
+// Validate reports the first problem with p as a *PolicyError.
 func (p Policy) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &PolicyError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case !policyNameRE.MatchString(p.Name):
-		return fmt.Errorf("%w: name %q: want 1 to 64 of [a-z0-9_.-]", ErrInvalidPolicy, truncate(p.Name, 70))
+		return bad("name", "name %q: want 1 to 64 of [a-z0-9_.-]", truncate(p.Name, 70))
 	case p.Limit < 1 || p.Limit > MaxLimit:
-		return fmt.Errorf("%w: %s: limit %d: want 1 to %d", ErrInvalidPolicy, p.Name, p.Limit, MaxLimit)
+		return bad("limit", "%s: limit %d: want 1 to %d", p.Name, p.Limit, MaxLimit)
 	case p.Window < MinWindow || p.Window > MaxWindow || p.Window%time.Second != 0:
-		return fmt.Errorf("%w: %s: window %v: want whole seconds from %v to %v", ErrInvalidPolicy, p.Name, p.Window, MinWindow, MaxWindow)
+		return bad("window", "%s: window %v: want whole seconds from %v to %v", p.Name, p.Window, MinWindow, MaxWindow)
 	case p.Cost < 0 || p.Cost > p.Limit:
-		return fmt.Errorf("%w: %s: cost %d: want 1 to the limit (%d)", ErrInvalidPolicy, p.Name, p.Cost, p.Limit)
+		return bad("cost", "%s: cost %d: want 1 to the limit (%d)", p.Name, p.Cost, p.Limit)
 	}
 	return nil
 }

@@ -45,21 +45,44 @@ type Config struct {
 
 var nameRE = regexp.MustCompile(`^[a-z0-9_-]{1,32}$`)
 
-// Validate reports the first problem with the shard list, naming the shard
-// and field.
+// ConfigError is a configuration problem with the field it is in, so that
+// callers can point at it (config files report the line).
+type ConfigError struct {
+	// Field is the path below the shard list, e.g. "shards[1].replicas[0]";
+	// empty for the list as a whole.
+	Field string
+	Msg   string
+}
+
+func (e *ConfigError) Error() string {
+	if e.Field == "" {
+		return ErrInvalidConfig.Error() + ": " + e.Msg
+	}
+	return ErrInvalidConfig.Error() + ": " + e.Field + ": " + e.Msg
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidConfig) hold.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+func configErr(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Validate reports the first problem with the shard list as a
+// *ConfigError naming the shard and field.
 func Validate(shards []Config) error {
 	if len(shards) == 0 {
-		return fmt.Errorf("%w: no shards", ErrInvalidConfig)
+		return configErr("", "no shards")
 	}
 	seen := make(map[string]bool, len(shards))
 	addrs := make(map[string]string)
 	for i, s := range shards {
 		where := fmt.Sprintf("shards[%d]", i)
 		if !nameRE.MatchString(s.Name) {
-			return fmt.Errorf("%w: %s.name %q: want 1 to 32 of [a-z0-9_-]", ErrInvalidConfig, where, s.Name)
+			return configErr(where+".name", "%q: want 1 to 32 of [a-z0-9_-]", s.Name)
 		}
 		if seen[s.Name] {
-			return fmt.Errorf("%w: %s.name %q: duplicate shard name", ErrInvalidConfig, where, s.Name)
+			return configErr(where+".name", "%q: duplicate shard name", s.Name)
 		}
 		seen[s.Name] = true
 		nodes := append([]Node{s.Primary}, s.Replicas...)
@@ -69,10 +92,10 @@ func Validate(shards []Config) error {
 				field = fmt.Sprintf("%s.replicas[%d]", where, j-1)
 			}
 			if err := n.validate(); err != nil {
-				return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, field, err)
+				return configErr(field, "%v", err)
 			}
 			if other, dup := addrs[n.key()]; dup {
-				return fmt.Errorf("%w: %s: %s is already %s", ErrInvalidConfig, field, n.Addr, other)
+				return configErr(field, "%s is already %s", n.Addr, other)
 			}
 			addrs[n.key()] = field
 		}

@@ -75,6 +75,12 @@ type Route struct {
 	Cost   int64
 }
 
+// route is a Route with its subtree prefix ("/search" → "/search/").
+type route struct {
+	Route
+	under string
+}
+
 // Options configure a Server. Store, Keys, Publisher and Policies are
 // required.
 type Options struct {
@@ -107,7 +113,7 @@ type Options struct {
 // Server holds the edge's handlers.
 type Server struct {
 	o        Options
-	routes   []Route // longest path first
+	routes   []route // longest path first
 	proxy    *httputil.ReverseProxy
 	draining atomic.Bool
 
@@ -139,7 +145,10 @@ func New(o Options) (*Server, error) {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
-	s := &Server{o: o, routes: append([]Route(nil), o.Routes...)}
+	s := &Server{o: o}
+	for _, r := range o.Routes {
+		s.routes = append(s.routes, route{Route: r, under: strings.TrimSuffix(r.Path, "/") + "/"})
+	}
 	sort.SliceStable(s.routes, func(i, j int) bool { return len(s.routes[i].Path) > len(s.routes[j].Path) })
 	for _, r := range s.routes {
 		if _, ok := o.Policies[r.Policy]; !ok {
@@ -187,7 +196,7 @@ func (s *Server) SetDraining() { s.draining.Store(true) }
 // are not limited.
 func (s *Server) policyFor(path string) (limiter.Policy, bool) {
 	for _, r := range s.routes {
-		if path == r.Path || strings.HasPrefix(path, strings.TrimSuffix(r.Path, "/")+"/") {
+		if path == r.Path || strings.HasPrefix(path, r.under) {
 			p := s.o.Policies[r.Policy]
 			if r.Cost > 0 {
 				p.Cost = r.Cost

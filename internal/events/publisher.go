@@ -65,7 +65,7 @@ type Publisher struct {
 
 	mu       sync.Mutex
 	attempts map[*nats.Msg]int // messages that failed at least once
-	closed   bool
+	closed   atomic.Bool
 
 	published, retried, dropped atomic.Uint64
 	stop                        chan struct{}
@@ -104,10 +104,7 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 // Publish queues m (from Encode) without blocking. It returns false when
 // the event was dropped: the buffer is full or the publisher is closed.
 func (p *Publisher) Publish(m *nats.Msg) bool {
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
+	if p.closed.Load() {
 		p.dropped.Add(1)
 		return false
 	}
@@ -189,13 +186,9 @@ func (p *Publisher) Stats() PublisherStats {
 // outstanding acks until ctx is done. Events still unacknowledged then are
 // counted as dropped (they may yet have been stored).
 func (p *Publisher) Close(ctx context.Context) error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	if !p.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	p.closed = true
-	p.mu.Unlock()
 	close(p.stop)
 	select {
 	case <-p.done:

@@ -178,7 +178,8 @@ func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
 	n := s.shards[s.ShardOf(k)]
 	now := s.opts.Clock.Now()
 	keys, arg := []string{k.String()}, ms(now)
-	for _, i := range n.health.Candidates(now) {
+	var buf [8]int
+	for _, i := range n.health.Candidates(now, buf[:0]) {
 		w, err := parseCheck(checkScript.RunRO(ctx, n.replicas[i], keys, arg))
 		if err == nil {
 			return w, nil

@@ -32,25 +32,25 @@ func NewReplicas(n int, cooldown time.Duration) *Replicas {
 // Len is the number of replicas tracked.
 func (r *Replicas) Len() int { return len(r.downUntil) }
 
-// Candidates returns the replicas to try for one read at time now, in order:
-// those that are up (or whose cooldown has passed), starting at the next one
-// in rotation. It returns an empty slice when every replica is down.
-func (r *Replicas) Candidates(now time.Time) []int {
+// Candidates appends to buf, and returns, the replicas to try for one read
+// at time now, in order: those that are up (or whose cooldown has passed),
+// starting at the next one in rotation. The result is empty when every
+// replica is down. Pass a stack buffer to keep reads allocation-free.
+func (r *Replicas) Candidates(now time.Time, buf []int) []int {
 	n := len(r.downUntil)
 	if n == 0 {
-		return nil
+		return buf
 	}
 	start := int(r.next.Add(1) % uint64(n))
-	out := make([]int, 0, n)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k := range n {
 		i := (start + k) % n
 		if !now.Before(r.downUntil[i]) {
-			out = append(out, i)
+			buf = append(buf, i)
 		}
 	}
-	return out
+	return buf
 }
 
 // MarkDown takes replica i out of rotation until now + cooldown.

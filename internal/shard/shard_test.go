@@ -121,7 +121,7 @@ func TestReplicasRotateAndCoolDown(t *testing.T) {
 	r := shard.NewReplicas(3, time.Second)
 	firsts := map[int]int{}
 	for range 30 {
-		c := r.Candidates(now)
+		c := r.Candidates(now, nil)
 		require.Len(t, c, 3)
 		firsts[c[0]]++
 	}
@@ -129,14 +129,14 @@ func TestReplicasRotateAndCoolDown(t *testing.T) {
 
 	r.MarkDown(1, now)
 	for range 6 {
-		require.NotContains(t, r.Candidates(now.Add(999*time.Millisecond)), 1)
+		require.NotContains(t, r.Candidates(now.Add(999*time.Millisecond), nil), 1)
 	}
-	require.Contains(t, r.Candidates(now.Add(time.Second)), 1, "tried again after the cooldown")
+	require.Contains(t, r.Candidates(now.Add(time.Second), nil), 1, "tried again after the cooldown")
 	r.MarkDown(0, now)
 	r.MarkDown(2, now)
 	r.MarkUp(1)
-	require.Equal(t, []int{1}, r.Candidates(now.Add(500*time.Millisecond)))
+	require.Equal(t, []int{1}, r.Candidates(now.Add(500*time.Millisecond), nil))
 	r.MarkDown(1, now)
-	require.Empty(t, r.Candidates(now))
-	require.Empty(t, shard.NewReplicas(0, 0).Candidates(now))
+	require.Empty(t, r.Candidates(now, nil))
+	require.Empty(t, shard.NewReplicas(0, 0).Candidates(now, nil))
 }

@@ -58,5 +58,5 @@ if used < 0 then
   cost = w.u
   used = 0
 end
-redis.call("HSET", KEYS[1], "u", num(used), field, "r:" .. num(tonumber(cost)) .. ":" .. first)
+redis.call("HSET", KEYS[1], "u", num(used), field, "r:" .. num(cost) .. ":" .. first)
 return { 1, used, w.r, w.s, cost }

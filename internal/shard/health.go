@@ -29,9 +29,6 @@ func NewReplicas(n int, cooldown time.Duration) *Replicas {
 	return &Replicas{cooldown: cooldown, downUntil: make([]time.Time, n)}
 }
 
-// Len is the number of replicas tracked.
-func (r *Replicas) Len() int { return len(r.downUntil) }
-
 // Candidates appends to buf, and returns, the replicas to try for one read
 // at time now, in order: those that are up (or whose cooldown has passed),
 // starting at the next one in rotation. The result is empty when every

@@ -22,8 +22,10 @@
 // # Shutdown
 //
 // When the context ends, each worker stops pulling (the iterator drains),
-// finishes and acknowledges the batch in hand, and returns. Close the Redis
-// store and the NATS connection after Run returns.
+// applies and acknowledges the batch in hand and the buffered events, and
+// returns; Run flushes the acks to the server. Events still in flight from
+// the server are redelivered after the ack wait. Close the Redis store and
+// the NATS connection after Run returns.
 package accountant
 
 import (
@@ -132,11 +134,21 @@ func (a *Accountant) Run(ctx context.Context) error {
 	for i := range a.store.Shards() {
 		cons, err := events.EnsureConsumer(ctx, a.js, a.cfg.Stream, a.cfg.Consumer, a.store.ShardName(i))
 		if err != nil {
+			cancelled := ctx.Err() != nil // stopped while starting: not a failure
+			wg.Wait()
+			if cancelled {
+				return nil
+			}
 			return err
 		}
 		wg.Go(func() { errs[i] = a.work(ctx, i, cons) })
 	}
 	wg.Wait()
+	// Acks are fire-and-forget publishes: make sure the server has them
+	// before saying the batch in hand is done.
+	if err := a.js.Conn().FlushTimeout(5 * time.Second); err != nil {
+		errs = append(errs, fmt.Errorf("accountant: flushing acks: %w", err))
+	}
 	return errors.Join(errs...)
 }
 

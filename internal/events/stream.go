@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -112,6 +113,7 @@ func (c StreamConfig) jetstream() (events, dlq jetstream.StreamConfig, err error
 		Subjects:    []string{c.DeadLetterPrefix + ".>"},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     storage,
+		Duplicates:  2 * time.Minute,
 		MaxAge:      14 * 24 * time.Hour,
 		Discard:     jetstream.DiscardOld,
 		Replicas:    c.Replicas,
@@ -119,19 +121,48 @@ func (c StreamConfig) jetstream() (events, dlq jetstream.StreamConfig, err error
 	return events, dlq, nil
 }
 
-// EnsureStreams creates or updates the events and dead-letter streams.
-// It is idempotent: every process calls it at start.
+// EnsureStreams creates the events and dead-letter streams, or updates them
+// when their settings differ from c. It is idempotent and writes nothing
+// when the streams already match, so every process can call it at start.
 func EnsureStreams(ctx context.Context, js jetstream.StreamManager, c StreamConfig) error {
 	ev, dlq, err := c.jetstream()
 	if err != nil {
 		return err
 	}
 	for _, sc := range []jetstream.StreamConfig{ev, dlq} {
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+		if err := ensureStream(ctx, js, sc); err != nil {
 			return fmt.Errorf("events: stream %s: %w", sc.Name, err)
 		}
 	}
 	return nil
+}
+
+// ensureStream skips the update when nothing changed: an update is a write
+// on the server (and, in nats-server 2.15, races with consumers being
+// created at the same moment by another process).
+func ensureStream(ctx context.Context, js jetstream.StreamManager, want jetstream.StreamConfig) error {
+	st, err := js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// Another process may create it first; an identical create succeeds.
+		_, err = js.CreateOrUpdateStream(ctx, want)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if have := st.CachedInfo().Config; sameStream(have, want) {
+		return nil
+	}
+	_, err = js.UpdateStream(ctx, want)
+	return err
+}
+
+// sameStream compares the settings Tally sets; the server fills in others.
+func sameStream(have, want jetstream.StreamConfig) bool {
+	return slices.Equal(have.Subjects, want.Subjects) && have.Description == want.Description &&
+		have.Retention == want.Retention && have.Storage == want.Storage &&
+		have.Duplicates == want.Duplicates && have.MaxAge == want.MaxAge &&
+		have.MaxBytes == want.MaxBytes && have.Discard == want.Discard && have.Replicas == want.Replicas
 }
 
 // ConsumerConfig sets up the accountant's per-shard consumers.

@@ -1,9 +1,10 @@
 // Package lua holds Tally's Redis scripts, embedded into the binaries.
 //
 // Each script opens with its contract: the KEYS and ARGV it takes, what it
-// returns, and which node it runs on. The scripts that write (open, charge,
-// refund) share the window model in window.lua, which is prepended to them
-// here; check runs alone, read-only, on replicas.
+// returns, and which node it runs on. The scripts that change windows (take,
+// apply) share the window model in window.lua, which is prepended to them
+// here; check runs alone, read-only, on replicas; lease keeps one
+// accountant active per shard.
 //
 // Scripts touch only the keys passed in KEYS, validate every argument before
 // their first write (Lua has no rollback), and take all times from the
@@ -19,12 +20,13 @@ var files embed.FS
 var (
 	// Check reads a key's live window (read-only; replicas).
 	Check = read("check.lua")
-	// Open returns the live window, opening one at now when none is live.
-	Open = withWindow("open.lua")
-	// Charge charges one event to the window live at its start, once.
-	Charge = withWindow("charge.lua")
-	// Refund gives one event's charge back while its window is live, once.
-	Refund = withWindow("refund.lua")
+	// Take reserves units of a key's window for an edge, opening the window
+	// when none is live.
+	Take = withWindow("take.lua")
+	// Apply applies a run of producers' accounting events, each once.
+	Apply = withWindow("apply.lua")
+	// Lease holds or frees an accountant's lease on a shard.
+	Lease = read("lease.lua")
 )
 
 func read(name string) string {

@@ -1,23 +1,27 @@
-// Command accountant applies Tally's request events to the rate-limit
+// Command accountant applies Tally's accounting events to the rate-limit
 // windows: for each shard it consumes the shard's events from NATS
-// JetStream and runs the charge and 304-refund scripts on the shard's Redis
-// primary, acknowledging each event only after Redis confirmed it. Several
+// JetStream in order and applies them on the shard's Redis primary, exactly
+// once, deleting from the stream only what a replica confirmed. Several
 // accountants can run at once; each shard is served by one of them at a
-// time, and another takes over when it stops.
+// time (a lease in Redis), and another takes over when it stops.
 //
 // Usage:
 //
 //	accountant -config tally.yaml
 //
-// SIGTERM or SIGINT drains: consumers stop pulling, the batch in hand is
-// applied and acknowledged, then NATS and Redis connections close.
+// SIGTERM or SIGINT stops it: each shard stops reading, the run in hand is
+// applied and deleted from the stream, the shard's lease is given up (so
+// that another accountant takes over at once), then NATS and Redis
+// connections close.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -53,13 +57,15 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	store, err := limiter.NewStore(cfg.Redis.Shards, cfg.StoreOptions())
+	store, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
 	if err != nil {
 		return err
 	}
 	defer store.Close()
 	nc, err := nats.Connect(cfg.NATS.URL, nats.Name("tally-accountant"),
-		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }))
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}
@@ -68,27 +74,48 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}
+	a := cfg.Accountant
 	acc := accountant.New(js, store, keys, accountant.Config{
-		Stream: cfg.NATS.Stream, Consumer: cfg.NATS.Consumer,
-		BatchSize: cfg.Accountant.BatchSize, BatchWait: cfg.Accountant.BatchWait,
-		RetryMin: cfg.Accountant.RetryMin, RetryMax: cfg.Accountant.RetryMax,
+		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(),
+		BatchSize: a.BatchSize, BatchWait: a.BatchWait, LeaseTTL: a.LeaseTTL, PurgeEvery: a.PurgeEvery,
+		RetryMin: a.RetryMin, RetryMax: a.RetryMax, MaxAttempts: a.MaxAttempts,
 	}, log)
 
-	if addr := cfg.Accountant.AdminListen; addr != "" {
-		admin := &http.Server{Addr: addr, Handler: acc.AdminHandler(func(ctx context.Context) error {
-			if nc.Status() != nats.CONNECTED {
+	errc := make(chan error, 1)
+	if addr := a.AdminListen; addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		admin := &http.Server{Handler: acc.AdminHandler(func(ctx context.Context) error {
+			if !nc.IsConnected() {
 				return fmt.Errorf("nats %s", nc.Status())
 			}
-			return store.Ping(ctx)
+			return nil
 		}), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = admin.ListenAndServe() }()
+		go func() {
+			if err := admin.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
 		defer admin.Close()
 	}
 	log.Info("accounting", "shards", store.Shards())
-	err = acc.Run(ctx)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- acc.Run(runCtx) }()
+	var failed error
+	select {
+	case err = <-done:
+	case failed = <-errc:
+		log.Error("admin listener failed; shutting down", "err", failed)
+		stop()
+		err = <-done
+	}
 	_ = nc.Drain()
 	s := acc.Stats()
-	log.Info("stopped", "charged", s.Charged, "refunded", s.Refunded, "duplicates", s.Duplicates,
-		"late", s.Late, "dead_lettered", s.DeadLettered)
-	return err
+	log.Info("stopped", "charged", s.Charged, "refunded", s.Refunded, "released", s.Released,
+		"duplicates", s.Duplicates, "late", s.Late, "dead_lettered", s.DeadLettered)
+	return errors.Join(err, failed)
 }

@@ -140,7 +140,7 @@ func (d *demo) run(ctx context.Context) error {
 	for i, s := range shards {
 		primaries[i] = shard.Config{Name: s.Name, Primary: s.Primary} // no replicas: reads go to the primary
 	}
-	store, err := limiter.NewStore(primaries, limiter.Options{})
+	store, err := limiter.NewStore(primaries, keys, limiter.Options{})
 	if err != nil {
 		return err
 	}

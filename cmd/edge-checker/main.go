@@ -1,6 +1,6 @@
-// Command edge-checker decides API requests from one read of a Redis
-// replica, answers with rate-limit headers, and publishes request events to
-// NATS JetStream for the accountant. It runs as a reverse proxy in front of
+// Command edge-checker decides API requests at once, with rate-limit
+// headers, from units it reserves on the Redis shard primaries, and sends
+// what is left to account for to NATS JetStream for the accountant. It runs as a reverse proxy in front of
 // an API (edge.listen + edge.upstream), as a decision API for gateways and
 // services (edge.api_listen), or both.
 //
@@ -9,9 +9,11 @@
 //	edge-checker -config tally.yaml
 //
 // SIGTERM or SIGINT shuts it down in this order: /readyz fails, the
-// listeners stop accepting and in-flight requests finish (publishing their
-// finish events), pending events are flushed to JetStream, the NATS
-// connection drains, Redis connections close.
+// listeners stop accepting and in-flight requests finish, unused
+// reservations are given back, queued accounting events are delivered (to
+// JetStream, or the primaries) and decisions published, the NATS connection
+// drains, Redis connections close. A listener that fails stops the process
+// with a non-zero status.
 package main
 
 import (
@@ -61,7 +63,9 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	if len(cfg.KeySecret) == 0 {
 		log.Warn("TALLY_KEY_SECRET is empty: identity digests are unkeyed and request ids unsigned")
 	}
-	store, err := limiter.NewStore(cfg.Redis.Shards, cfg.StoreOptions())
+	opts := cfg.StoreOptions()
+	opts.WaitReplicas = -1 // the edge applies events only when NATS is away: nothing to hold back
+	store, err := limiter.NewStore(cfg.Redis.Shards, keys, opts)
 	if err != nil {
 		return err
 	}
@@ -71,7 +75,11 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	go store.RunProbes(probeCtx, time.Second)
 
 	nc, err := nats.Connect(cfg.NATS.URL, nats.Name("tally-edge-checker"),
-		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("NATS disconnected: accounting events are applied on the primaries until it is back", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }))
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}
@@ -81,14 +89,10 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		return fmt.Errorf("nats: %w", err)
 	}
 	go func() {
-		_ = events.EnsureStreamsRetry(probeCtx, js, cfg.NATS.Stream, 2*time.Second, func(err error) {
+		_ = events.EnsureStreamsRetry(probeCtx, js, cfg.NATS.Streams, 2*time.Second, func(err error) {
 			log.Warn("creating streams failed; retrying", "err", err)
 		})
 	}()
-	pub, err := events.NewPublisher(nc, cfg.NATS.Publisher)
-	if err != nil {
-		return err
-	}
 
 	var upstream *url.URL
 	if cfg.Edge.Listen != "" {
@@ -104,24 +108,18 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		routes[i] = edge.Route{Path: r.Path, Policy: r.Policy, Cost: r.Cost}
 	}
 	srv, err := edge.New(edge.Options{
-		Store: store, Keys: keys, Publisher: pub,
-		SubjectPrefix: cfg.NATS.Stream.WithDefaults().SubjectPrefix,
-		Policies:      cfg.PolicyMap(), Routes: routes, DefaultPolicy: cfg.Edge.DefaultPolicy,
+		Store: store, Keys: keys, NATS: nc, Streams: cfg.NATS.Streams,
+		Outbox: cfg.Edge.Outbox, Decisions: cfg.Edge.Decisions, Credit: cfg.Edge.Credit,
+		Policies: cfg.PolicyMap(), Routes: routes, DefaultPolicy: cfg.Edge.DefaultPolicy,
 		Identity: edge.Identifier{Header: cfg.Edge.Identity.Header, Trusted: cfg.Edge.Identity.Trusted(),
 			IPv4Prefix: cfg.Edge.Identity.IPv4Prefix, IPv6Prefix: cfg.Edge.Identity.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
-		Upstream:         upstream, Source: source, TicketSecret: cfg.KeySecret,
-		Ready: func() error {
-			if nc.Status() != nats.CONNECTED {
-				return fmt.Errorf("nats %s", nc.Status())
-			}
-			return nil
-		},
-		Log: log,
+		Upstream:         upstream, Source: source, TicketSecret: cfg.KeySecret, Log: log,
 	})
 	if err != nil {
 		return err
 	}
+	log.Info("edge-checker starting", "producer", srv.Producer(), "shards", store.Shards())
 
 	var serving []*http.Server
 	errc := make(chan error, 3)
@@ -156,12 +154,17 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	go func() { _ = admin.Serve(adminLn) }()
+	go func() {
+		if err := admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
 
+	var failed error
 	select {
 	case <-ctx.Done():
-	case err := <-errc:
-		log.Error("listener failed; shutting down", "err", err)
+	case failed = <-errc:
+		log.Error("listener failed; shutting down", "err", failed)
 	}
 	log.Info("shutting down")
 	shutdown, cancel := context.WithTimeout(context.Background(), cfg.Edge.ShutdownTimeout)
@@ -170,11 +173,11 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	for _, hs := range serving {
 		_ = hs.Shutdown(shutdown)
 	}
-	if err := pub.Close(shutdown); err != nil {
-		log.Warn("events not flushed", "err", err)
+	if err := srv.Close(shutdown); err != nil {
+		log.Warn("not everything was delivered", "err", err)
 	}
 	_ = nc.Drain()
 	_ = admin.Shutdown(shutdown)
-	log.Info("stopped", "published", pub.Stats().Published, "dropped", pub.Stats().Dropped)
-	return nil
+	log.Info("stopped")
+	return failed
 }

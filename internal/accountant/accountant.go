@@ -1,45 +1,53 @@
-// Package accountant applies request events to the windows in Redis: one
-// worker per shard consumes the shard's events from JetStream in
-// micro-batches, runs them as one pipeline of charge and refund scripts on
-// the shard's primary, and acknowledges each event only after Redis
-// confirmed it.
+// Package accountant applies accounting events to the windows in Redis. For
+// each shard, one accountant process at a time (the holder of the shard's
+// lease) reads the shard's subject of the accounting stream in order, applies
+// the events in runs of one atomic script call on the shard's primary, waits
+// for a replica, and then deletes what it applied from the stream.
 //
 // # Guarantees
 //
-// Every event JetStream accepted is applied eventually, at most once:
+// Every event the stream accepted is applied eventually, at most once:
+//   - the primary remembers, per producer, the highest event sequence it
+//     applied (lua/apply.lua), so a message read again after a crash, a
+//     hand-over, a republish or a retry changes nothing;
+//   - messages are read in stream order from the oldest one still in the
+//     stream, and deleted only once applied and confirmed by a replica, so
+//     nothing is skipped and nothing waits for an ack timeout;
 //   - transient failures (connection loss, READONLY after a failover, a
-//     restarting primary) nak the batch with a growing delay; the events wait
-//     in JetStream and the consumer redelivers them without limit;
-//   - redeliveries, duplicate publishes, a late ack after a crash between
-//     Redis and the ack: the scripts apply each event id once;
-//   - an event that can never be applied (undecodable, invalid, published to
-//     the wrong shard) is copied to the dead-letter stream with its reason
-//     and terminated, and the worker goes on.
+//     restarting primary, OOM) are retried with a growing delay, holding the
+//     shard's place; a message that can never be applied (undecodable, terms
+//     that differ from the configured policy, a key of another shard, a
+//     Redis error that persists) is copied to the dead-letter stream with
+//     its reason, and the shard moves on.
 //
-// Several accountant processes can run at once: each shard's consumer pins
-// one of them, and another takes over when the pinned one stops pulling.
+// Several accountants can run at once for availability: each shard's lease
+// (limiter.Store.HoldLease) picks one; when it stops (or dies), another takes
+// the shard within the lease's lifetime, at once after a graceful stop.
 //
 // # Shutdown
 //
-// When the context ends, each worker stops pulling (the iterator drains),
-// applies and acknowledges the batch in hand and the buffered events, and
-// returns; Run flushes the acks to the server. Events still in flight from
-// the server are redelivered after the ack wait. Close the Redis store and
-// the NATS connection after Run returns.
+// When the context ends, each shard stops reading, finishes the run in hand,
+// deletes what it confirmed from the stream, and gives up its lease. Close
+// the Redis store and the NATS connection after Run returns.
 package accountant
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -47,52 +55,87 @@ import (
 
 // Config tunes the accountant. Zero values take the defaults stated.
 type Config struct {
-	Stream   events.StreamConfig
-	Consumer events.ConsumerConfig
-	// BatchSize is the most events applied in one Redis pipeline. Default 256.
+	Streams events.Streams
+	// Policies, when set, are the deployment's policies: an event whose
+	// policy is unknown, or whose limit or window differ, is dead-lettered
+	// instead of opening a window on terms nobody configured.
+	Policies map[string]limiter.Policy
+	// BatchSize is the most events applied in one script call. Default 512.
 	BatchSize int
-	// BatchWait is how long a batch waits to fill after its first event.
-	// Default 2ms: latency stays low under light load, batches fill under
-	// heavy load.
+	// BatchWait is how long a run waits to fill after its first message.
+	// Default 1ms.
 	BatchWait time.Duration
-	// RetryMin and RetryMax bound the nak delay after a transient failure;
-	// it doubles with each consecutive failure. Defaults 100ms and 5s.
+	// LeaseTTL is how long a shard's lease outlives its holder's last
+	// renewal: the hand-over time after a crash. Default 3s.
+	LeaseTTL time.Duration
+	// PurgeEvery is how often applied messages are deleted from the stream.
+	// Default 200ms.
+	PurgeEvery time.Duration
+	// RetryMin and RetryMax bound the delay before a failed run is tried
+	// again; it doubles with each consecutive failure. Defaults 50ms and 2s.
 	RetryMin, RetryMax time.Duration
+	// MaxAttempts is how often a message whose events Redis refuses with a
+	// permanent error (WRONGTYPE, a script error) is tried before it is
+	// dead-lettered. Default 5.
+	MaxAttempts int
+	// Owner names this process in leases; default a random id.
+	Owner string
 }
 
 func (c Config) withDefaults() Config {
-	c.Stream, c.Consumer = c.Stream.WithDefaults(), c.Consumer.WithDefaults()
-	if c.BatchSize <= 0 {
-		c.BatchSize = 256
+	c.Streams = c.Streams.WithDefaults()
+	if c.BatchSize <= 0 || c.BatchSize > limiter.MaxApply {
+		c.BatchSize = 512
 	}
 	if c.BatchWait <= 0 {
-		c.BatchWait = 2 * time.Millisecond
+		c.BatchWait = time.Millisecond
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 3 * time.Second
+	}
+	if c.PurgeEvery <= 0 {
+		c.PurgeEvery = 200 * time.Millisecond
 	}
 	if c.RetryMin <= 0 {
-		c.RetryMin = 100 * time.Millisecond
+		c.RetryMin = 50 * time.Millisecond
 	}
 	if c.RetryMax < c.RetryMin {
-		c.RetryMax = max(c.RetryMin, 5*time.Second)
+		c.RetryMax = max(c.RetryMin, 2*time.Second)
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 5
+	}
+	if c.Owner == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		c.Owner = "accountant-" + hex.EncodeToString(b[:])
 	}
 	return c
 }
 
 // Stats counts what the accountant did since it started.
 type Stats struct {
-	Charged      uint64 // charges applied
-	Refunded     uint64 // refunds applied
-	Duplicates   uint64 // events that had taken effect before
-	Late         uint64 // events whose window had closed or been replaced
-	Netted       uint64 // charges cancelled by a refund that came first
-	Pending      uint64 // refunds that came before their charge
-	Ignored      uint64 // finished events with nothing to refund
-	DeadLettered uint64 // events sent to the dead-letter stream
-	Retries      uint64 // batches nak'ed after a transient failure
-	// LagMax and LagSum/LagCount describe accounting lag: the time from an
-	// event's publication to its effect in Redis.
-	LagMax   time.Duration
-	LagSum   time.Duration
-	LagCount uint64
+	Charged, Refunded, Released uint64 // events applied, by kind
+	Duplicates                  uint64 // events applied before (redelivered, republished)
+	Late                        uint64 // events whose window had ended or been replaced
+	Netted                      uint64 // charges cancelled by a refund that came first
+	Pending                     uint64 // refunds that came before their charge
+	Ignored                     uint64 // finished events with nothing to refund
+	DeadLettered                uint64 // messages copied to the dead-letter stream
+	Retries                     uint64 // runs tried again after a failure
+	Unconfirmed                 uint64 // runs no replica confirmed in time
+	Messages                    uint64 // stream messages processed
+	Lag                         Histogram
+}
+
+// ShardState is what one shard's worker is doing.
+type ShardState struct {
+	Name   string
+	Active bool // this process holds the lease and reads the shard
+	// Err is the last failure, and Since when the shard has been failing
+	// (zero when it is not).
+	Err   error
+	Since time.Time
 }
 
 // Accountant runs one worker per shard of its store.
@@ -104,8 +147,12 @@ type Accountant struct {
 	log   *slog.Logger
 	now   func() time.Time
 
-	charged, refunded, duplicates, late, netted, pending, ignored, dead, retries atomic.Uint64
-	lagMax, lagSum, lagCount                                                     atomic.Int64
+	charged, refunded, released, duplicates, late, netted, pending, ignored atomic.Uint64
+	dead, retries, unconfirmed, messages                                    atomic.Uint64
+	lag                                                                     histogram
+
+	mu     sync.Mutex
+	states []ShardState
 }
 
 // New returns an accountant. log may be nil (slog.Default).
@@ -113,14 +160,19 @@ func New(js jetstream.JetStream, store *limiter.Store, keys *limiter.KeySpace, c
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now}
+	a := &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now}
+	a.states = make([]ShardState, store.Shards())
+	for i := range a.states {
+		a.states[i].Name = store.ShardName(i)
+	}
+	return a
 }
 
-// Run creates the streams and consumers if needed (waiting for NATS when it
-// is not up yet), then consumes until ctx ends, and drains. It returns the first worker error that was not caused
-// by ctx ending.
+// Run creates the streams if needed (waiting for NATS when it is not up
+// yet), then serves every shard until ctx ends. A shard that fails retries
+// by itself (see Shards); Run returns nil after a clean shutdown.
 func (a *Accountant) Run(ctx context.Context) error {
-	err := events.EnsureStreamsRetry(ctx, a.js, a.cfg.Stream, 2*time.Second, func(err error) {
+	err := events.EnsureStreamsRetry(ctx, a.js, a.cfg.Streams, 2*time.Second, func(err error) {
 		a.log.Warn("creating streams failed; retrying", "err", err)
 	})
 	if err != nil {
@@ -130,81 +182,213 @@ func (a *Accountant) Run(ctx context.Context) error {
 		return err
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, a.store.Shards())
 	for i := range a.store.Shards() {
-		cons, err := events.EnsureConsumer(ctx, a.js, a.cfg.Stream, a.cfg.Consumer, a.store.ShardName(i))
-		if err != nil {
-			cancelled := ctx.Err() != nil // stopped while starting: not a failure
-			wg.Wait()
-			if cancelled {
-				return nil
-			}
-			return err
-		}
-		wg.Go(func() { errs[i] = a.work(ctx, i, cons) })
+		wg.Go(func() { a.serveShard(ctx, i) })
 	}
 	wg.Wait()
-	// Acks are fire-and-forget publishes: make sure the server has them
-	// before saying the batch in hand is done.
-	if err := a.js.Conn().FlushTimeout(5 * time.Second); err != nil {
-		errs = append(errs, fmt.Errorf("accountant: flushing acks: %w", err))
+	return nil
+}
+
+// Shards reports what each shard's worker is doing.
+func (a *Accountant) Shards() []ShardState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]ShardState(nil), a.states...)
+}
+
+func (a *Accountant) setState(i int, active bool, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := &a.states[i]
+	s.Active = active
+	if err == nil {
+		s.Err, s.Since = nil, time.Time{}
+		return
 	}
-	return errors.Join(errs...)
+	if s.Err == nil {
+		s.Since = a.now()
+	}
+	s.Err = err
 }
 
 // Stats returns the counters.
 func (a *Accountant) Stats() Stats {
 	return Stats{
-		Charged: a.charged.Load(), Refunded: a.refunded.Load(), Duplicates: a.duplicates.Load(),
-		Late: a.late.Load(), Netted: a.netted.Load(), Pending: a.pending.Load(), Ignored: a.ignored.Load(),
-		DeadLettered: a.dead.Load(), Retries: a.retries.Load(),
-		LagMax: time.Duration(a.lagMax.Load()), LagSum: time.Duration(a.lagSum.Load()), LagCount: uint64(a.lagCount.Load()),
+		Charged: a.charged.Load(), Refunded: a.refunded.Load(), Released: a.released.Load(),
+		Duplicates: a.duplicates.Load(), Late: a.late.Load(), Netted: a.netted.Load(), Pending: a.pending.Load(),
+		Ignored: a.ignored.Load(), DeadLettered: a.dead.Load(), Retries: a.retries.Load(),
+		Unconfirmed: a.unconfirmed.Load(), Messages: a.messages.Load(), Lag: a.lag.Snapshot(),
 	}
 }
 
-func (a *Accountant) work(ctx context.Context, shard int, cons jetstream.Consumer) error {
-	name := a.store.ShardName(shard)
-	it, err := cons.Messages(jetstream.PullMaxMessages(2*a.cfg.BatchSize), jetstream.PullPriorityGroup(events.Group))
-	if err != nil {
-		return fmt.Errorf("accountant: shard %s: %w", name, err)
-	}
-	stop := context.AfterFunc(ctx, it.Drain)
-	defer stop()
-	defer it.Stop()
-	w := &worker{a: a, shard: shard, name: name, delay: a.cfg.RetryMin}
-	for {
-		batch, err := w.collect(it)
-		if len(batch) > 0 {
-			w.process(batch)
+// serveShard holds shard i's lease and reads its events while it holds it,
+// until ctx ends.
+func (a *Accountant) serveShard(ctx context.Context, i int) {
+	name := a.store.ShardName(i)
+	poll := a.cfg.LeaseTTL / 4
+	delay := a.cfg.RetryMin
+	defer func() {
+		free, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = a.store.FreeLease(free, i, a.cfg.Owner)
+	}()
+	for ctx.Err() == nil {
+		held, err := a.hold(ctx, i)
+		switch {
+		case err != nil:
+			a.setState(i, false, err)
+			a.log.Warn("shard lease unavailable; retrying", "shard", name, "err", err)
+			sleep(ctx, delay)
+			delay = min(2*delay, a.cfg.RetryMax)
+			continue
+		case !held: // another accountant serves the shard
+			a.setState(i, false, nil)
+			sleep(ctx, poll)
+			continue
 		}
+		delay = a.cfg.RetryMin
+		a.setState(i, true, nil)
+		a.log.Info("serving shard", "shard", name, "owner", a.cfg.Owner)
+		err = a.lead(ctx, i)
+		a.setState(i, false, err)
+		if err != nil && ctx.Err() == nil {
+			a.log.Error("shard stopped; restarting it", "shard", name, "err", err)
+			sleep(ctx, a.cfg.RetryMin)
+		}
+	}
+}
+
+func (a *Accountant) hold(ctx context.Context, i int) (bool, error) {
+	l, err := a.holdLease(ctx, i)
+	return l.Held, err
+}
+
+func (a *Accountant) holdLease(ctx context.Context, i int) (limiter.Lease, error) {
+	c, cancel := context.WithTimeout(ctx, a.cfg.LeaseTTL/2)
+	defer cancel()
+	return a.store.HoldLease(c, i, a.cfg.Owner, a.cfg.LeaseTTL)
+}
+
+// lead reads shard i while this process holds its lease: a renewal loop
+// ends the reading as soon as the lease is lost or cannot be renewed in
+// time.
+func (a *Accountant) lead(ctx context.Context, i int) error {
+	leading, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		last := time.Now()
+		t := time.NewTicker(a.cfg.LeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-leading.Done():
+				return
+			case <-t.C:
+			}
+			held, err := a.hold(leading, i)
+			switch {
+			case err == nil && held:
+				last = time.Now()
+			case err == nil:
+				lost(errors.New("lease taken by another accountant"))
+				return
+			case time.Since(last) > a.cfg.LeaseTTL*2/3:
+				lost(fmt.Errorf("lease not renewed: %w", err))
+				return
+			}
+		}
+	}()
+	err := a.consume(leading, i)
+	lost(nil)
+	<-renewed
+	if cause := context.Cause(leading); err == nil && ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		a.log.Warn("shard handed over", "shard", a.store.ShardName(i), "reason", cause)
+	}
+	return err
+}
+
+// consume reads shard i's subject in order from its oldest message and
+// applies it, until ctx ends or reading fails.
+func (a *Accountant) consume(ctx context.Context, i int) error {
+	name := a.store.ShardName(i)
+	subject := events.AccountingSubject(a.cfg.Streams.Accounting.SubjectPrefix, name)
+	stream, err := a.js.Stream(ctx, a.cfg.Streams.Accounting.Name)
+	if err != nil {
+		return nilOnDone(ctx, fmt.Errorf("accountant: shard %s: %w", name, err))
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nilOnDone(ctx, fmt.Errorf("accountant: shard %s: %w", name, err))
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * a.cfg.BatchSize))
+	if err != nil {
+		return nilOnDone(ctx, fmt.Errorf("accountant: shard %s: %w", name, err))
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+
+	w := &worker{a: a, shard: i, name: name, subject: subject, stream: stream, delay: a.cfg.RetryMin,
+		attempts: map[uint64]int{}}
+	defer func() {
+		if w.unconfirmed != 0 {
+			w.confirm(context.WithoutCancel(ctx))
+		}
+		w.purge(true)
+	}()
+	for {
+		msgs, err := w.collect(it)
+		if len(msgs) > 0 {
+			w.process(ctx, msgs)
+		}
+		if len(msgs) == 0 && w.unconfirmed != 0 {
+			w.confirm(ctx)
+		}
+		w.purge(false)
 		if err != nil {
-			if ctx.Err() != nil { // drained on shutdown
+			if ctx.Err() != nil {
 				return nil
 			}
-			// The consumer was deleted or the connection closed under us:
-			// fail loudly so that a supervisor restarts the process.
-			return fmt.Errorf("accountant: shard %s: consuming stopped: %w", name, err)
-		}
-		if w.backoff > 0 { // the last batch failed: give Redis a moment
-			select {
-			case <-time.After(w.backoff):
-			case <-ctx.Done():
-			}
+			return fmt.Errorf("accountant: shard %s: reading stopped: %w", name, err)
 		}
 	}
+}
+
+func nilOnDone(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 type worker struct {
 	a       *Accountant
 	shard   int
 	name    string
-	delay   time.Duration // next nak delay
-	backoff time.Duration // pause before the next batch; 0 after a success
+	subject string
+	stream  jetstream.Stream
+	delay   time.Duration // before the next retry
+
+	// Stream sequences: the last message processed (applied or
+	// dead-lettered), the first whose run no replica confirmed yet (0: none),
+	// and the last deleted from the stream.
+	applied, unconfirmed, purged uint64
+	lastPurge                    time.Time
+	attempts                     map[uint64]int // stream seq → permanent failures
+	notices                      []byte
 }
 
-// collect blocks for one event, then takes more for up to BatchWait.
+// collect waits up to PurgeEvery for one message, then takes more for up to
+// BatchWait, up to BatchSize messages. No message is no error.
 func (w *worker) collect(it jetstream.MessagesContext) ([]jetstream.Msg, error) {
-	m, err := it.Next()
+	m, err := it.Next(jetstream.NextMaxWait(w.a.cfg.PurgeEvery))
+	if errors.Is(err, nats.ErrTimeout) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -222,103 +406,234 @@ func (w *worker) collect(it jetstream.MessagesContext) ([]jetstream.Msg, error) 
 	return batch, nil
 }
 
-// process applies one batch. It never returns an error: each event ends
-// acknowledged (applied, or nothing to do), terminated (dead-lettered), or
-// nak'ed with a delay (transient failure: it will be redelivered).
-func (w *worker) process(batch []jetstream.Msg) {
+// item is one message of a run.
+type item struct {
+	msg    jetstream.Msg
+	seq    uint64 // stream sequence
+	evs    []events.Accounting
+	ops    []limiter.Event
+	opsFor []int // index in evs of each op
+	bad    error // why the message must be dead-lettered
+}
+
+// process applies one run of messages, in order. It returns when every
+// message is applied or dead-lettered, or when ctx ends (the lease was lost
+// or the process is stopping) while Redis is failing: the messages then stay
+// in the stream for whoever holds the shard next.
+func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
 	a := w.a
-	ops := make([]limiter.Op, 0, len(batch))
-	msgs := make([]jetstream.Msg, 0, len(batch))
-	published := make([]time.Time, 0, len(batch))
-	for _, m := range batch {
-		ev, err := events.Decode(m.Headers(), m.Data())
-		if err == nil && ev.Shard != w.name {
-			err = fmt.Errorf("%w: event of shard %s on shard %s's subject", events.ErrInvalidEvent, ev.Shard, w.name)
+	items := make([]item, len(msgs))
+	for j, m := range msgs {
+		it := &items[j]
+		it.msg = m
+		if md, err := m.Metadata(); err == nil {
+			it.seq = md.Sequence.Stream
 		}
-		var key limiter.Key
-		if err == nil {
-			key, err = a.keys.KeyFromDigest(ev.Data.Key)
+		it.evs, it.bad = events.DecodeAccounting(w.name, m.Data())
+		if it.bad == nil {
+			it.bad = w.convert(it)
 		}
-		if err != nil {
-			w.deadLetter(m, err)
-			continue
-		}
-		op := limiter.Op{Key: key, EventID: ev.Data.RequestID, Start: ev.Data.StartedAt,
-			Cost: ev.Data.Cost, Window: time.Duration(ev.Data.WindowSeconds) * time.Second}
-		switch {
-		case ev.Kind == events.KindStarted:
-			op.Kind = limiter.OpCharge
-		case ev.Kind == events.KindFinished && ev.Data.Status == 304:
-			op.Kind = limiter.OpRefund
-		default: // a finished event with nothing to refund, or telemetry
-			a.ignored.Add(1)
-			_ = m.Ack()
-			continue
-		}
-		ops, msgs, published = append(ops, op), append(msgs, m), append(published, ev.Time)
 	}
-	if len(ops) == 0 {
-		return
-	}
-	// The batch in hand finishes even when shutdown has begun.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	results, err := a.store.Apply(ctx, w.shard, ops)
-	if err != nil {
-		a.retries.Add(1)
-		a.log.Warn("apply failed; events nak'ed and will be redelivered",
-			"shard", w.name, "events", len(msgs), "retry_in", w.delay, "err", err)
-		for _, m := range msgs {
-			_ = m.NakWithDelay(w.delay)
+	// Apply the good messages' events in runs of at most BatchSize.
+	for from := 0; from < len(items); {
+		to, n := from, 0
+		for to < len(items) && (n == 0 || n+len(items[to].ops) <= a.cfg.BatchSize) {
+			n += len(items[to].ops)
+			to++
 		}
-		w.backoff = w.delay
-		w.delay = min(2*w.delay, a.cfg.RetryMax)
-		return
-	}
-	w.delay, w.backoff = a.cfg.RetryMin, 0
-	now := a.now()
-	for j, r := range results {
-		if r.Err != nil {
-			w.deadLetter(msgs[j], r.Err)
-			continue
-		}
-		a.count(ops[j], r)
-		_ = msgs[j].Ack()
-		a.observeLag(now.Sub(published[j]))
-	}
-}
-
-func (a *Accountant) count(op limiter.Op, r limiter.Result) {
-	switch r.Outcome {
-	case limiter.Applied:
-		if op.Kind == limiter.OpCharge {
-			a.charged.Add(1)
-		} else {
-			a.refunded.Add(1)
-		}
-	case limiter.Duplicate:
-		a.duplicates.Add(1)
-	case limiter.Late:
-		a.late.Add(1)
-		a.log.Info("late event not applied: its window has closed", "op", op.Kind.String(),
-			"key", op.Key.Digest(), "request_id", op.EventID, "started_at", op.Start)
-	case limiter.Netted:
-		a.netted.Add(1)
-	case limiter.Pending:
-		a.pending.Add(1)
-	}
-}
-
-func (a *Accountant) observeLag(d time.Duration) {
-	d = max(0, d)
-	a.lagSum.Add(int64(d))
-	a.lagCount.Add(1)
-	for {
-		cur := a.lagMax.Load()
-		if int64(d) <= cur || a.lagMax.CompareAndSwap(cur, int64(d)) {
+		if !w.applyRun(ctx, items[from:to]) {
 			return
 		}
+		from = to
 	}
+	for j := range items {
+		if items[j].bad != nil {
+			if !w.deadLetter(ctx, &items[j]) {
+				return
+			}
+		}
+		w.applied = max(w.applied, items[j].seq)
+	}
+	a.messages.Add(uint64(len(items)))
+	w.flushNotices()
+}
+
+// convert turns a message's events into window operations, or says why
+// they must not be applied.
+func (w *worker) convert(it *item) error {
+	for k := range it.evs {
+		e := &it.evs[k]
+		if p, ok := w.a.cfg.Policies[e.Policy]; len(w.a.cfg.Policies) > 0 &&
+			(!ok || p.Limit != e.Limit || p.Window != time.Duration(e.WindowSeconds)*time.Second) {
+			return fmt.Errorf("%w: event %d: policy %q with limit %d per %ds is not configured", events.ErrInvalidEvent,
+				k+1, e.Policy, e.Limit, e.WindowSeconds)
+		}
+		op, ok, err := e.Op(w.a.keys)
+		if err != nil {
+			return err
+		}
+		if got := w.a.store.ShardOf(op.Key); got != w.shard {
+			return fmt.Errorf("%w: event %d: key of shard %s on shard %s's subject", events.ErrInvalidEvent,
+				k+1, w.a.store.ShardName(got), w.name)
+		}
+		if !ok { // a finish with nothing to refund
+			w.a.ignored.Add(1)
+			continue
+		}
+		it.ops = append(it.ops, op)
+		it.opsFor = append(it.opsFor, k)
+	}
+	return nil
+}
+
+// applyRun applies the events of items (in one or more calls), retrying
+// transient failures until ctx ends; a permanent failure is narrowed down to
+// the message that causes it. It reports false when ctx ended first.
+func (w *worker) applyRun(ctx context.Context, items []item) bool {
+	a := w.a
+	var ops []limiter.Event
+	for j := range items {
+		if items[j].bad == nil {
+			ops = append(ops, items[j].ops...)
+		}
+	}
+	if len(ops) == 0 {
+		return true
+	}
+	for {
+		// The run in hand finishes even when shutdown has begun.
+		call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		res, err := a.store.Apply(call, w.shard, a.now(), ops)
+		cancel()
+		if err == nil {
+			w.delay = a.cfg.RetryMin
+			w.record(items, res)
+			return true
+		}
+		a.retries.Add(1)
+		if permanent(err) {
+			if len(items) > 1 { // find the message that fails
+				for j := range items {
+					if !w.applyRun(ctx, items[j:j+1]) {
+						return false
+					}
+				}
+				return true
+			}
+			it := &items[0]
+			w.attempts[it.seq]++
+			if w.attempts[it.seq] >= a.cfg.MaxAttempts {
+				delete(w.attempts, it.seq)
+				it.bad = fmt.Errorf("redis refused its events %d times: %w", a.cfg.MaxAttempts, err)
+				return true
+			}
+		}
+		a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
+		if !sleep(ctx, w.delay) {
+			return false
+		}
+		w.delay = min(2*w.delay, a.cfg.RetryMax)
+	}
+}
+
+// record counts what a run did, notes the windows that have room again, and
+// tracks what is confirmed by a replica.
+func (w *worker) record(items []item, res limiter.ApplyResult) {
+	a := w.a
+	now := a.now()
+	k := 0
+	for j := range items {
+		it := &items[j]
+		if it.bad != nil {
+			continue
+		}
+		for n, op := range it.ops {
+			r := res.Results[k]
+			k++
+			e := &it.evs[it.opsFor[n]]
+			if r.Err != nil { // refused for its fields: the message goes to the dead letters
+				it.bad = r.Err
+				continue
+			}
+			if r.Outcome != limiter.Duplicate {
+				a.lag.Observe(now.Sub(e.Time))
+			}
+			switch r.Outcome {
+			case limiter.Applied:
+				switch op.Kind {
+				case limiter.Charge:
+					a.charged.Add(1)
+				case limiter.Refund:
+					a.refunded.Add(1)
+				case limiter.Release:
+					a.released.Add(1)
+				}
+				if op.Kind != limiter.Charge {
+					w.notices = events.AppendNotice(w.notices, events.Notice{Key: e.Key, ResetAt: r.ResetAt, Used: r.Used})
+				}
+			case limiter.Duplicate:
+				a.duplicates.Add(1)
+			case limiter.Late:
+				a.late.Add(1)
+			case limiter.Netted:
+				a.netted.Add(1)
+			case limiter.Pending:
+				a.pending.Add(1)
+			}
+		}
+	}
+	// Replication is in order: a confirmed run confirms every earlier one.
+	if res.Replicated >= res.Waited {
+		w.unconfirmed = 0
+	} else {
+		if w.unconfirmed == 0 {
+			w.unconfirmed = items[0].seq
+		}
+		a.unconfirmed.Add(1)
+		a.log.Warn("no replica confirmed applied events in time; they stay in the stream until one does",
+			"shard", w.name, "waited_for", res.Waited, "replicated", res.Replicated)
+	}
+}
+
+// confirm asks a replica to confirm, while the shard is idle, what earlier
+// runs applied: a renewal of the lease is a write whose confirmation covers
+// every write before it.
+func (w *worker) confirm(ctx context.Context) {
+	l, err := w.a.holdLease(ctx, w.shard)
+	if err == nil && l.Replicated >= l.Waited {
+		w.unconfirmed = 0
+	}
+}
+
+// flushNotices tells the edges which windows have room again.
+func (w *worker) flushNotices() {
+	if len(w.notices) == 0 {
+		return
+	}
+	subject := events.NoticeSubject(w.a.cfg.Streams.NoticePrefix, w.name)
+	if err := w.a.js.Conn().Publish(subject, w.notices); err != nil {
+		w.a.log.Debug("publishing notices failed; edges converge by reading", "shard", w.name, "err", err)
+	}
+	w.notices = w.notices[:0]
+}
+
+// purge deletes from the stream what is applied (or dead-lettered) and
+// confirmed by a replica.
+func (w *worker) purge(final bool) {
+	upTo := w.applied
+	if w.unconfirmed != 0 {
+		upTo = min(upTo, w.unconfirmed-1)
+	}
+	if upTo <= w.purged || (!final && time.Since(w.lastPurge) < w.a.cfg.PurgeEvery) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.stream.Purge(ctx, jetstream.WithPurgeSubject(w.subject), jetstream.WithPurgeSequence(upTo+1)); err != nil {
+		w.a.log.Warn("deleting applied events from the stream failed; will retry", "shard", w.name, "err", err)
+		return
+	}
+	w.purged, w.lastPurge = upTo, time.Now()
 }
 
 // Dead-letter headers, added to a copy of the original message.
@@ -328,42 +643,77 @@ const (
 	HeaderDeadSeq     = "Tally-Original-Sequence"
 )
 
-// deadLetter copies m to the dead-letter stream with the reason, then
-// terminates it. If the copy cannot be stored, m is nak'ed instead: an
-// event is never dropped without a trace.
-func (w *worker) deadLetter(m jetstream.Msg, reason error) {
+// deadLetter copies a message to the dead-letter stream with the reason,
+// retrying until it is stored or ctx ends (reporting false): a message is
+// never dropped without a trace.
+func (w *worker) deadLetter(ctx context.Context, it *item) bool {
 	a := w.a
-	dm := nats.NewMsg(a.cfg.Stream.DeadLetterPrefix + "." + w.name)
+	dm := nats.NewMsg(a.cfg.Streams.DeadLetters.SubjectPrefix + "." + w.name)
 	dm.Header = nats.Header{}
-	for k, v := range m.Headers() {
+	for k, v := range it.msg.Headers() {
 		if k != events.HeaderMsgID {
 			dm.Header[k] = append([]string(nil), v...)
 		}
 	}
-	msgID := "dead." + w.name
-	if md, err := m.Metadata(); err == nil {
-		seq := strconv.FormatUint(md.Sequence.Stream, 10)
-		dm.Header[HeaderDeadSeq] = []string{seq}
-		msgID += "." + seq
+	seq := strconv.FormatUint(it.seq, 10)
+	dm.Header[HeaderDeadSeq] = []string{seq}
+	dm.Header[HeaderDeadReason] = []string{clip(it.bad.Error(), 1000)}
+	dm.Header[HeaderDeadSubject] = []string{it.msg.Subject()}
+	dm.Data = it.msg.Data()
+	for delay := a.cfg.RetryMin; ; delay = min(2*delay, a.cfg.RetryMax) {
+		call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, err := a.js.PublishMsg(call, dm, jetstream.WithMsgID("dead."+w.name+"."+seq))
+		cancel()
+		if err == nil {
+			a.dead.Add(1)
+			a.log.Warn("message dead-lettered", "shard", w.name, "seq", it.seq, "reason", it.bad)
+			return true
+		}
+		a.log.Error("dead-letter publish failed; retrying", "shard", w.name, "err", err)
+		if !sleep(ctx, delay) {
+			return false
+		}
 	}
-	dm.Header[HeaderDeadReason] = []string{reason.Error()}
-	dm.Header[HeaderDeadSubject] = []string{m.Subject()}
-	dm.Data = m.Data()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := a.js.PublishMsg(ctx, dm, jetstream.WithMsgID(msgID)); err != nil {
-		a.log.Error("dead-letter publish failed; event nak'ed", "shard", w.name, "err", err)
-		_ = m.NakWithDelay(a.cfg.RetryMax)
-		return
-	}
-	a.dead.Add(1)
-	a.log.Warn("event dead-lettered", "shard", w.name, "subject", m.Subject(), "reason", reason)
-	_ = m.TermWithReason(clip(reason.Error()))
 }
 
-func clip(s string) string {
-	if len(s) > 200 {
-		return s[:200]
+// permanent reports whether a failed Apply will fail again however often it
+// is retried: Redis refused the command itself (a wrong type, a script
+// error), rather than being unreachable, read-only, loading or full.
+func permanent(err error) bool {
+	var ne net.Error
+	switch {
+	case err == nil, errors.As(err, &ne), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout):
+		return false
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false // I/O: EOF, reset connections
+	}
+	msg := re.Error()
+	for _, transient := range []string{"READONLY", "LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "OOM", "NOSCRIPT", "CLUSTERDOWN"} {
+		if strings.HasPrefix(msg, transient) {
+			return false
+		}
+	}
+	return true
+}
+
+// sleep waits d or until ctx ends, reporting whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
 	}
 	return s
 }

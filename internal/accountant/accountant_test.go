@@ -2,9 +2,10 @@ package accountant_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,7 +21,10 @@ import (
 	"github.com/tallyhq/tally/internal/shard"
 )
 
-// fixture: one shard (primary + replica), an embedded JetStream, a key space.
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// fixture: one shard (primary + replica), an embedded JetStream with Tally's
+// streams, a key space.
 type fixture struct {
 	t       *testing.T
 	primary *redistest.Server
@@ -30,6 +34,7 @@ type fixture struct {
 	store   *limiter.Store
 	keys    *limiter.KeySpace
 	cfg     accountant.Config
+	streams events.Streams
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -37,39 +42,49 @@ func newFixture(t *testing.T) *fixture {
 	p, r := redistest.StartPair(t)
 	ns := natstest.Start(t)
 	_, js := ns.Connect()
-	f := &fixture{t: t, primary: p, replica: r, nats: ns, js: js}
-	f.store = f.newStore()
+	f := &fixture{t: t, primary: p, replica: r, nats: ns, js: js, streams: events.Streams{}.WithDefaults()}
 	var err error
 	f.keys, err = limiter.NewKeySpace("tally", []byte("secret"))
 	require.NoError(t, err)
-	f.cfg = accountant.Config{
-		Consumer: events.ConsumerConfig{AckWait: 2 * time.Second, PinnedTTL: time.Second},
-		RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond,
-	}
-	require.NoError(t, events.EnsureStreams(context.Background(), js, f.cfg.Stream))
+	f.store = f.newStore()
+	f.cfg = accountant.Config{LeaseTTL: time.Second, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		PurgeEvery: 20 * time.Millisecond, MaxAttempts: 3}
+	require.NoError(t, events.EnsureStreams(context.Background(), js, f.streams))
 	return f
 }
 
 func (f *fixture) newStore() *limiter.Store {
 	st, err := limiter.NewStore([]shard.Config{{Name: "s0", Primary: shard.Node{Addr: f.primary.Addr},
-		Replicas: []shard.Node{{Addr: f.replica.Addr}}}}, limiter.Options{})
+		Replicas: []shard.Node{{Addr: f.replica.Addr}}}}, f.keys, limiter.Options{WaitTimeout: 200 * time.Millisecond})
 	require.NoError(f.t, err)
 	f.t.Cleanup(func() { _ = st.Close() })
 	return st
 }
 
-// start runs an accountant on its own NATS connection until the returned
-// stop is called (graceful) or the connection is closed (a crash).
-func (f *fixture) start() (*accountant.Accountant, *nats.Conn, func()) {
+// running is an accountant in the test's process.
+type running struct {
+	*accountant.Accountant
+	nc    *nats.Conn
+	store *limiter.Store
+	stop  func() // graceful
+	crash func() // connections cut at once, lease left behind
+}
+
+// start runs an accountant with its own NATS connection and Redis store.
+func (f *fixture) start(mut ...func(*accountant.Config)) *running {
 	f.t.Helper()
 	nc, js := f.nats.Connect()
-	a := accountant.New(js, f.store, f.keys, f.cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	cfg := f.cfg
+	for _, m := range mut {
+		m(&cfg)
+	}
+	st := f.newStore()
+	a := accountant.New(js, st, f.keys, cfg, quiet)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var runErr error
 	go func() { runErr = a.Run(ctx); close(done) }()
-	stop := func() {
-		cancel()
+	wait := func() {
 		select {
 		case <-done:
 			require.NoError(f.t, runErr)
@@ -77,30 +92,57 @@ func (f *fixture) start() (*accountant.Accountant, *nats.Conn, func()) {
 			f.t.Fatal("accountant did not stop in 15s")
 		}
 	}
-	f.t.Cleanup(func() { cancel(); <-done })
-	return a, nc, stop
+	var once sync.Once
+	r := &running{Accountant: a, nc: nc, store: st}
+	r.stop = func() { once.Do(func() { cancel(); wait() }) }
+	r.crash = func() { once.Do(func() { nc.Close(); _ = st.Close(); cancel(); <-done }) }
+	f.t.Cleanup(func() { once.Do(func() { cancel(); <-done }) })
+	return r
 }
 
-func (f *fixture) event(k limiter.Key, kind events.Kind, reqID string, status int) events.Event {
-	return events.Event{
-		ID: events.EventID(reqID, kind), Kind: kind, Source: "test", Time: time.Now(), Shard: "s0",
-		Data: events.Request{RequestID: reqID, Key: k.Digest(), Policy: "core", Limit: 100,
-			WindowSeconds: 60, Cost: 1, StartedAt: time.Now(), Status: status},
-	}
+// reset is the reset of a one-minute window opened now.
+func reset() time.Time { return time.Now().Add(time.Minute).Truncate(time.Second).Add(time.Second) }
+
+func started(producer string, seq uint64, k limiter.Key, r time.Time, units int64) events.Accounting {
+	return events.Accounting{Kind: events.Started, Producer: producer, Seq: seq, Source: "test", Time: time.Now(),
+		Key: k.Digest().String(), Policy: "core", Limit: 100, WindowSeconds: 60, Units: units, ResetAt: r, StartedAt: time.Now()}
 }
 
-func (f *fixture) publish(e events.Event) {
+func finished(producer string, seq uint64, k limiter.Key, r time.Time, status int, chargeProducer string, chargeSeq uint64) events.Accounting {
+	e := started(producer, seq, k, r, 1)
+	e.Kind, e.Status, e.ChargeProducer, e.ChargeSeq = events.Finished, status, chargeProducer, chargeSeq
+	return e
+}
+
+func released(producer string, seq uint64, k limiter.Key, r time.Time, units int64) events.Accounting {
+	e := started(producer, seq, k, r, units)
+	e.Kind = events.Released
+	return e
+}
+
+// publish publishes one batch; msgID, when set, replaces the Nats-Msg-Id
+// (so that JetStream stores a republished batch again).
+func (f *fixture) publish(batch []events.Accounting, msgID ...string) {
 	f.t.Helper()
-	m, err := events.Encode(f.cfg.Stream.WithDefaults().SubjectPrefix, e)
+	m, err := events.AccountingMsg(f.streams.Accounting.SubjectPrefix, "s0", batch, nil)
 	require.NoError(f.t, err)
+	if len(msgID) > 0 {
+		m.Header.Set(events.HeaderMsgID, msgID[0])
+	}
 	_, err = f.js.PublishMsg(context.Background(), m)
 	require.NoError(f.t, err)
 }
 
-func (f *fixture) used(k limiter.Key) int64 {
-	w, err := f.store.Check(context.Background(), k)
+func (f *fixture) publishRaw(body string) {
+	f.t.Helper()
+	_, err := f.js.Publish(context.Background(), f.streams.Accounting.SubjectPrefix+".s0", []byte(body))
 	require.NoError(f.t, err)
-	return w.Used
+}
+
+func (f *fixture) used(k limiter.Key) int64 {
+	g, err := f.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
+	require.NoError(f.t, err)
+	return g.Used
 }
 
 // waitUsed waits (bounded) until k's window shows want, and fails otherwise.
@@ -108,307 +150,320 @@ func (f *fixture) waitUsed(k limiter.Key, want int64) {
 	f.t.Helper()
 	var got int64
 	for range 300 {
-		f.replica.WaitSynced(f.primary)
 		if got = f.used(k); got == want {
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	f.t.Fatalf("used = %d, want %d", got, want)
 }
 
+// streamMsgs is how many messages the accounting stream holds.
+func (f *fixture) streamMsgs() uint64 {
+	st, err := f.js.Stream(context.Background(), f.streams.Accounting.Name)
+	require.NoError(f.t, err)
+	info, err := st.Info(context.Background())
+	require.NoError(f.t, err)
+	return info.State.Msgs
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for range 300 {
+	for range 500 {
 		if cond() {
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
 
-func TestChargeRefundAndDuplicates(t *testing.T) {
+// Charges, 304 refunds (of a charge and of a reservation) and releases are
+// applied; other statuses change nothing; the stream keeps nothing applied.
+func TestAppliesAndEmptiesTheStream(t *testing.T) {
 	f := newFixture(t)
-	a, _, stop := f.start()
-	k := f.keys.Key("core", "alice")
-	for i := range 5 {
-		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("r%d", i), 0))
-	}
-	f.waitUsed(k, 5)
-
-	// The same event published twice (JetStream dedupes), and the same
-	// request under another message id (Redis dedupes): one charge each.
-	f.publish(f.event(k, events.KindStarted, "r0", 0))
-	dup := f.event(k, events.KindStarted, "r1", 0)
-	m, err := events.Encode("tally.events", dup)
-	require.NoError(t, err)
-	m.Header.Set(events.HeaderMsgID, "another-id")
-	_, err = f.js.PublishMsg(context.Background(), m)
-	require.NoError(t, err)
-	waitFor(t, "the duplicate", func() bool { return a.Stats().Duplicates == 1 })
-
-	// 304 refunds, 200 does not.
-	f.publish(f.event(k, events.KindFinished, "r2", 304))
-	f.publish(f.event(k, events.KindFinished, "r3", 200))
-	f.waitUsed(k, 4)
-	waitFor(t, "the ignored finish", func() bool { return a.Stats().Ignored == 1 })
-	// The refund again: nothing more.
-	f.publish(f.event(k, events.KindFinished, "r2", 304))
-	m, err = events.Encode("tally.events", f.event(k, events.KindFinished, "r2", 304))
-	require.NoError(t, err)
-	m.Header.Set(events.HeaderMsgID, "refund-again")
-	_, err = f.js.PublishMsg(context.Background(), m)
-	require.NoError(t, err)
-	waitFor(t, "the duplicate refund", func() bool { return a.Stats().Duplicates == 2 })
-	stop()
-	require.EqualValues(t, 4, f.used(k))
-	s := a.Stats()
-	require.EqualValues(t, 5, s.Charged)
-	require.EqualValues(t, 1, s.Refunded)
-}
-
-func TestPoisonEventIsDeadLettered(t *testing.T) {
-	f := newFixture(t)
-	a, _, stop := f.start()
-	defer stop()
-	k := f.keys.Key("core", "alice")
-	ctx := context.Background()
-
-	bad := []*nats.Msg{
-		{Subject: "tally.events.s0.started", Data: []byte("not json"), Header: nats.Header{"ce-specversion": {"1.0"}}},
-		func() *nats.Msg { // valid event, wrong shard in its attributes
-			e := f.event(k, events.KindStarted, "wrong-shard", 0)
-			e.Shard = "s9"
-			m, err := events.Encode("tally.events", e)
-			require.NoError(t, err)
-			m.Subject = "tally.events.s0.started"
-			return m
-		}(),
-		func() *nats.Msg { // valid envelope, invalid data
-			m, err := events.Encode("tally.events", f.event(k, events.KindStarted, "bad-data", 0))
-			require.NoError(t, err)
-			m.Data = []byte(`{"request_id":"bad-data","key":"alice","policy":"core","limit":1,"window_s":60,"cost":1,"started_at":"2026-01-01T00:00:00Z"}`)
-			return m
-		}(),
-	}
-	for _, m := range bad {
-		_, err := f.js.PublishMsg(ctx, m)
-		require.NoError(t, err)
-	}
-	f.publish(f.event(k, events.KindStarted, "good", 0))
-	f.waitUsed(k, 1)
-	waitFor(t, "three dead letters", func() bool { return a.Stats().DeadLettered == 3 })
-
-	dlq, err := f.js.Stream(ctx, "TALLY_DLQ")
-	require.NoError(t, err)
-	info, err := dlq.Info(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 3, info.State.Msgs)
-	msg, err := dlq.GetMsg(ctx, 1)
-	require.NoError(t, err)
-	require.Equal(t, "tally.dlq.s0", msg.Subject)
-	require.Equal(t, "tally.events.s0.started", msg.Header.Get(accountant.HeaderDeadSubject))
-	require.Contains(t, msg.Header.Get(accountant.HeaderDeadReason), "invalid event")
-	require.Equal(t, []byte("not json"), msg.Data, "the original body, for replay")
-
-	// The dead events are terminated: the consumer has nothing pending.
-	cons, err := f.js.Consumer(ctx, "TALLY_EVENTS", "accountant-s0")
-	require.NoError(t, err)
-	waitFor(t, "no pending acks", func() bool {
-		ci, err := cons.Info(ctx)
-		return err == nil && ci.NumAckPending == 0 && ci.NumPending == 0
+	k, r := f.keys.Key("core", "alice"), reset()
+	a := f.start()
+	f.publish([]events.Accounting{
+		started("edge-1", 1, k, r, 5),
+		finished("edge-1", 2, k, r, 304, "edge-1", 1), // refunds 1 of the 5 (units 1)
+		finished("edge-1", 3, k, r, 200, "", 0),       // nothing to refund
+		started("edge-1", 4, k, time.Time{}, 2),       // placed by its start
 	})
+	f.publish([]events.Accounting{finished("edge-2", 1, k, r, 304, "", 0), released("edge-2", 2, k, r, 3)})
+	f.waitUsed(k, 5-1+2-1-3)
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	s := a.Stats()
+	require.EqualValues(t, 2, s.Charged)
+	require.EqualValues(t, 2, s.Refunded)
+	require.EqualValues(t, 1, s.Released)
+	require.EqualValues(t, 1, s.Ignored)
+	require.EqualValues(t, 2, s.Messages)
+	require.Zero(t, s.Duplicates+s.DeadLettered)
+	require.EqualValues(t, 5, s.Lag.Count)
+	require.Less(t, s.Lag.Quantile(0.99), 5*time.Second)
 }
 
-// An accountant that dies between Redis and its acks: the events are
-// redelivered to the next one and apply exactly once.
-func TestCrashBetweenRedisAndAck(t *testing.T) {
+// Invariant 6: whatever is published or read again takes effect once — a
+// republished batch JetStream stored twice, a batch an edge applied itself
+// before its copy arrived, a restart of the accountant.
+func TestDuplicatesTakeEffectOnce(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	k := f.keys.Key("core", "alice")
-	const n = 50
-	for i := range n {
-		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("r%d", i), 0))
-	}
+	k, r := f.keys.Key("core", "alice"), reset()
+	batch := []events.Accounting{started("edge-1", 1, k, r, 1), started("edge-1", 2, k, r, 1)}
+	// An edge applied the first batch itself (NATS was slow); the copy it
+	// had handed to JetStream arrives anyway, twice.
+	_, err := f.store.Apply(ctx, 0, time.Now(), []limiter.Event{
+		{Producer: "edge-1", Seq: 1, Kind: limiter.Charge, Key: k, ResetAt: r, Start: time.Now(), Window: time.Minute, Units: 1},
+		{Producer: "edge-1", Seq: 2, Kind: limiter.Charge, Key: k, ResetAt: r, Start: time.Now(), Window: time.Minute, Units: 1},
+	})
+	require.NoError(t, err)
+	f.publish(batch, "copy-1")
+	f.publish(batch, "copy-2")
+	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
+	a := f.start()
+	f.waitUsed(k, 3)
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	require.EqualValues(t, 4, a.Stats().Duplicates)
+	require.EqualValues(t, 1, a.Stats().Charged)
+	a.stop()
 
-	// The doomed accountant: pulls a batch, applies it to Redis, dies
-	// before acking (its connection closes).
-	nc, js := f.nats.Connect()
-	cons, err := events.EnsureConsumer(ctx, js, f.cfg.Stream, f.cfg.Consumer, "s0")
-	require.NoError(t, err)
-	batch, err := cons.Fetch(30, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup(events.Group))
-	require.NoError(t, err)
-	var ops []limiter.Op
-	for m := range batch.Messages() {
-		e, err := events.Decode(m.Headers(), m.Data())
-		require.NoError(t, err)
-		ops = append(ops, limiter.Op{Kind: limiter.OpCharge, Key: k, EventID: e.Data.RequestID,
-			Start: e.Data.StartedAt, Cost: 1, Window: time.Minute})
-	}
-	require.Len(t, ops, 30)
-	_, err = f.store.Apply(ctx, 0, ops)
-	require.NoError(t, err)
-	nc.Close()
-	f.waitUsed(k, 30)
-
-	// The next accountant gets the 30 again (after AckWait, or the pin
-	// expiring) and the 20 the first never took.
-	a, _, stop := f.start()
-	f.waitUsed(k, n)
-	waitFor(t, "the redeliveries", func() bool { return a.Stats().Duplicates == 30 })
-	stop()
-	require.EqualValues(t, n, f.used(k))
-	require.EqualValues(t, n-30, a.Stats().Charged)
+	// After a restart, an old batch published again is still a duplicate.
+	b := f.start()
+	f.publish(batch, "copy-3")
+	waitFor(t, "the duplicates", func() bool { return b.Stats().Duplicates == 2 })
+	require.EqualValues(t, 3, f.used(k))
 }
 
-// Two accountants on the same shards: no double charge, and the second
-// takes over when the first stops.
-func TestSecondAccountantTakesOver(t *testing.T) {
+// Invariant 7 across a crash: an accountant killed while events flow (its
+// lease left behind, whatever it applied not yet deleted from the stream)
+// is replaced within the lease's lifetime, and every event is applied
+// exactly once.
+func TestCrashHandOverIsExactlyOnce(t *testing.T) {
 	f := newFixture(t)
-	k := f.keys.Key("core", "alice")
-	a1, _, stop1 := f.start()
-	a2, _, stop2 := f.start()
-	defer stop2()
-	for i := range 100 {
-		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("a%d", i), 0))
+	k, r := f.keys.Key("core", "hot"), reset()
+	a := f.start()
+	b := f.start() // standby
+	var seq atomic.Uint64
+	stop := make(chan struct{})
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var batch []events.Accounting
+			for range 10 {
+				batch = append(batch, started("edge-1", seq.Add(1), k, r, 1))
+			}
+			f.publish(batch)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	waitFor(t, "a shard served", func() bool { return a.Shards()[0].Active || b.Shards()[0].Active })
+	leader, standby := a, b
+	if b.Shards()[0].Active {
+		leader, standby = b, a
 	}
-	f.waitUsed(k, 100)
-	// Counters move just after Redis confirms a batch.
-	waitFor(t, "the counters", func() bool { return a1.Stats().Charged+a2.Stats().Charged >= 100 })
-	s1, s2 := a1.Stats(), a2.Stats()
-	require.EqualValues(t, 100, s1.Charged+s2.Charged)
-	require.Zero(t, s1.Duplicates+s2.Duplicates, "no event was applied twice")
-	require.True(t, s1.Charged == 0 || s2.Charged == 0, "one pinned accountant did the work: %d and %d", s1.Charged, s2.Charged)
-
-	// Stop whichever is active; the other takes over.
-	active, standby := a1, a2
-	stopActive := stop1
-	if s2.Charged > 0 {
-		active, standby = a2, a1
-		stopActive = stop2
-	}
-	before := active.Stats().Charged
-	stopActive()
-	for i := range 50 {
-		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("b%d", i), 0))
-	}
-	f.waitUsed(k, 150)
-	require.EqualValues(t, before, active.Stats().Charged)
-	require.EqualValues(t, 50, standby.Stats().Charged)
+	waitFor(t, "charges", func() bool { return leader.Stats().Charged > 100 })
+	crashed := time.Now()
+	leader.crash()
+	waitFor(t, "the standby takes over", func() bool { return standby.Shards()[0].Active })
+	handOver := time.Since(crashed)
+	waitFor(t, "charges after the hand-over", func() bool { return standby.Stats().Charged > 100 })
+	close(stop)
+	<-published
+	f.waitUsed(k, int64(seq.Load()))
+	require.Less(t, handOver, 3*time.Second, "within the lease's lifetime (1s) and a poll")
+	t.Logf("hand-over after a crash: %v; events %d; applied by the standby %d, duplicates %d",
+		handOver.Round(time.Millisecond), seq.Load(), standby.Stats().Charged, standby.Stats().Duplicates)
 }
 
-// The shard primary goes away and comes back empty (no script cache) while
-// events flow: they wait in JetStream and then apply, none lost.
-func TestPrimaryRestartWhileEventsFlow(t *testing.T) {
+// A graceful stop frees the lease: the standby takes over at once.
+func TestGracefulHandOver(t *testing.T) {
 	f := newFixture(t)
-	k := f.keys.Key("core", "alice")
-	a, _, stop := f.start()
-	defer stop()
-	f.primary.Stop()
-	for i := range 40 {
-		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("r%d", i), 0))
-	}
-	waitFor(t, "failed attempts", func() bool { return a.Stats().Retries >= 2 })
-	require.Zero(t, a.Stats().Charged)
-	f.primary.Restart()
-	f.replica.WaitLinkUp()
-	f.waitUsed(k, 40)
-	require.EqualValues(t, 40, a.Stats().Charged)
-	require.Zero(t, a.Stats().DeadLettered)
+	k, r := f.keys.Key("core", "alice"), reset()
+	a := f.start()
+	waitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
+	b := f.start()
+	time.Sleep(50 * time.Millisecond)
+	require.False(t, b.Shards()[0].Active, "one accountant per shard")
+	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
+	f.waitUsed(k, 1)
+	stopped := time.Now()
+	a.stop()
+	waitFor(t, "b serves", func() bool { return b.Shards()[0].Active })
+	require.Less(t, time.Since(stopped), time.Second)
+	f.publish([]events.Accounting{started("edge-1", 2, k, r, 1)})
+	f.waitUsed(k, 2)
 }
 
-// Streams and consumers are created or updated idempotently at start-up.
-func TestStreamsAndConsumersAreIdempotent(t *testing.T) {
+// Messages that can never be applied are dead-lettered with their reason;
+// the shard goes on with the next ones.
+func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	require.NoError(t, events.EnsureStreams(ctx, f.js, f.cfg.Stream), "again, unchanged")
-	changed := f.cfg.Stream
-	changed.MaxAge = time.Hour
-	require.NoError(t, events.EnsureStreams(ctx, f.js, changed), "updated in place")
-	st, err := f.js.Stream(ctx, "TALLY_EVENTS")
+	k, r := f.keys.Key("core", "alice"), reset()
+	dlq, err := f.js.CreateOrUpdateConsumer(ctx, f.streams.DeadLetters.Name, jetstream.ConsumerConfig{Durable: "inspect"})
 	require.NoError(t, err)
-	info, err := st.Info(ctx)
-	require.NoError(t, err)
-	require.Equal(t, time.Hour, info.Config.MaxAge)
-	require.Equal(t, jetstream.DiscardNew, info.Config.Discard)
-	require.Equal(t, 2*time.Minute, info.Config.Duplicates)
-	require.Equal(t, jetstream.FileStorage, info.Config.Storage)
-
+	other := started("edge-9", 1, k, r, 1)
+	other.Policy, other.Limit = "core", 5000 // terms nobody configured
+	f.publishRaw(`{"not":"an event"`)
+	f.publish([]events.Accounting{other})
+	f.publish([]events.Accounting{started("edge-1", 1, k, r, 2)})
+	a := f.start(func(c *accountant.Config) {
+		c.Policies = map[string]limiter.Policy{"core": {Name: "core", Limit: 100, Window: time.Minute}}
+	})
+	f.waitUsed(k, 2)
+	waitFor(t, "dead letters", func() bool { return a.Stats().DeadLettered == 2 })
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	var reasons []string
 	for range 2 {
-		cons, err := events.EnsureConsumer(ctx, f.js, f.cfg.Stream, f.cfg.Consumer, "s0")
+		m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
 		require.NoError(t, err)
-		ci, err := cons.Info(ctx)
-		require.NoError(t, err)
-		require.Equal(t, -1, ci.Config.MaxDeliver, "transient failures must never exhaust deliveries")
-		require.Equal(t, jetstream.PriorityPolicyPinned, ci.Config.PriorityPolicy)
-		require.Equal(t, []string{"tally.events.s0.started", "tally.events.s0.finished"}, ci.Config.FilterSubjects)
+		reasons = append(reasons, m.Headers().Get(accountant.HeaderDeadReason))
+		require.Equal(t, f.streams.Accounting.SubjectPrefix+".s0", m.Headers().Get(accountant.HeaderDeadSubject))
+		require.NotEmpty(t, m.Headers().Get(accountant.HeaderDeadSeq))
 	}
-	for _, bad := range []events.StreamConfig{{Storage: "tape"}, {Discard: "maybe"}, {Replicas: 9}, {Duplicates: time.Hour, MaxAge: time.Minute}} {
-		require.ErrorIs(t, events.EnsureStreams(ctx, f.js, bad), events.ErrInvalidConfig)
-	}
-	_, err = events.EnsureConsumer(ctx, f.js, f.cfg.Stream, f.cfg.Consumer, "S 0")
-	require.ErrorIs(t, err, events.ErrInvalidConfig)
+	require.Contains(t, reasons[0], "invalid event")
+	require.Contains(t, reasons[1], "not configured")
 }
 
-// The configured primary was demoted (a failover the configuration has not
-// caught up with): writes fail with READONLY, events wait, and apply once
-// the node is a primary again.
-func TestReadOnlyPrimaryWaitsThenApplies(t *testing.T) {
+// A Redis error that persists (a key of the wrong type) dead-letters the
+// message that causes it after a few attempts; the messages around it are
+// applied.
+func TestPermanentRedisErrorIsDeadLettered(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	k := f.keys.Key("core", "alice")
+	k, bad, r := f.keys.Key("core", "alice"), f.keys.Key("core", "broken"), reset()
+	require.NoError(t, f.primary.Client().Set(ctx, bad.String(), "not a hash", 0).Err())
+	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
+	f.publish([]events.Accounting{started("edge-1", 2, bad, r, 1)})
+	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
+	a := f.start()
+	f.waitUsed(k, 2)
+	waitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
+	require.GreaterOrEqual(t, a.Stats().Retries, uint64(3))
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+}
+
+// Transient failures — a primary that is down, or read-only after a
+// failover the configuration has not caught up with — hold the shard's
+// place: events wait in the stream and apply once it is back, none lost.
+func TestTransientFailuresWaitThenApply(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	k, r := f.keys.Key("core", "alice"), reset()
+	a := f.start()
+	waitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
+
 	other := redistest.Start(t)
 	require.NoError(t, f.primary.Client().Do(ctx, "REPLICAOF", "127.0.0.1", other.Port).Err())
-	a, _, stop := f.start()
-	defer stop()
-	for i := range 10 {
-		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("r%d", i), 0))
+	for i := range uint64(10) {
+		f.publish([]events.Accounting{started("edge-1", i+1, k, r, 1)})
 	}
-	waitFor(t, "failed attempts", func() bool { return a.Stats().Retries >= 2 })
+	waitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
 	require.Zero(t, a.Stats().Charged)
 	require.NoError(t, f.primary.Client().Do(ctx, "REPLICAOF", "NO", "ONE").Err())
 	f.replica.WaitLinkUp()
 	f.waitUsed(k, 10)
-	require.EqualValues(t, 10, a.Stats().Charged)
 	require.Zero(t, a.Stats().DeadLettered, "READONLY is transient, never poison")
+
+	f.primary.Stop()
+	for i := range uint64(10) {
+		f.publish([]events.Accounting{started("edge-1", i+11, k, r, 1)})
+	}
+	waitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
+	time.Sleep(100 * time.Millisecond)
+	require.EqualValues(t, 10, f.streamMsgs(), "nothing is deleted that was not applied")
+	f.primary.Restart() // empty: no persistence in tests
+	f.replica.WaitLinkUp()
+	f.waitUsed(k, 10)
+	require.Zero(t, a.Stats().DeadLettered)
 }
 
-// Shutdown drains: every event the accountant applied is acknowledged
-// before it stops. Events the server had already sent towards it but that it
-// never received stay unapplied and are redelivered to the next accountant
-// after the ack wait; none is applied twice, none is lost.
-func TestShutdownDrains(t *testing.T) {
+// Applied events stay in the stream until a replica confirms them (WAIT),
+// so that a failover cannot lose what the stream no longer holds.
+func TestStreamKeepsWhatNoReplicaConfirmed(t *testing.T) {
 	f := newFixture(t)
-	ctx := context.Background()
-	k := f.keys.Key("core", "alice")
-	for i := range 500 {
-		f.publish(f.event(k, events.KindStarted, fmt.Sprintf("r%d", i), 0))
-	}
-	a, _, stop := f.start()
-	waitFor(t, "some charges", func() bool { return a.Stats().Charged > 0 })
-	stop()
-	charged := a.Stats().Charged
-	f.waitUsed(k, int64(charged))
-	// The server handles acks asynchronously: give it a moment, well under
-	// the 2s ack wait after which unacknowledged events would be redelivered.
-	cons, err := f.js.Consumer(ctx, "TALLY_EVENTS", "accountant-s0")
-	require.NoError(t, err)
-	var accounted int
-	for range 50 {
-		ci, err := cons.Info(ctx)
-		require.NoError(t, err)
-		// Applied-but-unacknowledged events would be counted twice here.
-		if accounted = int(charged) + int(ci.NumPending) + ci.NumAckPending; accounted == 500 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	require.Equal(t, 500, accounted, "every event is applied and acked, waiting, or in flight and unapplied")
+	k, r := f.keys.Key("core", "alice"), reset()
+	a := f.start()
+	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	f.replica.Stop()
+	f.publish([]events.Accounting{started("edge-1", 2, k, r, 1)})
+	f.waitUsed(k, 2)
+	waitFor(t, "an unconfirmed run", func() bool { return a.Stats().Unconfirmed > 0 })
+	time.Sleep(100 * time.Millisecond)
+	require.EqualValues(t, 1, f.streamMsgs(), "applied, not confirmed: kept")
+	f.replica.Restart()
+	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	f.waitUsed(k, 3)
+}
 
-	// The next accountant finishes the rest, with no duplicates.
-	b, _, stopB := f.start()
-	defer stopB()
-	f.waitUsed(k, 500)
-	require.Zero(t, b.Stats().Duplicates)
+// A refund or release that gives a window room again is announced to the
+// edges on core NATS.
+func TestRoomNotices(t *testing.T) {
+	f := newFixture(t)
+	k, r := f.keys.Key("core", "alice"), reset()
+	nc, _ := f.nats.Connect()
+	got := make(chan *nats.Msg, 4)
+	_, err := nc.ChanSubscribe(f.streams.NoticePrefix+".>", got)
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	f.start()
+	f.publish([]events.Accounting{started("edge-1", 1, k, r, 3), released("edge-1", 2, k, r, 1)})
+	select {
+	case m := <-got:
+		require.Equal(t, f.streams.NoticePrefix+".s0", m.Subject)
+		ns, err := events.DecodeNotices(m.Data)
+		require.NoError(t, err)
+		require.Equal(t, []events.Notice{{Full: false, Key: k.Digest().String(), ResetAt: r, Used: 2}},
+			[]events.Notice{{Full: ns[0].Full, Key: ns[0].Key, ResetAt: ns[0].ResetAt.Round(0).In(r.Location()), Used: ns[0].Used}})
+	case <-time.After(5 * time.Second):
+		t.Fatal("no notice")
+	}
+}
+
+// A shard whose primary stays unreachable makes the accountant unready
+// after twice the lease's lifetime; it recovers by itself.
+func TestReadinessFollowsShards(t *testing.T) {
+	f := newFixture(t)
+	a := f.start()
+	ctx := context.Background()
+	waitFor(t, "ready", func() bool { return a.Ready(ctx, nil) == nil && a.Shards()[0].Active })
+	f.primary.Stop()
+	waitFor(t, "unready", func() bool { return a.Ready(ctx, nil) != nil })
+	require.ErrorContains(t, a.Ready(ctx, nil), "shard s0 failing")
+	f.primary.Restart()
+	waitFor(t, "ready again", func() bool { return a.Ready(ctx, nil) == nil && a.Shards()[0].Active })
+}
+
+// Shutdown: the run in hand is applied and deleted from the stream, the
+// lease is given up, and what was not read waits for the next accountant.
+func TestShutdownLeavesNothingHalfDone(t *testing.T) {
+	f := newFixture(t)
+	k, r := f.keys.Key("core", "alice"), reset()
+	warm := f.start()
+	f.publish([]events.Accounting{started("edge-0", 1, k, r, 1)})
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 }) // the replica acknowledges
+	warm.stop()
+	for i := range uint64(200) {
+		f.publish([]events.Accounting{started("edge-1", i+1, k, r, 1)})
+	}
+	a := f.start()
+	waitFor(t, "some charges", func() bool { return a.Stats().Charged > 0 })
+	a.stop()
+	charged := a.Stats().Charged
+	require.EqualValues(t, charged+1, f.used(k))
+	require.LessOrEqual(t, f.streamMsgs(), 200-charged, "what was applied is deleted (or applied again harmlessly)")
+	b := f.start()
+	f.waitUsed(k, 201)
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	require.EqualValues(t, 200-charged, b.Stats().Charged)
 }

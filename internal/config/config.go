@@ -21,6 +21,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/shard"
@@ -50,14 +51,17 @@ type Redis struct {
 	Grace         time.Duration    `yaml:"grace"`
 	SkewTolerance time.Duration    `yaml:"skew_tolerance"`
 	Timeout       time.Duration    `yaml:"timeout"`
+	// WaitReplicas and WaitTimeout: the accountant waits for this many
+	// replicas (default 1 when a shard has replicas; -1 never) before it
+	// deletes applied events from the stream.
+	WaitReplicas int           `yaml:"wait_replicas"`
+	WaitTimeout  time.Duration `yaml:"wait_timeout"`
 }
 
 // NATS is the connection and the streams.
 type NATS struct {
-	URL       string                 `yaml:"url"`
-	Stream    events.StreamConfig    `yaml:"stream"`
-	Consumer  events.ConsumerConfig  `yaml:"consumer"`
-	Publisher events.PublisherConfig `yaml:"publisher"`
+	URL     string         `yaml:"url"`
+	Streams events.Streams `yaml:"streams"`
 }
 
 // Edge configures the edge-checker.
@@ -80,7 +84,10 @@ type Edge struct {
 	// are passed through unlimited.
 	DefaultPolicy string `yaml:"default_policy"`
 	// Source is the CloudEvents source. Default edge-checker/<hostname>.
-	Source string `yaml:"source"`
+	Source    string               `yaml:"source"`
+	Credit    edge.CreditConfig    `yaml:"credit"`
+	Outbox    edge.OutboxConfig    `yaml:"outbox"`
+	Decisions edge.DecisionsConfig `yaml:"decisions"`
 }
 
 // Identity says whose window a request counts against.
@@ -95,12 +102,16 @@ type Identity struct {
 	IPv6Prefix int `yaml:"ipv6_prefix"`
 }
 
-// Accountant configures the accountant.
+// Accountant configures the accountant (accountant.Config has the
+// defaults).
 type Accountant struct {
 	BatchSize   int           `yaml:"batch_size"`
 	BatchWait   time.Duration `yaml:"batch_wait"`
+	LeaseTTL    time.Duration `yaml:"lease_ttl"`
+	PurgeEvery  time.Duration `yaml:"purge_every"`
 	RetryMin    time.Duration `yaml:"retry_min"`
 	RetryMax    time.Duration `yaml:"retry_max"`
+	MaxAttempts int           `yaml:"max_attempts"`
 	AdminListen string        `yaml:"admin_listen"`
 }
 
@@ -110,6 +121,8 @@ type Policy struct {
 	Limit  int64         `yaml:"limit"`
 	Window time.Duration `yaml:"window"`
 	Cost   int64         `yaml:"cost"`
+	// Mode is auto (default), exact or async (docs/accuracy.md).
+	Mode limiter.Mode `yaml:"mode"`
 }
 
 // Route maps a path prefix to a policy and a cost.
@@ -252,6 +265,12 @@ func (f *File) validate() error {
 	if u, err := url.Parse(f.NATS.URL); err != nil || u.Host == "" {
 		return fieldErr("nats.url", "%q: want nats://host:port", f.NATS.URL)
 	}
+	if err := f.NATS.Streams.Validate(); err != nil {
+		return fieldErr("nats.streams", "%s", strings.TrimPrefix(err.Error(), events.ErrInvalidConfig.Error()+": "))
+	}
+	if f.Redis.WaitReplicas < -1 {
+		return fieldErr("redis.wait_replicas", "%d: want -1 (never), 0 (default) or a number of replicas", f.Redis.WaitReplicas)
+	}
 	seen := map[string]bool{}
 	for i, p := range f.Policies {
 		path := fmt.Sprintf("policies[%d]", i)
@@ -345,7 +364,7 @@ func (f *File) validateEdge() error {
 
 // Limiter is the policy as the limiter takes it.
 func (p Policy) Limiter() limiter.Policy {
-	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost}
+	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode}
 }
 
 // PolicyMap is the policies by name.
@@ -362,6 +381,9 @@ func (f *File) StoreOptions() limiter.Options {
 	return limiter.Options{
 		Grace: f.Redis.Grace, SkewTolerance: f.Redis.SkewTolerance, ReadPolicy: f.Redis.ReadPolicy,
 		DialTimeout: f.Redis.Timeout, ReadTimeout: f.Redis.Timeout, WriteTimeout: f.Redis.Timeout,
+		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout,
+		// Ample for a stream that keeps events up to its max age.
+		ProducerTTL: max(25*time.Hour, f.NATS.Streams.WithDefaults().Accounting.MaxAge+time.Hour),
 	}
 }
 

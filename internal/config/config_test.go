@@ -66,6 +66,8 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"duplicate policy", "  - name: search", "  - name: core", "line 21: policies[1].name: duplicate"},
 		{"proxy without upstream", "  upstream: http://127.0.0.1:9000\n", "", "edge.upstream"},
 		{"bad trusted proxy", "10.0.0.0/8]", "10.0.0.0/99]", "edge.identity.trusted_proxies[1]"},
+		{"bad mode", "    limit: 100", "    limit: 100\n    mode: fast", "line 20: policies[0].mode"},
+		{"bad stream", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  streams: {storage: tape}", "nats.streams: storage"},
 		{"bad on_redis_error", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  on_redis_error: maybe", "line 13: edge.on_redis_error"},
 	}
 	for _, c := range cases {

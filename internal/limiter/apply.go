@@ -8,55 +8,68 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// OpKind says what an Op does to a window.
-type OpKind uint8
+// EventKind says what an accounting event does to a window.
+type EventKind uint8
 
 const (
-	// OpCharge charges Cost to the window live at Start (lua/charge.lua).
-	OpCharge OpKind = iota + 1
-	// OpRefund gives an earlier charge back (lua/refund.lua).
-	OpRefund
+	// Charge adds Units to the window.
+	Charge EventKind = iota + 1
+	// Refund gives back Units of an earlier charge (a 304 response).
+	Refund
+	// Release gives back Units an edge reserved and did not use.
+	Release
 )
 
-func (k OpKind) String() string {
+func (k EventKind) String() string {
 	switch k {
-	case OpCharge:
+	case Charge:
 		return "charge"
-	case OpRefund:
+	case Refund:
 		return "refund"
+	case Release:
+		return "release"
 	}
-	return fmt.Sprintf("OpKind(%d)", uint8(k))
+	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
 
-// MaxEventIDLen bounds event ids. Ids are hashed before they reach Redis.
-const MaxEventIDLen = 256
+// MaxSeq is the largest event sequence number.
+const MaxSeq = 999_999_999_999_999
 
-// Op is one event's effect on one window.
-type Op struct {
-	Kind OpKind
-	Key  Key
-	// EventID identifies the request whose charge this is (for a refund: the
-	// id of the charge to give back). 1 to MaxEventIDLen bytes.
-	EventID string
-	// Start is when the request started; it picks the window.
+// Event is one accounting event: a producer's numbered change to one window.
+// Each producer numbers its events per shard 1, 2, 3, ... and applies (or
+// publishes) them in that order; an event whose number the shard has already
+// applied is a Duplicate, whoever sends it again.
+type Event struct {
+	Producer string // ValidProducer
+	Seq      uint64 // 1 to MaxSeq
+	Kind     EventKind
+	Key      Key
+	// ResetAt names the window, as the response that the event belongs to
+	// showed it (a whole second). Zero: the event is placed by Start.
+	ResetAt time.Time
+	// Start is when the request started.
 	Start time.Time
-	// Cost is what a charge adds, 1 to MaxLimit. Refunds give back what the
-	// charge recorded and ignore Cost.
-	Cost int64
-	// Window is the policy's window length, used when the op opens a window.
+	// Window is the policy's window length, used when the event opens one.
 	Window time.Duration
+	// Units is what the event adds or gives back, 1 to MaxLimit.
+	Units int64
+	// RefProducer and RefSeq name the charge a Refund gives back. Empty: the
+	// charge was a reservation (Store.Take), known to be applied; ResetAt
+	// must then be set. Other kinds leave them empty.
+	RefProducer string
+	RefSeq      uint64
 }
 
-// Outcome is what an Op did.
+// Outcome is what an event did.
 type Outcome uint8
 
-// The values match the scripts' status codes.
+// The values match lua/apply.lua's.
 const (
-	// Applied: the charge was added, or the refund given back.
+	// Applied: the units were added or given back.
 	Applied Outcome = iota + 1
-	// Duplicate: the event took effect before; nothing changed.
+	// Duplicate: the producer's event was applied before; nothing changed.
 	Duplicate
-	// Late: the request's window has closed or been replaced; nothing changed.
+	// Late: the event's window has ended or been replaced; nothing changed.
 	Late
 	// Netted: a charge whose refund came first; the two cancel.
 	Netted
@@ -80,151 +93,212 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
 
-// Result is what one Op did, and the window after it. A Late result has no
-// window.
+// Result is what one event did.
 type Result struct {
 	Outcome Outcome
-	// Used is the window's count after the op (for a Duplicate charge: what
-	// the first charge reported).
-	Used           int64
-	ResetAt, Start time.Time
-	// Amount is the units added (charge) or given back (refund).
-	Amount int64
-	// Err is set, wrapping ErrInvalidArgument, when the op was refused; the
-	// other fields are then zero.
+	// Used and ResetAt are the window after an Applied event; Amount is what
+	// it added or gave back (a refund never takes a window below zero).
+	Used    int64
+	ResetAt time.Time
+	Amount  int64
+	// Err is set, wrapping ErrInvalidArgument, when the event was refused
+	// for its fields; it was not sent to Redis and the others still ran.
 	Err error
 }
 
-func (op Op) validate() error {
+// ApplyResult is what Apply did.
+type ApplyResult struct {
+	Results []Result
+	// Replicated is how many replicas confirmed the call (Redis WAIT), and
+	// Waited how many Apply asked for (Options.WaitReplicas). Replicated <
+	// Waited means a failover now could lose what the call applied.
+	Replicated, Waited int
+}
+
+func (e *Event) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s event %d of %q: %s", ErrInvalidArgument, e.Kind, e.Seq, truncate(e.Producer, 70), fmt.Sprintf(format, args...))
+	}
 	switch {
-	case op.Kind != OpCharge && op.Kind != OpRefund:
-		return fmt.Errorf("%w: op kind %d", ErrInvalidArgument, op.Kind)
-	case op.Key.IsZero():
-		return fmt.Errorf("%w: %s: no key", ErrInvalidArgument, op.Kind)
-	case op.EventID == "" || len(op.EventID) > MaxEventIDLen:
-		return fmt.Errorf("%w: %s: event id of %d bytes: want 1 to %d", ErrInvalidArgument, op.Kind, len(op.EventID), MaxEventIDLen)
-	case op.Start.UnixMilli() < 0:
-		return fmt.Errorf("%w: %s: start %v before 1970", ErrInvalidArgument, op.Kind, op.Start)
-	case op.Kind == OpCharge && (op.Cost < 1 || op.Cost > MaxLimit):
-		return fmt.Errorf("%w: charge: cost %d: want 1 to %d", ErrInvalidArgument, op.Cost, MaxLimit)
+	case !ValidProducer(e.Producer):
+		return bad("bad producer id")
+	case e.Seq < 1 || e.Seq > MaxSeq:
+		return bad("seq: want 1 to %d", uint64(MaxSeq))
+	case e.Kind < Charge || e.Kind > Release:
+		return bad("bad kind")
+	case e.Key.IsZero():
+		return bad("no key")
+	case !e.ResetAt.IsZero() && (e.ResetAt.UnixMilli() <= 0 || e.ResetAt.UnixMilli()%1000 != 0):
+		return bad("reset_at %v: want a whole second", e.ResetAt)
+	case e.Start.UnixMilli() < 0 || e.Start.UnixMilli() > 1e14:
+		return bad("start %v", e.Start)
+	case e.Units < 1 || e.Units > MaxLimit:
+		return bad("units %d: want 1 to %d", e.Units, MaxLimit)
+	case e.Kind != Refund && (e.RefProducer != "" || e.RefSeq != 0):
+		return bad("only refunds name a charge")
+	case e.Kind == Refund && e.RefProducer != "" && (!ValidProducer(e.RefProducer) || e.RefSeq < 1 || e.RefSeq > MaxSeq):
+		return bad("bad charge reference")
+	case e.Kind == Refund && e.RefProducer == "" && e.RefSeq != 0:
+		return bad("bad charge reference")
+	case e.Kind != Charge && e.RefProducer == "" && e.ResetAt.IsZero():
+		return bad("a %s of a reservation needs reset_at", e.Kind)
 	}
-	return validWindow(op.Window)
+	return validWindow(e.Window)
 }
 
-func validWindow(w time.Duration) error {
-	if w < MinWindow || w > MaxWindow {
-		return fmt.Errorf("%w: window %v: want %v to %v", ErrInvalidArgument, w, MinWindow, MaxWindow)
-	}
-	return nil
-}
+// MaxApply is the most events one Apply call takes.
+const MaxApply = 4096
 
-// Apply runs ops on primary of shard i (see ShardOf) as one pipeline, with
-// now read once for the batch. Every op must belong to shard i.
+// Apply applies events on the primary of shard i (see ShardOf) at time now,
+// in one atomic script call (lua/apply.lua), and waits for replicas as
+// Options.WaitReplicas says. Every event's key must belong to shard i, and
+// each producer's events must come in the order of their sequence numbers.
 //
-// An op refused for its arguments gets Result.Err and the others still run.
-// Any other failure (connection loss, READONLY after a failover, a restart)
-// returns an error: some ops may have taken effect, none twice, and the
-// caller retries the whole batch, which is safe because every script is
-// idempotent per event id. NOSCRIPT (an empty script cache after a restart,
-// SCRIPT FLUSH or a promotion) is handled here by loading the scripts and
-// rerunning the affected ops.
-func (s *Store) Apply(ctx context.Context, i int, ops []Op) ([]Result, error) {
+// An event refused for its fields gets Result.Err and the others still run.
+// Any other failure (connection loss, READONLY after a failover, a
+// restarting primary) returns an error: nothing was applied, or all of it,
+// and running the same events again is always safe. NOSCRIPT (an empty
+// script cache after a restart, SCRIPT FLUSH or a promotion) is handled here.
+func (s *Store) Apply(ctx context.Context, i int, now time.Time, evs []Event) (ApplyResult, error) {
 	n := s.shards[i]
-	results := make([]Result, len(ops))
-	cmds := make([]*redis.Cmd, len(ops))
-	now := ms(s.opts.Clock.Now())
-	tol, grace := s.opts.SkewTolerance.Milliseconds(), s.opts.Grace.Milliseconds()
-
-	pending := make([]int, 0, len(ops))
-	for j, op := range ops {
-		if err := op.validate(); err != nil {
-			results[j].Err = err
-			continue
-		}
-		if got := s.ShardOf(op.Key); got != i {
-			results[j].Err = fmt.Errorf("%w: key of shard %s applied on shard %s", ErrInvalidArgument, s.shards[got].name, n.name)
-			continue
-		}
-		pending = append(pending, j)
+	out := ApplyResult{Results: make([]Result, len(evs)), Waited: n.wait}
+	if len(evs) > MaxApply {
+		return out, fmt.Errorf("%w: %d events: at most %d per call", ErrInvalidArgument, len(evs), MaxApply)
 	}
-	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt == 2 {
-			return results, fmt.Errorf("limiter: apply on shard %s: scripts missing after reload", n.name)
+	keys := make([]string, 0, 16)
+	idx := make(map[string]int, 16)
+	index := func(k string) int {
+		if j, ok := idx[k]; ok {
+			return j
 		}
+		keys = append(keys, k)
+		idx[k] = len(keys)
+		return len(keys)
+	}
+	valid := make([]int, 0, len(evs))
+	for j := range evs {
+		e := &evs[j]
+		err := e.validate()
+		if err == nil && s.ShardOf(e.Key) != i {
+			err = fmt.Errorf("%w: event %d of %q: key of shard %s applied on shard %s", ErrInvalidArgument,
+				e.Seq, e.Producer, s.shards[s.ShardOf(e.Key)].name, n.name)
+		}
+		if err != nil {
+			out.Results[j].Err = err
+			continue
+		}
+		valid = append(valid, j)
+		index(s.producerKey(e.Producer))
+		if e.RefProducer != "" {
+			index(s.producerKey(e.RefProducer))
+		}
+	}
+	if len(valid) == 0 {
+		return out, nil
+	}
+	np := len(keys)
+	args := make([]any, 0, 5+10*len(valid))
+	args = append(args, ms(now), np, s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(), s.opts.ProducerTTL.Milliseconds())
+	for _, j := range valid {
+		e := &evs[j]
+		var reset int64
+		if !e.ResetAt.IsZero() {
+			reset = ms(e.ResetAt)
+		}
+		ref := 0
+		if e.RefProducer != "" {
+			ref = idx[s.producerKey(e.RefProducer)]
+		}
+		args = append(args, idx[s.producerKey(e.Producer)], e.Seq, kindArg[e.Kind], index(e.Key.String()),
+			reset, ms(e.Start), e.Window.Milliseconds(), e.Units, ref, e.RefSeq)
+	}
+
+	for attempt := 0; ; attempt++ {
 		pipe := n.primary.Pipeline()
-		for _, j := range pending {
-			op := ops[j]
-			keys := []string{op.Key.String()}
-			field := eventField(op.EventID)
-			if op.Kind == OpCharge {
-				cmds[j] = pipe.EvalSha(ctx, chargeScript.Hash(), keys,
-					field, op.Cost, ms(op.Start), now, op.Window.Milliseconds(), tol, grace)
-			} else {
-				cmds[j] = pipe.EvalSha(ctx, refundScript.Hash(), keys,
-					field, ms(op.Start), now, op.Window.Milliseconds(), tol, grace)
-			}
+		cmd := pipe.EvalSha(ctx, applyScript.Hash(), keys, args...)
+		var wait *redis.Cmd
+		if n.wait > 0 {
+			wait = pipe.Do(ctx, "WAIT", n.wait, s.opts.WaitTimeout.Milliseconds())
 		}
 		_, _ = pipe.Exec(ctx) // errors are read per command below
-		missing := pending[:0:0]
-		for _, j := range pending {
-			r, err := parseResult(cmds[j])
-			switch {
-			case err == nil:
-				results[j] = r
-			case redis.HasErrorPrefix(err, "NOSCRIPT"):
-				missing = append(missing, j)
-			case refused(err):
-				results[j].Err = scriptErr(err)
-			default:
-				return results, fmt.Errorf("limiter: apply on shard %s: %w", n.name, err)
+		v, err := cmd.Int64Slice()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
+			if err := applyScript.Load(ctx, n.primary).Err(); err != nil {
+				return out, fmt.Errorf("limiter: apply on shard %s: loading the script: %w", n.name, err)
+			}
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("limiter: apply on shard %s: %w", n.name, scriptErr(err))
+		}
+		if len(v) != 4*len(valid) {
+			return out, fmt.Errorf("limiter: apply on shard %s: %d values for %d events", n.name, len(v), len(valid))
+		}
+		for k, j := range valid {
+			r := &out.Results[j]
+			r.Outcome, r.Used, r.Amount = Outcome(v[4*k]), v[4*k+1], v[4*k+3]
+			if v[4*k+2] != 0 {
+				r.ResetAt = fromMS(v[4*k+2])
 			}
 		}
-		if len(missing) > 0 {
-			for _, sc := range []*redis.Script{chargeScript, refundScript} {
-				if err := sc.Load(ctx, n.primary).Err(); err != nil {
-					return results, fmt.Errorf("limiter: apply on shard %s: loading scripts: %w", n.name, err)
-				}
-			}
+		if wait != nil {
+			r, _ := wait.Int()
+			out.Replicated = r
 		}
-		pending = missing
+		return out, nil
 	}
-	return results, nil
 }
 
-func parseResult(cmd *redis.Cmd) (Result, error) {
-	v, err := cmd.Int64Slice()
-	if err != nil {
-		return Result{}, err
-	}
-	if len(v) != 5 || v[0] < int64(Applied) || v[0] > int64(Pending) {
-		return Result{}, fmt.Errorf("unexpected script reply %v", v)
-	}
-	r := Result{Outcome: Outcome(v[0]), Used: v[1], Amount: v[4]}
-	if r.Outcome != Late {
-		r.ResetAt, r.Start = fromMS(v[2]), fromMS(v[3])
-	}
-	return r, nil
+var kindArg = [...]string{Charge: "c", Refund: "r", Release: "x"}
+
+// Lease is what HoldLease found.
+type Lease struct {
+	// Held reports that the caller holds the lease.
+	Held bool
+	// Replicated and Waited are as in ApplyResult: the renewal is a write,
+	// so a replica's confirmation of it confirms everything the primary
+	// applied before it.
+	Replicated, Waited int
 }
 
-// Charge charges one event (Apply with one OpCharge). The Result's Err is
-// returned as the error.
-func (s *Store) Charge(ctx context.Context, k Key, eventID string, start time.Time, cost int64, window time.Duration) (Result, error) {
-	return s.applyOne(ctx, Op{Kind: OpCharge, Key: k, EventID: eventID, Start: start, Cost: cost, Window: window})
+// HoldLease takes or extends the lease that makes owner the active
+// accountant of shard i, for ttl, and waits for replicas as Apply does.
+// Lease.Held is false when another owner holds it. The lease only saves
+// duplicate work; Apply is exactly-once without it.
+func (s *Store) HoldLease(ctx context.Context, i int, owner string, ttl time.Duration) (Lease, error) {
+	n := s.shards[i]
+	out := Lease{Waited: n.wait}
+	for attempt := 0; ; attempt++ {
+		pipe := n.primary.Pipeline()
+		cmd := pipe.EvalSha(ctx, leaseScript.Hash(), []string{s.keys.LeaseKey(n.name)}, "hold", owner, ttl.Milliseconds())
+		var wait *redis.Cmd
+		if n.wait > 0 {
+			wait = pipe.Do(ctx, "WAIT", n.wait, s.opts.WaitTimeout.Milliseconds())
+		}
+		_, _ = pipe.Exec(ctx)
+		v, err := cmd.Int64()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
+			if err := leaseScript.Load(ctx, n.primary).Err(); err != nil {
+				return out, fmt.Errorf("limiter: lease on shard %s: loading the script: %w", n.name, err)
+			}
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("limiter: lease on shard %s: %w", n.name, scriptErr(err))
+		}
+		out.Held = v == 1
+		if wait != nil {
+			out.Replicated, _ = wait.Int()
+		}
+		return out, nil
+	}
 }
 
-// Refund refunds one event's charge (Apply with one OpRefund). start is the
-// request's start, as in the charge.
-func (s *Store) Refund(ctx context.Context, k Key, eventID string, start time.Time, window time.Duration) (Result, error) {
-	return s.applyOne(ctx, Op{Kind: OpRefund, Key: k, EventID: eventID, Start: start, Window: window})
-}
-
-func (s *Store) applyOne(ctx context.Context, op Op) (Result, error) {
-	if op.Key.IsZero() {
-		return Result{}, fmt.Errorf("%w: %s: no key", ErrInvalidArgument, op.Kind)
+// FreeLease gives up owner's lease on shard i, if it holds it.
+func (s *Store) FreeLease(ctx context.Context, i int, owner string) error {
+	n := s.shards[i]
+	if err := leaseScript.Run(ctx, n.primary, []string{s.keys.LeaseKey(n.name)}, "free", owner, 0).Err(); err != nil {
+		return fmt.Errorf("limiter: lease on shard %s: %w", n.name, scriptErr(err))
 	}
-	rs, err := s.Apply(ctx, s.ShardOf(op.Key), []Op{op})
-	if err != nil {
-		return Result{}, err
-	}
-	return rs[0], rs[0].Err
+	return nil
 }

@@ -13,20 +13,16 @@ import (
 )
 
 // benchEnv is a primary and a replica on the system clock, with 1,000 live
-// windows: what an edge and an accountant see in steady state.
+// windows: what edges and an accountant see in steady state.
 func benchEnv(b *testing.B) (*limiter.Store, []limiter.Key) {
 	b.Helper()
 	p, r := redistest.StartPair(b)
-	st, err := limiter.NewStore([]shard.Config{{Name: "s0", Primary: node(p), Replicas: []shard.Node{node(r)}}}, limiter.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = st.Close() })
 	ks, _ := limiter.NewKeySpace("tally", []byte("bench"))
+	st := newStore(b, []shard.Config{{Name: "s0", Primary: node(p), Replicas: []shard.Node{node(r)}}}, ks, limiter.Options{})
 	keys := make([]limiter.Key, 1000)
 	for i := range keys {
 		keys[i] = ks.Key("core", fmt.Sprintf("client-%d", i))
-		if _, _, err := st.Open(context.Background(), keys[i], minute); err != nil {
+		if _, err := st.Take(context.Background(), keys[i], time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench"}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -34,17 +30,16 @@ func benchEnv(b *testing.B) (*limiter.Store, []limiter.Key) {
 	return st, keys
 }
 
-// BenchmarkCheckReplica: the edge's one read, on a replica, 8 concurrent
-// callers per core.
+// BenchmarkCheckReplica: one read on a replica, 8 concurrent callers per
+// core.
 func BenchmarkCheckReplica(b *testing.B) {
 	st, keys := benchEnv(b)
-	ctx := context.Background()
-	var n atomic.Uint64
+	var i atomic.Uint64
 	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := st.Check(ctx, keys[n.Add(1)%uint64(len(keys))]); err != nil {
+			if _, err := st.Check(context.Background(), keys[i.Add(1)%1000]); err != nil {
 				b.Error(err)
 				return
 			}
@@ -52,18 +47,18 @@ func BenchmarkCheckReplica(b *testing.B) {
 	})
 }
 
-// BenchmarkChargePrimary: one charge per round trip, 8 concurrent callers
-// per core.
-func BenchmarkChargePrimary(b *testing.B) {
+// BenchmarkTakePrimary: one reservation per call on the primary (what
+// mode: exact does per request), 8 concurrent callers per core.
+func BenchmarkTakePrimary(b *testing.B) {
 	st, keys := benchEnv(b)
-	ctx := context.Background()
-	var n atomic.Uint64
+	var i atomic.Uint64
 	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			i := n.Add(1)
-			if _, err := st.Charge(ctx, keys[i%uint64(len(keys))], fmt.Sprint("ev-", i), t0Now(), 1, minute); err != nil {
+			_, err := st.Take(context.Background(), keys[i.Add(1)%1000], time.Now(),
+				limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench"})
+			if err != nil {
 				b.Error(err)
 				return
 			}
@@ -71,28 +66,26 @@ func BenchmarkChargePrimary(b *testing.B) {
 	})
 }
 
-// BenchmarkChargePipelined: charges applied in pipelined batches, as the
-// accountant does, from one caller. ns/op is per charge.
-func BenchmarkChargePipelined(b *testing.B) {
-	for _, batch := range []int{16, 100} {
-		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+// BenchmarkApply: accounting events in one script call per run, one caller
+// (the accountant's shape); ns/op is per event.
+func BenchmarkApply(b *testing.B) {
+	for _, n := range []int{16, 256} {
+		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
 			st, keys := benchEnv(b)
-			ctx := context.Background()
-			ops := make([]limiter.Op, 0, batch)
+			var seq uint64
+			run := make([]limiter.Event, n)
 			b.ResetTimer()
-			for i := range b.N {
-				ops = append(ops, limiter.Op{Kind: limiter.OpCharge, Key: keys[i%len(keys)],
-					EventID: fmt.Sprint("ev-", i), Start: t0Now(), Cost: 1, Window: minute})
-				if len(ops) == batch || i == b.N-1 {
-					if _, err := st.Apply(ctx, 0, ops); err != nil {
-						b.Fatal(err)
-					}
-					ops = ops[:0]
+			for done := 0; done < b.N; done += n {
+				now := time.Now()
+				for j := range run {
+					seq++
+					run[j] = limiter.Event{Producer: "bench", Seq: seq, Kind: limiter.Charge, Key: keys[seq%1000],
+						Start: now, Window: time.Hour, Units: 1}
+				}
+				if _, err := st.Apply(context.Background(), 0, now, run); err != nil {
+					b.Fatal(err)
 				}
 			}
 		})
 	}
 }
-
-// t0Now is the wall clock: benchmark windows are real.
-func t0Now() time.Time { return time.Now() }

@@ -44,8 +44,7 @@ type Decision struct {
 // Decide applies policy p to window w at time now. A request is allowed iff
 // used + cost <= limit. When w is not live, the window is taken as empty and
 // its reset as now + window rounded up to a whole second: the values that
-// opening a window at now stores (Store.Open); callers open the window first
-// so that even the first responses carry the stored reset time.
+// opening a window at now stores (Store.Take).
 //
 // p must be valid (Policy.Validate); with Cost <= Limit a denial always has
 // Used >= 1, so a 429 never says Remaining equals the limit.
@@ -73,19 +72,22 @@ func Decide(p Policy, w Window, now time.Time) Decision {
 }
 
 // ResetIn is the time until the window resets, rounded up to whole seconds,
-// never negative.
+// never negative and never more than the window: a window opened at 10.3 s
+// resets at 71 s (a whole second), and its first response says 60, not 61.
 func (d Decision) ResetIn() time.Duration {
 	left := d.ResetAt.Sub(d.Now)
 	if left <= 0 {
 		return 0
 	}
-	return (left + time.Second - 1).Truncate(time.Second)
+	return min((left + time.Second - 1).Truncate(time.Second), max(d.Window, time.Second))
 }
 
 // RetryAfter is what a denied request's Retry-After says: the time until
-// the window resets, at least one second.
+// the window resets, rounded up, at least one second. It is never earlier
+// than RateLimit's t (ResetIn).
 func (d Decision) RetryAfter() time.Duration {
-	return max(time.Second, d.ResetIn())
+	left := d.ResetAt.Sub(d.Now)
+	return max(time.Second, (left + time.Second - 1).Truncate(time.Second))
 }
 
 // SetHeaders writes the decision's rate-limit headers into h:

@@ -81,7 +81,11 @@ func TestDecideWithoutLiveWindow(t *testing.T) {
 	require.EqualValues(t, 2, d.Used)
 	require.EqualValues(t, 8, d.Remaining)
 	require.Equal(t, time.Unix(1_700_000_061, 0), d.ResetAt, "what opening a window at now stores")
-	require.Equal(t, 61*time.Second, d.ResetIn())
+	require.Equal(t, 60*time.Second, d.ResetIn(), "t never exceeds the window")
+	h := http.Header{}
+	d.SetHeaders(h)
+	require.Equal(t, `"core";r=8;t=60`, h.Get("RateLimit"))
+	require.Equal(t, `"core";q=10;w=60`, h.Get("RateLimit-Policy"))
 }
 
 func TestPolicyValidate(t *testing.T) {
@@ -99,6 +103,7 @@ func TestPolicyValidate(t *testing.T) {
 		"long window":       func(p *limiter.Policy) { p.Window = limiter.MaxWindow + time.Second },
 		"cost over limit":   func(p *limiter.Policy) { p.Cost = 101 },
 		"negative cost":     func(p *limiter.Policy) { p.Cost = -1 },
+		"unknown mode":      func(p *limiter.Policy) { p.Mode = "fast" },
 	}
 	for name, mutate := range bad {
 		t.Run(name, func(t *testing.T) {
@@ -121,7 +126,7 @@ func FuzzKeys(f *testing.F) {
 		if len(s) != len("tally:{}")+32 || !strings.HasPrefix(s, "tally:{") || !strings.HasSuffix(s, "}") {
 			t.Fatalf("key %q", s)
 		}
-		back, err := ks.KeyFromDigest(k.Digest())
+		back, err := ks.KeyFromDigest(k.Digest().String())
 		if err != nil || back != k {
 			t.Fatalf("digest round trip: %v", err)
 		}

@@ -32,11 +32,11 @@ func newEnv(t *testing.T, opts limiter.Options) *env {
 	t.Helper()
 	p, r := redistest.StartPair(t)
 	e := &env{primary: p, replica: r, clock: limiter.NewManualClock(t0)}
-	opts.Clock = e.clock
-	e.store = newStore(t, e.config(), opts)
 	var err error
 	e.keys, err = limiter.NewKeySpace("tally", []byte("test-secret"))
 	require.NoError(t, err)
+	opts.Clock = e.clock
+	e.store = newStore(t, e.config(), e.keys, opts)
 	return e
 }
 
@@ -45,9 +45,9 @@ func (e *env) config() []shard.Config {
 	return []shard.Config{{Name: "s0", Primary: node(e.primary), Replicas: []shard.Node{node(e.replica)}}}
 }
 
-func newStore(t *testing.T, shards []shard.Config, opts limiter.Options) *limiter.Store {
+func newStore(t testing.TB, shards []shard.Config, keys *limiter.KeySpace, opts limiter.Options) *limiter.Store {
 	t.Helper()
-	s, err := limiter.NewStore(shards, opts)
+	s, err := limiter.NewStore(shards, keys, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -55,24 +55,43 @@ func newStore(t *testing.T, shards []shard.Config, opts limiter.Options) *limite
 
 func node(s *redistest.Server) shard.Node { return shard.Node{Addr: s.Addr} }
 
-// primaryOnly is a second store over the same primary with no replicas:
-// its checks read the primary.
-func (e *env) primaryOnly(t *testing.T) *limiter.Store {
-	return newStore(t, []shard.Config{{Name: "s0", Primary: node(e.primary)}}, limiter.Options{Clock: e.clock})
+// take reserves on the primary at the env's now, for producer "edge-a",
+// with a one-minute window.
+func (e *env) take(t *testing.T, k limiter.Key, limit, need, want int64) limiter.Grant {
+	t.Helper()
+	g, err := e.store.Take(context.Background(), k, e.clock.Now(),
+		limiter.TakeArgs{Window: minute, Limit: limit, Need: need, Want: want, Producer: "edge-a"})
+	require.NoError(t, err)
+	return g
 }
 
-func (e *env) charge(t *testing.T, k limiter.Key, id string, start time.Time, cost int64) limiter.Result {
+// apply applies events on shard 0 at the env's now.
+func (e *env) apply(t *testing.T, evs ...limiter.Event) []limiter.Result {
 	t.Helper()
-	r, err := e.store.Charge(context.Background(), k, id, start, cost, minute)
+	res, err := e.store.Apply(context.Background(), 0, e.clock.Now(), evs)
 	require.NoError(t, err)
-	return r
+	for i, r := range res.Results {
+		require.NoError(t, r.Err, "event %d", i)
+	}
+	return res.Results
 }
 
-func (e *env) refund(t *testing.T, k limiter.Key, id string, start time.Time) limiter.Result {
+// outcomes are the results' outcomes.
+func outcomes(rs []limiter.Result) []limiter.Outcome {
+	out := make([]limiter.Outcome, len(rs))
+	for i, r := range rs {
+		out[i] = r.Outcome
+	}
+	return out
+}
+
+// used is the window's count read on the primary at the env's now (0 when
+// no window is live).
+func (e *env) used(t *testing.T, k limiter.Key) int64 {
 	t.Helper()
-	r, err := e.store.Refund(context.Background(), k, id, start, minute)
+	g, err := e.store.Take(context.Background(), k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 1, Producer: "reader"})
 	require.NoError(t, err)
-	return r
+	return g.Used
 }
 
 // checkReplica waits for the replica to catch up, then checks on it.
@@ -84,9 +103,38 @@ func (e *env) checkReplica(t *testing.T, k limiter.Key) limiter.Window {
 	return w
 }
 
-func (e *env) open(t *testing.T, k limiter.Key) limiter.Window {
+// charge is a charge event of one minute's window, placed by its reset
+// (reset set) or its start.
+func charge(producer string, seq uint64, k limiter.Key, reset, start time.Time, units int64) limiter.Event {
+	return limiter.Event{Producer: producer, Seq: seq, Kind: limiter.Charge, Key: k, ResetAt: reset, Start: start, Window: minute, Units: units}
+}
+
+// refund gives back units of the charge (refProducer, refSeq), or of a
+// reservation in the window that resets at reset when refProducer is "".
+func refund(producer string, seq uint64, k limiter.Key, reset, start time.Time, units int64, refProducer string, refSeq uint64) limiter.Event {
+	return limiter.Event{Producer: producer, Seq: seq, Kind: limiter.Refund, Key: k, ResetAt: reset, Start: start, Window: minute,
+		Units: units, RefProducer: refProducer, RefSeq: refSeq}
+}
+
+// release gives back units reserved in the window that resets at reset.
+func release(producer string, seq uint64, k limiter.Key, reset time.Time, units int64) limiter.Event {
+	return limiter.Event{Producer: producer, Seq: seq, Kind: limiter.Release, Key: k, ResetAt: reset, Start: reset.Add(-minute), Window: minute, Units: units}
+}
+
+// eventually retries f a bounded number of times: the first command after a
+// restart may meet a pooled connection the server closed.
+func eventually[T any](t *testing.T, f func() (T, error)) T {
 	t.Helper()
-	w, _, err := e.store.Open(context.Background(), k, minute)
+	var (
+		v   T
+		err error
+	)
+	for range 20 {
+		if v, err = f(); err == nil {
+			return v
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	require.NoError(t, err)
-	return w
+	return v
 }

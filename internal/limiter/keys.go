@@ -8,39 +8,70 @@ import (
 	"errors"
 	"fmt"
 	"hash"
-	"regexp"
 	"sync"
 )
 
-// This file is the only place that builds Redis keys and hash fields.
+// This file is the only place that builds Redis keys.
 //
-// Layout (one key per (resource, identity), see docs/windows.md):
+// Layout (see docs/windows.md):
 //
-//	<prefix>:{<digest>}      hash: u, s, r, p and e:<event digest> records
+//	<prefix>:{<digest>}            hash: one window (u, s, r, p)
+//	<prefix>:producer:{<digest>}   hash: one producer's applied sequence on a shard
+//	<prefix>:lease:<shard>         string: the accountant that holds a shard
 //
-// digest is 32 lower-case hex digits: the first 128 bits of
+// A window digest is 32 lower-case hex digits: the first 128 bits of
 // HMAC-SHA256(secret, "tally/key/v1" ‖ len(resource) ‖ resource ‖
 // len(identity) ‖ identity), with uvarint lengths. The identity never reaches
 // Redis, so a separator (alice:exp), a hash tag ({alice}), a NUL, a long
 // string or a Unicode look-alike is just different input to the hash. The
 // hash tag is Tally's own digest, so Redis Cluster slots, like shards, cannot
 // be steered by clients. With a secret, digests of guessable identities (API
-// tokens, IP addresses) cannot be reversed by hashing candidates.
+// tokens, IP addresses) cannot be reversed by hashing candidates. Producer
+// ids are hashed the same way under their own label.
 
-// ErrInvalidKey is wrapped by errors about key spaces and key digests.
+// ErrInvalidKey is wrapped by errors about key spaces, digests and names
+// that become part of keys.
 var ErrInvalidKey = errors.New("limiter: invalid key")
 
-const digestHexLen = 32
+// Digest is a window key's 128-bit keyed digest: what events, logs and
+// notices carry instead of the identity.
+type Digest [16]byte
 
-var (
-	prefixRE = regexp.MustCompile(`^[a-z0-9_-]{1,32}$`)
-	digestRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
-)
+// String is the digest in 32 lower-case hex digits.
+func (d Digest) String() string { return hex.EncodeToString(d[:]) }
 
-// KeySpace builds window keys. It is safe for concurrent use.
+// AppendHex appends the digest's 32 hex digits to b.
+func (d Digest) AppendHex(b []byte) []byte { return hex.AppendEncode(b, d[:]) }
+
+// ParseDigest reads 32 lower-case hex digits. Errors wrap ErrInvalidKey.
+func ParseDigest(s string) (Digest, error) {
+	var d Digest
+	if len(s) != 2*len(d) || !isLowerHex(s) {
+		return d, fmt.Errorf("%w: digest %q: want 32 lower-case hex digits", ErrInvalidKey, truncate(s, 40))
+	}
+	_, _ = hex.Decode(d[:], []byte(s))
+	return d, nil
+}
+
+func isLowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// KeySpace builds keys. It is safe for concurrent use.
 type KeySpace struct {
 	prefix string
-	pool   sync.Pool // of hash.Hash (HMAC-SHA256 with the secret)
+	pool   sync.Pool // of *hasher
+}
+
+type hasher struct {
+	mac hash.Hash // HMAC-SHA256 with the secret
+	buf []byte
+	sum [sha256.Size]byte
 }
 
 // NewKeySpace returns a key space whose keys start with prefix (1 to 32 of
@@ -48,73 +79,132 @@ type KeySpace struct {
 // secret. Every process of one deployment must use the same prefix and
 // secret; changing either starts every client on a fresh window.
 func NewKeySpace(prefix string, secret []byte) (*KeySpace, error) {
-	if !prefixRE.MatchString(prefix) {
-		return nil, fmt.Errorf("%w: prefix %q: want 1 to 32 of [a-z0-9_-]", ErrInvalidKey, prefix)
+	if !validName(prefix, 32) {
+		return nil, fmt.Errorf("%w: prefix %q: want 1 to 32 of [a-z0-9_-]", ErrInvalidKey, truncate(prefix, 40))
 	}
 	secret = append([]byte(nil), secret...)
 	ks := &KeySpace{prefix: prefix}
-	ks.pool.New = func() any { return hmac.New(sha256.New, secret) }
+	ks.pool.New = func() any { return &hasher{mac: hmac.New(sha256.New, secret)} }
 	return ks, nil
+}
+
+// validName reports whether s is 1 to max of [a-z0-9_-].
+func validName(s string, max int) bool {
+	if len(s) < 1 || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// Sum is the digest of an identity (an API token, a user id, a client IP
+// prefix: any bytes) under a resource (a policy name). It does not allocate.
+func (ks *KeySpace) Sum(resource, identity string) Digest {
+	return ks.sum("tally/key/v1", resource, identity)
+}
+
+func (ks *KeySpace) sum(label, a, b string) Digest {
+	h := ks.pool.Get().(*hasher)
+	buf := append(h.buf[:0], label...)
+	buf = binary.AppendUvarint(buf, uint64(len(a)))
+	buf = append(buf, a...)
+	buf = binary.AppendUvarint(buf, uint64(len(b)))
+	buf = append(buf, b...)
+	h.mac.Reset()
+	h.mac.Write(buf)
+	var d Digest
+	copy(d[:], h.mac.Sum(h.sum[:0]))
+	if cap(buf) <= 1<<16 {
+		h.buf = buf
+	} else {
+		h.buf = nil
+	}
+	ks.pool.Put(h)
+	return d
 }
 
 // Key is one window's key: what a (resource, identity) pair becomes.
 type Key struct {
-	digest string // 32 hex
+	digest Digest
 	redis  string
 }
 
-// Key returns the window key for an identity (an API token, a user id, a
-// client IP prefix: any bytes) under a resource (a policy name).
-func (ks *KeySpace) Key(resource, identity string) Key {
-	h := ks.pool.Get().(hash.Hash)
-	h.Reset()
-	var buf [binary.MaxVarintLen64]byte
-	h.Write([]byte("tally/key/v1"))
-	h.Write(buf[:binary.PutUvarint(buf[:], uint64(len(resource)))])
-	h.Write([]byte(resource))
-	h.Write(buf[:binary.PutUvarint(buf[:], uint64(len(identity)))])
-	h.Write([]byte(identity))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	ks.pool.Put(h)
-	return ks.fromDigest(hex.EncodeToString(sum[:16]))
+// Key returns the window key for an identity under a resource.
+func (ks *KeySpace) Key(resource, identity string) Key { return ks.KeyOf(ks.Sum(resource, identity)) }
+
+// KeyOf returns the window key with digest d.
+func (ks *KeySpace) KeyOf(d Digest) Key {
+	b := make([]byte, 0, len(ks.prefix)+3+2*len(d))
+	b = append(b, ks.prefix...)
+	b = append(b, ":{"...)
+	b = d.AppendHex(b)
+	b = append(b, '}')
+	return Key{digest: d, redis: string(b)}
 }
 
-// KeyFromDigest rebuilds a key from its digest, as carried by events. It
-// fails, wrapping ErrInvalidKey, unless digest is 32 lower-case hex digits.
-func (ks *KeySpace) KeyFromDigest(digest string) (Key, error) {
-	if !digestRE.MatchString(digest) {
-		return Key{}, fmt.Errorf("%w: digest %q: want 32 lower-case hex digits", ErrInvalidKey, truncate(digest, 40))
+// KeyFromDigest rebuilds a key from its digest in hex, as events carry it.
+// Errors wrap ErrInvalidKey.
+func (ks *KeySpace) KeyFromDigest(s string) (Key, error) {
+	d, err := ParseDigest(s)
+	if err != nil {
+		return Key{}, err
 	}
-	return ks.fromDigest(digest), nil
-}
-
-func (ks *KeySpace) fromDigest(d string) Key {
-	return Key{digest: d, redis: ks.prefix + ":{" + d + "}"}
+	return ks.KeyOf(d), nil
 }
 
 // Digest is the key's identity-free name: safe to put in events and logs.
-func (k Key) Digest() string { return k.digest }
+func (k Key) Digest() Digest { return k.digest }
 
 // String is the Redis key.
 func (k Key) String() string { return k.redis }
 
 // IsZero reports whether k was never built.
-func (k Key) IsZero() bool { return k.digest == "" }
+func (k Key) IsZero() bool { return k.redis == "" }
 
 // Hash is a 64-bit hash of the key for shard placement.
-func (k Key) Hash() uint64 {
-	var b [8]byte
-	hex.Decode(b[:], []byte(k.digest[:16]))
-	return binary.BigEndian.Uint64(b[:])
+func (k Key) Hash() uint64 { return k.digest.Hash() }
+
+// Hash is a 64-bit hash of the digest for shard placement and tables.
+func (d Digest) Hash() uint64 { return binary.BigEndian.Uint64(d[:8]) }
+
+// MaxProducerLen bounds producer ids.
+const MaxProducerLen = 64
+
+// ValidProducer reports whether id is a producer id: 1 to MaxProducerLen of
+// [A-Za-z0-9_.-].
+func ValidProducer(id string) bool {
+	if len(id) < 1 || len(id) > MaxProducerLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '_' && c != '.' && c != '-' {
+			return false
+		}
+	}
+	return true
 }
 
-// eventField is the hash field that records one event id in a window: "e:"
-// and 128 bits of SHA-256 of the id, so ids of any length and content cost
-// the same and cannot collide with the window's own fields.
-func eventField(eventID string) string {
-	sum := sha256.Sum256([]byte(eventID))
-	return "e:" + hex.EncodeToString(sum[:16])
+// ProducerKey is the hash in which a shard's primary records what it
+// applied of one producer's events. The id is hashed like identities are.
+func (ks *KeySpace) ProducerKey(producer string) string {
+	d := ks.sum("tally/producer/v1", producer, "")
+	b := make([]byte, 0, len(ks.prefix)+12+2*len(d))
+	b = append(b, ks.prefix...)
+	b = append(b, ":producer:{"...)
+	b = d.AppendHex(b)
+	b = append(b, '}')
+	return string(b)
+}
+
+// LeaseKey is the lease of the accountant that applies one shard's events.
+// Shard names are validated configuration ([a-z0-9_-]).
+func (ks *KeySpace) LeaseKey(shardName string) string {
+	return ks.prefix + ":lease:" + shardName
 }
 
 func truncate(s string, n int) string {

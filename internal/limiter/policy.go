@@ -3,7 +3,6 @@ package limiter
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 )
 
@@ -19,7 +18,39 @@ const (
 	MaxLimit  = 1_000_000_000
 )
 
-var policyNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
+// Mode says how an edge decides a policy's requests (docs/accuracy.md).
+type Mode string
+
+const (
+	// ModeAuto decides from credit the edge reserved on the primary, and
+	// reserves one request at a time near the limit. The default.
+	ModeAuto Mode = "auto"
+	// ModeExact reserves every request on the primary before answering: one
+	// atomic call per request.
+	ModeExact Mode = "exact"
+	// ModeAsync never waits for Redis once a window is open: when its credit
+	// runs out, an edge admits from what it last saw and has the accountant
+	// charge the overdraft. With several edges it can admit more than the
+	// limit; the overshoot is measured.
+	ModeAsync Mode = "async"
+)
+
+// Validate reports whether m is a known mode; "" means ModeAuto.
+func (m Mode) Validate() error {
+	switch m {
+	case "", ModeAuto, ModeExact, ModeAsync:
+		return nil
+	}
+	return fmt.Errorf("%w: mode %q: want auto, exact or async", ErrInvalidPolicy, m)
+}
+
+// OrDefault is m, or ModeAuto when m is empty.
+func (m Mode) OrDefault() Mode {
+	if m == "" {
+		return ModeAuto
+	}
+	return m
+}
 
 // Policy is one rate limit: Limit units per Window, Cost units a request.
 type Policy struct {
@@ -35,11 +66,13 @@ type Policy struct {
 	Window time.Duration
 	// Cost is what one request charges, 1 to Limit. 0 means 1.
 	Cost int64
+	// Mode is how edges decide; "" means ModeAuto.
+	Mode Mode
 }
 
 // PolicyError is a policy problem with the field it is in.
 type PolicyError struct {
-	Field string // name, limit, window or cost
+	Field string // name, limit, window, cost or mode
 	Msg   string
 }
 
@@ -48,13 +81,29 @@ func (e *PolicyError) Error() string { return ErrInvalidPolicy.Error() + ": " + 
 // Unwrap makes errors.Is(err, ErrInvalidPolicy) hold.
 func (e *PolicyError) Unwrap() error { return ErrInvalidPolicy }
 
+// ValidPolicyName reports whether s can name a policy: 1 to 64 of
+// [a-z0-9_.-], starting with a letter or digit.
+func ValidPolicyName(s string) bool {
+	if len(s) < 1 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
+		if !alnum && (i == 0 || (c != '_' && c != '.' && c != '-')) {
+			return false
+		}
+	}
+	return true
+}
+
 // Validate reports the first problem with p as a *PolicyError.
 func (p Policy) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &PolicyError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case !policyNameRE.MatchString(p.Name):
+	case !ValidPolicyName(p.Name):
 		return bad("name", "name %q: want 1 to 64 of [a-z0-9_.-]", truncate(p.Name, 70))
 	case p.Limit < 1 || p.Limit > MaxLimit:
 		return bad("limit", "%s: limit %d: want 1 to %d", p.Name, p.Limit, MaxLimit)
@@ -62,6 +111,15 @@ func (p Policy) Validate() error {
 		return bad("window", "%s: window %v: want whole seconds from %v to %v", p.Name, p.Window, MinWindow, MaxWindow)
 	case p.Cost < 0 || p.Cost > p.Limit:
 		return bad("cost", "%s: cost %d: want 1 to the limit (%d)", p.Name, p.Cost, p.Limit)
+	case p.Mode.Validate() != nil:
+		return bad("mode", "%s: mode %q: want auto, exact or async", p.Name, p.Mode)
+	}
+	return nil
+}
+
+func validWindow(w time.Duration) error {
+	if w < MinWindow || w > MaxWindow {
+		return fmt.Errorf("%w: window %v: want %v to %v", ErrInvalidArgument, w, MinWindow, MaxWindow)
 	}
 	return nil
 }

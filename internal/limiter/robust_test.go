@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,176 +18,158 @@ import (
 	"github.com/tallyhq/tally/lua"
 )
 
-// Invariant 8 under load: 64 goroutines × 1,000 events, a third of them
-// duplicates sent concurrently from other goroutines, singly and in
-// pipelined batches: the count is exactly the number of distinct events.
-func TestConcurrentChargesCountDistinctEvents(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
-	ctx := context.Background()
-	k := e.keys.Key("core", "hot-key")
-	const workers, perWorker, distinct = 64, 1000, 48000
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for g := range workers {
-		wg.Go(func() {
-			ops := make([]limiter.Op, 0, 100)
-			flush := func() error {
-				rs, err := e.store.Apply(ctx, 0, ops)
-				if err == nil {
-					for _, r := range rs {
-						if r.Err != nil {
-							return r.Err
-						}
-					}
-				}
-				ops = ops[:0]
-				return err
-			}
-			for i := range perWorker {
-				id := fmt.Sprintf("ev-%d", (g*perWorker+i)%distinct)
-				op := limiter.Op{Kind: limiter.OpCharge, Key: k, EventID: id, Start: t0, Cost: 1, Window: minute}
-				if g%2 == 0 { // half the workers send one at a time
-					if _, err := e.store.Charge(ctx, k, id, t0, 1, minute); err != nil {
-						errs <- err
-						return
-					}
-					continue
-				}
-				if ops = append(ops, op); len(ops) == cap(ops) {
-					if err := flush(); err != nil {
-						errs <- err
-						return
-					}
-				}
-			}
-			if len(ops) > 0 {
-				if err := flush(); err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	w, err := e.primaryOnly(t).Check(ctx, k)
-	require.NoError(t, err)
-	require.EqualValues(t, distinct, w.Used)
-}
-
-// Invariant 8: a bad call returns an error and writes nothing, whether Go
-// or the script catches it.
+// Invariant 8: scripts validate every argument before their first write.
+// Bad calls are refused in Go before Redis, and by the scripts themselves,
+// leaving every key, field and expiry as it was.
 func TestBadArgumentsWriteNothing(t *testing.T) {
 	e := newEnv(t, limiter.Options{})
 	ctx := context.Background()
 	rdb := e.primary.Client()
 	k := e.keys.Key("core", "alice")
+	reset := t0.Add(minute).Truncate(time.Second).Add(time.Second)
 
 	t.Run("refused in Go", func(t *testing.T) {
-		cases := map[string]limiter.Op{
-			"no kind":           {Key: k, EventID: "e", Start: t0, Cost: 1, Window: minute},
-			"no key":            {Kind: limiter.OpCharge, EventID: "e", Start: t0, Cost: 1, Window: minute},
-			"empty event id":    {Kind: limiter.OpCharge, Key: k, Start: t0, Cost: 1, Window: minute},
-			"long event id":     {Kind: limiter.OpCharge, Key: k, EventID: strings.Repeat("x", 257), Start: t0, Cost: 1, Window: minute},
-			"start before 1970": {Kind: limiter.OpCharge, Key: k, EventID: "e", Start: time.Unix(-5, 0), Cost: 1, Window: minute},
-			"zero cost":         {Kind: limiter.OpCharge, Key: k, EventID: "e", Start: t0, Window: minute},
-			"negative cost":     {Kind: limiter.OpCharge, Key: k, EventID: "e", Start: t0, Cost: -1, Window: minute},
-			"huge cost":         {Kind: limiter.OpCharge, Key: k, EventID: "e", Start: t0, Cost: limiter.MaxLimit + 1, Window: minute},
-			"zero window":       {Kind: limiter.OpRefund, Key: k, EventID: "e", Start: t0},
-			"sub-second window": {Kind: limiter.OpCharge, Key: k, EventID: "e", Start: t0, Cost: 1, Window: time.Millisecond},
+		good := charge("good", 1, k, reset, t0, 1)
+		cases := map[string]func(e *limiter.Event){
+			"bad producer":           func(e *limiter.Event) { e.Producer = "a b" },
+			"empty producer":         func(e *limiter.Event) { e.Producer = "" },
+			"zero seq":               func(e *limiter.Event) { e.Seq = 0 },
+			"huge seq":               func(e *limiter.Event) { e.Seq = limiter.MaxSeq + 1 },
+			"no kind":                func(e *limiter.Event) { e.Kind = 0 },
+			"no key":                 func(e *limiter.Event) { e.Key = limiter.Key{} },
+			"fractional reset":       func(e *limiter.Event) { e.ResetAt = reset.Add(time.Millisecond) },
+			"start before 1970":      func(e *limiter.Event) { e.Start = time.Unix(-5, 0) },
+			"zero units":             func(e *limiter.Event) { e.Units = 0 },
+			"huge units":             func(e *limiter.Event) { e.Units = limiter.MaxLimit + 1 },
+			"sub-second window":      func(e *limiter.Event) { e.Window = time.Millisecond },
+			"charge with a ref":      func(e *limiter.Event) { e.RefProducer, e.RefSeq = "p", 1 },
+			"refund with half a ref": func(e *limiter.Event) { e.Kind, e.RefSeq = limiter.Refund, 3 },
+			"release without reset":  func(e *limiter.Event) { e.Kind, e.ResetAt = limiter.Release, time.Time{} },
 		}
-		for name, op := range cases {
+		for name, mutate := range cases {
 			t.Run(name, func(t *testing.T) {
-				good := limiter.Op{Kind: limiter.OpCharge, Key: e.keys.Key("core", "bob-"+name), EventID: "ok", Start: t0, Cost: 1, Window: minute}
-				rs, err := e.store.Apply(ctx, 0, []limiter.Op{op, good})
+				bad := charge("bad", 1, k, reset, t0, 1)
+				mutate(&bad)
+				other := charge("good-"+strings.ReplaceAll(name, " ", "-"), 1, e.keys.Key("core", "bob-"+name), reset, t0, 1)
+				res, err := e.store.Apply(ctx, 0, e.clock.Now(), []limiter.Event{bad, other})
 				require.NoError(t, err)
-				require.ErrorIs(t, rs[0].Err, limiter.ErrInvalidArgument)
-				require.Equal(t, limiter.Applied, rs[1].Outcome, "the good op in the batch still runs")
+				require.ErrorIs(t, res.Results[0].Err, limiter.ErrInvalidArgument)
+				require.Equal(t, limiter.Applied, res.Results[1].Outcome, "the good event still runs")
 				n, err := rdb.Exists(ctx, k.String()).Result()
 				require.NoError(t, err)
 				require.Zero(t, n)
 			})
 		}
-		_, _, err := e.store.Open(ctx, k, 0)
-		require.ErrorIs(t, err, limiter.ErrInvalidArgument)
+		_ = good
+		for name, a := range map[string]limiter.TakeArgs{
+			"zero limit":        {Window: minute, Limit: 0, Need: 1, Want: 1, Producer: "p"},
+			"need over want":    {Window: minute, Limit: 10, Need: 3, Want: 2, Producer: "p"},
+			"want over limit":   {Window: minute, Limit: 10, Need: 1, Want: 11, Producer: "p"},
+			"want without need": {Window: minute, Limit: 10, Need: 0, Want: 2, Producer: "p"},
+			"bad producer":      {Window: minute, Limit: 10, Need: 1, Want: 1, Producer: "{p}"},
+			"short window":      {Window: time.Millisecond, Limit: 10, Need: 1, Want: 1, Producer: "p"},
+		} {
+			_, err := e.store.Take(ctx, k, t0, a)
+			require.ErrorIs(t, err, limiter.ErrInvalidArgument, name)
+		}
 	})
 
 	t.Run("refused by the script", func(t *testing.T) {
-		// An existing window with one charge; every bad call must leave it,
-		// its expiry and the rest of the database exactly as they were.
-		e.charge(t, k, "e1", t0, 3)
+		// An existing window and producer: every bad call must leave them,
+		// their expiries and the rest of the database exactly as they were.
+		e.take(t, k, 100, 3, 3)
+		e.apply(t, charge("edge-a", 1, k, reset, t0, 1))
+		pk := e.keys.ProducerKey("edge-a")
 		now := fmt.Sprint(t0.UnixMilli())
-		field := "e:" + strings.Repeat("ab", 16)
+		r := fmt.Sprint(reset.UnixMilli())
 		scripts := map[string]struct {
 			src  string
+			keys []string
 			args []string
 		}{
-			"check":  {lua.Check, []string{now}},
-			"open":   {lua.Open, []string{now, "60000", "60000"}},
-			"charge": {lua.Charge, []string{field, "1", now, now, "60000", "2000", "60000"}},
-			"refund": {lua.Refund, []string{field, now, now, "60000", "2000", "60000"}},
+			"check": {lua.Check, []string{k.String()}, []string{now}},
+			"take":  {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000"}},
+			"apply": {lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000",
+				"1", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
+			"lease": {lua.Lease, []string{"tally:lease:s0"}, []string{"hold", "acc-1", "1000"}},
 		}
 		bad := []string{"", "-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"}
-		// The good calls work, so that the bad ones below fail for their
-		// one bad argument alone.
-		for name, sc := range scripts {
-			require.NoError(t, rdb.Eval(ctx, sc.src, []string{"probe:" + name}, toAny(sc.args)...).Err(), name)
+		special := map[string][]string{ // arguments that are not numbers
+			"apply/8": {"", "C", "cc", "z", "1"},
+			"lease/1": {"", "HOLD", "take", "1"},
+			"lease/2": {"", "a b", "{x}", strings.Repeat("a", 65), "é"},
 		}
-		before := state(t, rdb, k)
+		before := state(t, rdb, k, pk)
 		for name, sc := range scripts {
 			for i := range sc.args {
 				values := bad
-				if name == "charge" || name == "refund" {
-					if i == 0 {
-						values = []string{"", "e:", "e:" + strings.Repeat("AB", 16), "x:" + strings.Repeat("ab", 16), field + "0", "alice"}
-					}
+				if v, ok := special[fmt.Sprintf("%s/%d", name, i+1)]; ok {
+					values = v
 				}
 				for _, v := range values {
 					args := append([]string(nil), sc.args...)
 					args[i] = v
-					err := rdb.Eval(ctx, sc.src, []string{k.String()}, toAny(args)...).Err()
+					err := rdb.Eval(ctx, sc.src, sc.keys, toAny(args)...).Err()
 					require.Error(t, err, "%s ARGV[%d]=%q", name, i+1, v)
 					require.Contains(t, err.Error(), "tally: invalid", "%s ARGV[%d]=%q", name, i+1, v)
-					require.Equal(t, before, state(t, rdb, k), "%s ARGV[%d]=%q wrote", name, i+1, v)
+					require.Equal(t, before, state(t, rdb, k, pk), "%s ARGV[%d]=%q wrote", name, i+1, v)
 				}
 			}
-			// Missing arguments.
-			err := rdb.Eval(ctx, sc.src, []string{k.String()}, toAny(sc.args[:len(sc.args)-1])...).Err()
-			require.Error(t, err, name)
-			require.Equal(t, before, state(t, rdb, k))
+			if name != "lease" { // lease's last argument is optional for "free"
+				err := rdb.Eval(ctx, sc.src, sc.keys, toAny(sc.args[:len(sc.args)-1])...).Err()
+				require.Error(t, err, "%s without its last argument", name)
+				require.Equal(t, before, state(t, rdb, k, pk))
+			}
 		}
-		// The zero-length window and zero cost are refused by range.
-		for _, args := range [][]string{
-			{now, "0", "60000"},
-			{now, "999", "60000"},
-			{now, "60000", "999"},
+		// Range and consistency rules.
+		for _, c := range []struct {
+			name, src string
+			keys      []string
+			args      []string
+		}{
+			{"take: sub-second window", lua.Take, []string{k.String(), pk}, []string{now, "999", "100", "1", "1", "60000"}},
+			{"take: need over limit", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "101", "101", "60000"}},
+			{"take: want under need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "5", "4", "60000"}},
+			{"take: want without need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "0", "4", "60000"}},
+			{"apply: producer index out of range", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "2", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
+			{"apply: window index is a producer", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c", "1", r, now, "60000", "1", "0", "0"}},
+			{"apply: fractional reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c", "2", r + "1", now, "60000", "1", "0", "0"}},
+			{"apply: charge with a ref", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c", "2", r, now, "60000", "1", "1", "1"}},
+			{"apply: release without reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "x", "2", "0", now, "60000", "1", "0", "0"}},
+			{"apply: a good event then a bad one", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000",
+				"1", "2", "c", "2", r, now, "60000", "1", "0", "0", "1", "3", "c", "2", r, now, "60000", "0", "0", "0"}},
+			{"apply: a partial event", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c"}},
+			{"apply: more producers than keys", lua.Apply, []string{pk, k.String()}, []string{now, "3", "60000", "2000", "90000000"}},
 		} {
-			require.Error(t, rdb.Eval(ctx, lua.Open, []string{k.String()}, toAny(args)...).Err())
+			err := rdb.Eval(ctx, c.src, c.keys, toAny(c.args)...).Err()
+			require.Error(t, err, c.name)
+			require.Contains(t, err.Error(), "tally: invalid", c.name)
+			require.Equal(t, before, state(t, rdb, k, pk), c.name)
 		}
-		require.Error(t, rdb.Eval(ctx, lua.Charge, []string{k.String()}, field, "0", now, now, "60000", "2000", "60000").Err())
-		require.Equal(t, before, state(t, rdb, k))
 	})
 }
 
-// dump is the key's full state: fields and expiry.
-func dump(t *testing.T, rdb *redis.Client, k limiter.Key) string {
+// dump is a key's full state: type, fields and expiry.
+func dump(t *testing.T, rdb *redis.Client, key string) string {
 	t.Helper()
 	ctx := context.Background()
-	h, err := rdb.HGetAll(ctx, k.String()).Result()
+	h, err := rdb.HGetAll(ctx, key).Result()
 	require.NoError(t, err)
-	exp, err := rdb.PExpireTime(ctx, k.String()).Result()
+	exp, err := rdb.PExpireTime(ctx, key).Result()
 	require.NoError(t, err)
 	return fmt.Sprintf("%v exp=%v", h, exp)
 }
 
-// state is the key's full state and the number of keys in the database.
-func state(t *testing.T, rdb *redis.Client, k limiter.Key) string {
+// state is the keys' full state and the number of keys in the database.
+func state(t *testing.T, rdb *redis.Client, k limiter.Key, others ...string) string {
 	t.Helper()
 	n, err := rdb.DBSize(context.Background()).Result()
 	require.NoError(t, err)
-	return fmt.Sprintf("%s keys=%d", dump(t, rdb, k), n)
+	s := fmt.Sprintf("%s keys=%d", dump(t, rdb, k.String()), n)
+	for _, o := range others {
+		s += " " + dump(t, rdb, o)
+	}
+	return s
 }
 
 func toAny(ss []string) []any {
@@ -205,8 +186,7 @@ func TestKeySafety(t *testing.T) {
 	ctx := context.Background()
 	rdb := e.primary.Client()
 	alice := e.keys.Key("core", "alice")
-	e.charge(t, alice, "alice-1", t0, 2)
-	before := dump(t, rdb, alice)
+	e.take(t, alice, 100, 2, 2)
 
 	evil := []string{
 		"alice:exp", "alice:", ":alice", "{alice}", "{alice}:exp", "alice}", "{", "}",
@@ -219,38 +199,47 @@ func TestKeySafety(t *testing.T) {
 	}
 	keyRE := regexp.MustCompile(`^tally:\{[0-9a-f]{32}\}$`)
 	seen := map[string]string{alice.String(): "alice"}
-	for i, id := range evil {
+	for _, id := range evil {
 		for _, resource := range []string{"core", "core:alice", "search"} {
 			k := e.keys.Key(resource, id)
 			require.Regexp(t, keyRE, k.String())
 			prev, dup := seen[k.String()]
 			require.False(t, dup, "%q collides with %q", id, prev)
 			seen[k.String()] = id
-			r := e.charge(t, k, fmt.Sprintf("evil-%d", i), t0, 1)
-			require.Equal(t, limiter.Applied, r.Outcome)
-			require.EqualValues(t, 1, r.Used, "a fresh window for %q", id)
+			g := e.take(t, k, 100, 1, 1)
+			require.True(t, g.Opened, "a fresh window for %q", id)
+			require.EqualValues(t, 1, g.Used)
 		}
 	}
+	require.EqualValues(t, 2, e.used(t, alice), "alice's window is untouched")
+	// Producer ids are hashed too, and refused when they are not ids.
+	e.apply(t, charge("edge-a", 1, alice, time.Time{}, t0, 1))
+	_, err := e.store.Take(ctx, alice, t0, limiter.TakeArgs{Window: minute, Limit: 100, Need: 1, Want: 1, Producer: "alice:exp"})
+	require.ErrorIs(t, err, limiter.ErrInvalidArgument)
+
 	// The resource and identity are length-prefixed: moving bytes between
 	// them gives another key.
 	require.NotEqual(t, e.keys.Key("core", "alice").String(), e.keys.Key("corea", "lice").String())
 	require.NotEqual(t, e.keys.Key("", "corealice").String(), e.keys.Key("corealice", "").String())
 	require.NotEqual(t, e.keys.Key("x", "\x01y").String(), e.keys.Key("x\x02", "y").String())
-	require.Equal(t, before, dump(t, rdb, alice), "alice's window is untouched")
+	require.Equal(t, e.keys.Key("core", "alice"), e.keys.KeyOf(e.keys.Sum("core", "alice")))
+	require.EqualValues(t, 3, e.used(t, alice), "alice's own events reach her window")
 
-	// Nothing stored names an identity.
+	// Nothing stored names an identity or a producer.
 	keys, err := rdb.Keys(ctx, "*").Result()
 	require.NoError(t, err)
+	anyKey := regexp.MustCompile(`^tally:(producer:)?\{[0-9a-f]{32}\}$`)
 	for _, key := range keys {
-		require.Regexp(t, keyRE, key)
+		require.Regexp(t, anyKey, key)
 		require.NotContains(t, key, "alice")
+		require.NotContains(t, key, "edge-a")
 	}
 
 	// A different secret gives different keys; digests round-trip.
 	other, err := limiter.NewKeySpace("tally", []byte("other"))
 	require.NoError(t, err)
 	require.NotEqual(t, alice.String(), other.Key("core", "alice").String())
-	back, err := e.keys.KeyFromDigest(alice.Digest())
+	back, err := e.keys.KeyFromDigest(alice.Digest().String())
 	require.NoError(t, err)
 	require.Equal(t, alice, back)
 	for _, d := range []string{"", "alice", strings.Repeat("A", 32), strings.Repeat("a", 31) + "}", strings.Repeat("a", 33)} {
@@ -264,68 +253,53 @@ func TestKeySafety(t *testing.T) {
 }
 
 // The scripts keep working after SCRIPT FLUSH, a restart and a promotion:
-// NOSCRIPT is recovered from on primaries (pipelined) and replicas.
+// NOSCRIPT is recovered from on primaries and replicas, and what was applied
+// (windows and producer sequences) survives a promotion.
 func TestScriptsSurviveFlushRestartAndPromotion(t *testing.T) {
 	e := newEnv(t, limiter.Options{})
 	ctx := context.Background()
 	k := e.keys.Key("core", "alice")
-	e.open(t, k)
-	e.charge(t, k, "e1", t0, 1)
-	require.True(t, e.checkReplica(t, k).Live)
+	g := e.take(t, k, 100, 1, 1)
+	e.apply(t, charge("p", 1, k, g.ResetAt, t0, 1))
+	require.EqualValues(t, 2, e.checkReplica(t, k).Used)
 
 	// SCRIPT FLUSH on both nodes.
 	require.NoError(t, e.primary.Client().ScriptFlush(ctx).Err())
 	require.NoError(t, e.replica.Client().ScriptFlush(ctx).Err())
-	require.EqualValues(t, 2, e.charge(t, k, "e2", t0, 1).Used)
-	require.EqualValues(t, 2, e.checkReplica(t, k).Used)
+	require.EqualValues(t, 3, e.take(t, k, 100, 1, 1).Used)
+	require.EqualValues(t, 3, e.checkReplica(t, k).Used)
 	require.NoError(t, e.primary.Client().ScriptFlush(ctx).Err())
-	require.True(t, e.open(t, k).Live)
+	require.Equal(t, limiter.Applied, e.apply(t, charge("p", 2, k, g.ResetAt, t0, 1))[0].Outcome)
 
 	// The replica restarts (empty cache, resynced data).
 	e.replica.Restart()
-	require.EqualValues(t, 2, eventually(t, func() (limiter.Window, error) { return e.store.Check(ctx, k) }).Used)
+	require.EqualValues(t, 4, eventually(t, func() (limiter.Window, error) { return e.store.Check(ctx, k) }).Used)
 
 	// The primary restarts empty; the replica resyncs from it (to empty).
 	e.primary.Restart()
 	e.replica.WaitLinkUp()
-	r := eventually(t, func() (limiter.Result, error) { return e.store.Charge(ctx, k, "e3", t0, 1, minute) })
-	require.Equal(t, limiter.Applied, r.Outcome)
-	require.EqualValues(t, 1, r.Used, "the restarted primary lost its data (no persistence in tests)")
-	require.EqualValues(t, 1, e.checkReplica(t, k).Used)
+	g2 := eventually(t, func() (limiter.Grant, error) {
+		return e.store.Take(ctx, k, t0, limiter.TakeArgs{Window: minute, Limit: 100, Need: 1, Want: 1, Producer: "edge-a"})
+	})
+	require.True(t, g2.Opened, "the restarted primary lost its data (no persistence in tests)")
+	res := eventually(t, func() (limiter.ApplyResult, error) {
+		return e.store.Apply(ctx, 0, t0, []limiter.Event{charge("p", 3, k, g.ResetAt, t0, 1)})
+	})
+	require.Equal(t, limiter.Applied, res.Results[0].Outcome)
+	require.EqualValues(t, 2, e.checkReplica(t, k).Used)
 
-	// The replica is promoted; a store pointed at it as primary charges on.
+	// The replica is promoted; a store pointed at it as primary goes on, and
+	// knows what was applied.
 	e.replica.WaitSynced(e.primary)
 	e.replica.Promote()
-	promoted := newStore(t, []shard.Config{{Name: "s0", Primary: node(e.replica)}}, limiter.Options{Clock: e.clock})
-	r, err := promoted.Charge(ctx, k, "e4", t0, 1, minute)
+	promoted := newStore(t, []shard.Config{{Name: "s0", Primary: node(e.replica)}}, e.keys, limiter.Options{Clock: e.clock})
+	r, err := promoted.Apply(ctx, 0, t0, []limiter.Event{charge("p", 3, k, g.ResetAt, t0, 1), charge("p", 4, k, g.ResetAt, t0, 1)})
 	require.NoError(t, err)
-	require.Equal(t, limiter.Applied, r.Outcome)
-	require.EqualValues(t, 2, r.Used, "the promoted replica has the window")
-	r, err = promoted.Charge(ctx, k, "e3", t0, 1, minute)
+	require.Equal(t, []limiter.Outcome{limiter.Duplicate, limiter.Applied}, outcomes(r.Results),
+		"producer sequences replicated with the windows")
+	g3, err := promoted.Take(ctx, e.keys.Key("core", "bob"), t0, limiter.TakeArgs{Window: minute, Limit: 10, Need: 1, Want: 1, Producer: "edge-a"})
 	require.NoError(t, err)
-	require.Equal(t, limiter.Duplicate, r.Outcome, "event records replicated too")
-	w, opened, err := promoted.Open(ctx, e.keys.Key("core", "bob"), minute)
-	require.NoError(t, err)
-	require.True(t, opened)
-	require.True(t, w.Live)
-}
-
-// eventually retries f a bounded number of times: the first command after a
-// restart may meet a pooled connection the server closed.
-func eventually[T any](t *testing.T, f func() (T, error)) T {
-	t.Helper()
-	var (
-		v   T
-		err error
-	)
-	for range 20 {
-		if v, err = f(); err == nil {
-			return v
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	require.NoError(t, err)
-	return v
+	require.True(t, g3.Opened)
 }
 
 // Replica selection: a dead replica is skipped, a replica whose link is down
@@ -339,10 +313,13 @@ func TestReplicaSelection(t *testing.T) {
 	keys, err := limiter.NewKeySpace("tally", nil)
 	require.NoError(t, err)
 	k := keys.Key("core", "alice")
-	st := newStore(t, cfg, limiter.Options{Clock: clock})
-	failing := newStore(t, cfg, limiter.Options{Clock: clock, ReadPolicy: shard.ReadFail})
-	_, err = st.Charge(ctx, k, "e1", t0, 4, minute)
-	require.NoError(t, err)
+	st := newStore(t, cfg, keys, limiter.Options{Clock: clock})
+	failing := newStore(t, cfg, keys, limiter.Options{Clock: clock, ReadPolicy: shard.ReadFail})
+	take := func(n int64) {
+		_, err := st.Take(ctx, k, t0, limiter.TakeArgs{Window: minute, Limit: 100, Need: n, Want: n, Producer: "edge-a"})
+		require.NoError(t, err)
+	}
+	take(4)
 	r1.WaitSynced(p)
 	r2.WaitSynced(p)
 
@@ -361,8 +338,7 @@ func TestReplicaSelection(t *testing.T) {
 	require.NoError(t, r2.Client().Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
 	st.ProbeReplicas(ctx)
 	assert.False(t, st.ReplicaUp(0, 1))
-	_, err = st.Charge(ctx, k, "e2", t0, 1, minute)
-	require.NoError(t, err)
+	take(1)
 	w, err := st.Check(ctx, k)
 	require.NoError(t, err)
 	require.EqualValues(t, 5, w.Used, "read from the primary")
@@ -372,7 +348,7 @@ func TestReplicaSelection(t *testing.T) {
 	_, err = failing.Check(ctx, k)
 	require.ErrorIs(t, err, limiter.ErrNoReplica)
 
-	// r2 rejoins: a probe puts it back, after the cooldown reads use it.
+	// r2 rejoins: a probe puts it back.
 	require.NoError(t, r2.Client().Do(ctx, "REPLICAOF", "127.0.0.1", fmt.Sprint(p.Port)).Err())
 	r2.WaitLinkUp()
 	r2.WaitSynced(p)
@@ -384,4 +360,61 @@ func TestReplicaSelection(t *testing.T) {
 	// A dead replica comes back into rotation after its cooldown.
 	clock.Advance(shard.DefaultCooldown)
 	assert.True(t, st.ReplicaUp(0, 0), "tried again after the cooldown")
+}
+
+// One accountant holds a shard's lease at a time; it lapses when not
+// renewed, and its holder can give it up for a quick hand-over.
+func TestLease(t *testing.T) {
+	e := newEnv(t, limiter.Options{})
+	ctx := context.Background()
+	hold := func(owner string, ttl time.Duration) bool {
+		l, err := e.store.HoldLease(ctx, 0, owner, ttl)
+		require.NoError(t, err)
+		require.Equal(t, 1, l.Waited, "a renewal waits for the replica")
+		return l.Held
+	}
+	require.True(t, hold("a", time.Second))
+	require.False(t, hold("b", time.Second), "held by a")
+	require.True(t, hold("a", 300*time.Millisecond), "a renews")
+	require.NoError(t, e.store.FreeLease(ctx, 0, "b"), "b cannot free a's lease")
+	require.False(t, hold("b", time.Second))
+	time.Sleep(400 * time.Millisecond) // Redis expires the lease by its own clock
+	require.True(t, hold("b", time.Second), "a's lease lapsed")
+	require.NoError(t, e.store.FreeLease(ctx, 0, "b"))
+	require.True(t, hold("a", time.Second), "freed at once")
+}
+
+// Apply waits for a replica on the connection that applied (Redis WAIT),
+// and says so when none confirmed in time.
+func TestApplyWaitsForReplicas(t *testing.T) {
+	e := newEnv(t, limiter.Options{WaitTimeout: 200 * time.Millisecond})
+	ctx := context.Background()
+	k := e.keys.Key("core", "alice")
+	// Right after a sync a replica may take a moment to acknowledge; once it
+	// does, every run is confirmed.
+	var res limiter.ApplyResult
+	for seq := uint64(1); seq <= 20; seq++ {
+		var err error
+		res, err = e.store.Apply(ctx, 0, t0, []limiter.Event{charge("p", seq, k, time.Time{}, t0, 1)})
+		require.NoError(t, err)
+		require.Equal(t, 1, res.Waited)
+		if res.Replicated == 1 {
+			break
+		}
+	}
+	require.Equal(t, 1, res.Replicated)
+
+	e.replica.Stop()
+	start := time.Now()
+	res, err := e.store.Apply(ctx, 0, t0, []limiter.Event{charge("p", 100, k, time.Time{}, t0, 1)})
+	require.NoError(t, err)
+	require.Equal(t, limiter.Applied, res.Results[0].Outcome)
+	require.Equal(t, 1, res.Waited)
+	require.Zero(t, res.Replicated, "no replica confirmed")
+	require.Less(t, time.Since(start), 5*time.Second, "the wait is bounded")
+
+	off := newStore(t, e.config(), e.keys, limiter.Options{Clock: e.clock, WaitReplicas: -1})
+	res, err = off.Apply(ctx, 0, t0, []limiter.Event{charge("p", 101, k, time.Time{}, t0, 1)})
+	require.NoError(t, err)
+	require.Zero(t, res.Waited)
 }

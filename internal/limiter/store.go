@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,10 +26,10 @@ var (
 )
 
 var (
-	checkScript  = redis.NewScript(lua.Check)
-	openScript   = redis.NewScript(lua.Open)
-	chargeScript = redis.NewScript(lua.Charge)
-	refundScript = redis.NewScript(lua.Refund)
+	checkScript = redis.NewScript(lua.Check)
+	takeScript  = redis.NewScript(lua.Take)
+	applyScript = redis.NewScript(lua.Apply)
+	leaseScript = redis.NewScript(lua.Lease)
 )
 
 // Options configure a Store. Zero values take the defaults stated.
@@ -57,10 +58,24 @@ type Options struct {
 	// PoolSize is the connection pool size per node; 0 means go-redis's
 	// default (10 per GOMAXPROCS).
 	PoolSize int
-	// MaxRetries is how often go-redis retries a command after a connection
-	// error. Retries are safe: every script is idempotent. Default 1;
-	// -1 disables retries.
+	// MaxRetries is how often go-redis retries a read on a replica after a
+	// connection error. Default 1; -1 disables retries. Calls on primaries
+	// are never retried by go-redis: a reservation that is retried could be
+	// granted twice, and Apply's callers retry whole runs themselves.
 	MaxRetries int
+	// ProducerTTL is how long a primary remembers what it applied of a
+	// producer after its last event. It must exceed the longest an event can
+	// wait in the accounting stream. Default 25h.
+	ProducerTTL time.Duration
+	// WaitReplicas is how many replicas Apply waits for (Redis WAIT, on the
+	// connection that applied) before it returns, so that a failover cannot
+	// lose an applied event that the caller then drops from the stream.
+	// Default (0): 1 when the shard has replicas; at most the shard's
+	// replicas; -1 never waits.
+	WaitReplicas int
+	// WaitTimeout bounds that wait. Default 100ms; a run whose replicas did
+	// not confirm in time reports it (Applied.Replicated) and is not retried.
+	WaitTimeout time.Duration
 }
 
 func (o *Options) setDefaults() error {
@@ -88,15 +103,26 @@ func (o *Options) setDefaults() error {
 	if o.MaxRetries == 0 {
 		o.MaxRetries = 1
 	}
+	if o.ProducerTTL == 0 {
+		o.ProducerTTL = 25 * time.Hour
+	}
+	if o.ProducerTTL < time.Second {
+		return fmt.Errorf("%w: producer ttl %v: want at least 1s", ErrInvalidArgument, o.ProducerTTL)
+	}
+	if o.WaitTimeout <= 0 {
+		o.WaitTimeout = 100 * time.Millisecond
+	}
 	return nil
 }
 
 // Store runs the window scripts on the shards: checks on replicas, opens,
 // charges and refunds on primaries. It is safe for concurrent use.
 type Store struct {
-	opts   Options
-	m      *shard.Map
-	shards []*shardNodes
+	opts      Options
+	keys      *KeySpace
+	m         *shard.Map
+	shards    []*shardNodes
+	producers sync.Map // producer id → its key (string)
 }
 
 type shardNodes struct {
@@ -104,11 +130,16 @@ type shardNodes struct {
 	primary  *redis.Client
 	replicas []*redis.Client
 	health   *shard.Replicas
+	wait     int // replicas Apply waits for
 }
 
-// NewStore connects (lazily) to every node of every shard. Call Close when
+// NewStore connects (lazily) to every node of every shard; keys names the
+// producer and lease keys (window keys come with each call). Call Close when
 // done.
-func NewStore(shards []shard.Config, opts Options) (*Store, error) {
+func NewStore(shards []shard.Config, keys *KeySpace, opts Options) (*Store, error) {
+	if keys == nil {
+		return nil, fmt.Errorf("%w: no key space", ErrInvalidArgument)
+	}
 	if err := shard.Validate(shards); err != nil {
 		return nil, err
 	}
@@ -116,16 +147,25 @@ func NewStore(shards []shard.Config, opts Options) (*Store, error) {
 		return nil, err
 	}
 	names := make([]string, len(shards))
-	s := &Store{opts: opts}
+	s := &Store{opts: opts, keys: keys}
 	for i, sc := range shards {
 		names[i] = sc.Name
 		n := &shardNodes{
 			name:    sc.Name,
-			primary: redis.NewClient(opts.client(sc.Primary)),
+			primary: redis.NewClient(opts.client(sc.Primary, -1)),
 			health:  shard.NewReplicas(len(sc.Replicas), opts.ReplicaCooldown),
+			wait:    opts.WaitReplicas,
+		}
+		switch {
+		case n.wait < 0:
+			n.wait = 0
+		case n.wait == 0:
+			n.wait = min(1, len(sc.Replicas))
+		default:
+			n.wait = min(n.wait, len(sc.Replicas))
 		}
 		for _, r := range sc.Replicas {
-			n.replicas = append(n.replicas, redis.NewClient(opts.client(r)))
+			n.replicas = append(n.replicas, redis.NewClient(opts.client(r, opts.MaxRetries)))
 		}
 		s.shards = append(s.shards, n)
 	}
@@ -133,7 +173,7 @@ func NewStore(shards []shard.Config, opts Options) (*Store, error) {
 	return s, nil
 }
 
-func (o *Options) client(n shard.Node) *redis.Options {
+func (o *Options) client(n shard.Node, retries int) *redis.Options {
 	return &redis.Options{
 		Addr:                  n.Addr,
 		Username:              n.Username,
@@ -143,7 +183,7 @@ func (o *Options) client(n shard.Node) *redis.Options {
 		ReadTimeout:           o.ReadTimeout,
 		WriteTimeout:          o.WriteTimeout,
 		PoolSize:              o.PoolSize,
-		MaxRetries:            o.MaxRetries,
+		MaxRetries:            retries,
 		ContextTimeoutEnabled: true,
 		DisableIdentity:       true,
 	}
@@ -170,9 +210,9 @@ func (s *Store) ShardName(i int) string { return s.shards[i].name }
 // ShardOf is the index of the shard that owns k.
 func (s *Store) ShardOf(k Key) int { return s.m.Pick(k.Hash()) }
 
-// Check reads k's live window from a replica of its shard. A window whose
-// reset_at is not after now reads as not live, whatever the replica still
-// holds. A replica that fails with a connection error is marked down and
+// Check reads k's live window from a replica of its shard at the store
+// clock's now. A window whose reset_at is not after now reads as not live,
+// whatever the replica still holds. A replica that fails with a connection error is marked down and
 // the next one is tried; when none is up, the read policy applies.
 func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
 	n := s.shards[s.ShardOf(k)]
@@ -197,27 +237,6 @@ func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
 		return Window{}, fmt.Errorf("limiter: check on shard %s primary: %w", n.name, err)
 	}
 	return w, nil
-}
-
-// Open returns k's live window from its shard's primary, opening one at now
-// (reset at now + window, rounded up to a whole second) when none is live.
-// opened reports whether this call created it. Edges call Open when a check
-// finds no live window, so that the very first responses of a window carry
-// the reset time every later response will show.
-func (s *Store) Open(ctx context.Context, k Key, window time.Duration) (w Window, opened bool, err error) {
-	if err := validWindow(window); err != nil {
-		return Window{}, false, err
-	}
-	n := s.shards[s.ShardOf(k)]
-	v, err := openScript.Run(ctx, n.primary, []string{k.String()},
-		ms(s.opts.Clock.Now()), window.Milliseconds(), s.opts.Grace.Milliseconds()).Int64Slice()
-	if err != nil {
-		return Window{}, false, fmt.Errorf("limiter: open on shard %s: %w", n.name, scriptErr(err))
-	}
-	if len(v) != 4 {
-		return Window{}, false, fmt.Errorf("limiter: open on shard %s: unexpected reply %v", n.name, v)
-	}
-	return Window{Live: true, Used: v[1], ResetAt: fromMS(v[2]), Start: fromMS(v[3])}, v[0] == 1, nil
 }
 
 // ProbeReplicas asks every replica for its replication state. Replicas that
@@ -257,8 +276,7 @@ func (s *Store) ReplicaUp(i, r int) bool {
 	return s.shards[i].health.Up(r, s.opts.Clock.Now())
 }
 
-// Ping checks that every primary answers; edges and accountants use it for
-// readiness.
+// Ping checks that every primary answers.
 func (s *Store) Ping(ctx context.Context) error {
 	for _, n := range s.shards {
 		if err := n.primary.Ping(ctx).Err(); err != nil {
@@ -306,6 +324,19 @@ func nodeDown(err error) bool {
 	}
 	return redis.HasErrorPrefix(err, "LOADING") || redis.HasErrorPrefix(err, "MASTERDOWN")
 }
+
+// producerKey is the key of a producer's hash, computed once per producer.
+func (s *Store) producerKey(id string) string {
+	if k, ok := s.producers.Load(id); ok {
+		return k.(string)
+	}
+	k := s.keys.ProducerKey(id)
+	s.producers.Store(id, k)
+	return k
+}
+
+// Clock is the store's clock.
+func (s *Store) Clock() Clock { return s.opts.Clock }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,113 +17,87 @@ import (
 )
 
 // Invariant 1: every response of one window shows the same reset time, from
-// its first request to its last, on every edge.
+// its first request to its last, on every edge, and the reset is stored
+// beside the count, never derived from a TTL.
 func TestStableReset(t *testing.T) {
 	e := newEnv(t, limiter.Options{})
 	ctx := context.Background()
 	k := e.keys.Key("core", "alice")
-	p := limiter.Policy{Name: "core", Limit: 1000, Window: minute}
-	// A second edge whose clock runs 700 ms behind.
-	behind := limiter.NewManualClock(t0.Add(-700 * time.Millisecond))
-	edge2 := newStore(t, e.config(), limiter.Options{Clock: behind})
+	behind := t0.Add(-700 * time.Millisecond) // a second edge's clock
 
-	reset := func(w limiter.Window, now time.Time) string {
-		h := http.Header{}
-		limiter.Decide(p, w, now).SetHeaders(h)
-		return h.Get("X-RateLimit-Reset")
-	}
-
-	// The first request: the replica has nothing, the edge opens the window.
-	w, err := e.store.Check(ctx, k)
+	// The first request opens the window on the primary; the second edge
+	// races it with a clock 700 ms behind and gets the same window.
+	g := e.take(t, k, 1000, 1, 1)
+	require.True(t, g.Opened)
+	wantReset := t0.Add(minute).Truncate(time.Second).Add(time.Second)
+	require.Equal(t, wantReset, g.ResetAt)
+	g2, err := e.store.Take(ctx, k, behind, limiter.TakeArgs{Window: minute, Limit: 1000, Need: 1, Want: 5, Producer: "edge-b"})
 	require.NoError(t, err)
-	require.False(t, w.Live)
-	w, opened, err := e.store.Open(ctx, k, minute)
-	require.NoError(t, err)
-	require.True(t, opened)
-	want := reset(w, e.clock.Now())
-	wantTime := t0.Add(minute).Truncate(time.Second).Add(time.Second)
-	require.Equal(t, strconv.FormatInt(wantTime.Unix(), 10), want)
+	require.False(t, g2.Opened)
+	require.Equal(t, wantReset, g2.ResetAt)
+	require.EqualValues(t, 6, g2.Used)
 
-	// The second edge raced the first one: its replica has not seen the
-	// window yet, its open finds the live window and reports the same reset.
-	w2, opened2, err := edge2.Open(ctx, k, minute)
-	require.NoError(t, err)
-	require.False(t, opened2)
-	require.Equal(t, want, reset(w2, behind.Now()))
-
-	// Through the window, at its edges: charges from both edges (the slow
-	// edge's starts fall before the window's start, within tolerance), and
-	// checks on the replica and on the primary.
-	primary := e.primaryOnly(t)
-	offsets := []time.Duration{0, time.Millisecond, 699 * time.Millisecond, time.Second,
-		30 * time.Second, 59 * time.Second, 59*time.Second + 699*time.Millisecond}
-	for i, off := range offsets {
+	// Through the window, to its last millisecond, on both edges and on the
+	// replica: the same reset.
+	for _, off := range []time.Duration{time.Millisecond, time.Second, 30 * time.Second, 59*time.Second + 699*time.Millisecond} {
 		e.clock.Set(t0.Add(off))
-		behind.Set(t0.Add(off - 700*time.Millisecond))
-		r := e.charge(t, k, fmt.Sprintf("a%d", i), e.clock.Now(), 1)
-		require.Equal(t, limiter.Applied, r.Outcome, "offset %v", off)
-		require.Equal(t, want, strconv.FormatInt(r.ResetAt.Unix(), 10))
-		r = e.charge(t, k, fmt.Sprintf("b%d", i), behind.Now(), 1)
-		require.Equal(t, limiter.Applied, r.Outcome, "slow edge, offset %v", off)
-		require.Equal(t, want, reset(e.checkReplica(t, k), e.clock.Now()), "replica, offset %v", off)
-		pw, err := primary.Check(ctx, k)
-		require.NoError(t, err)
-		require.Equal(t, want, reset(pw, e.clock.Now()), "primary, offset %v", off)
-		ow, err := edge2.Check(ctx, k)
-		require.NoError(t, err)
-		require.Equal(t, want, reset(ow, behind.Now()), "second edge, offset %v", off)
+		g := e.take(t, k, 1000, 1, 1)
+		require.False(t, g.Opened, "at +%v", off)
+		require.Equal(t, wantReset, g.ResetAt, "at +%v", off)
+		w := e.checkReplica(t, k)
+		require.True(t, w.Live)
+		require.Equal(t, wantReset, w.ResetAt, "replica at +%v", off)
+		d := limiter.Decide(limiter.Policy{Name: "core", Limit: 1000, Window: minute}, w, e.clock.Now())
+		h := http.Header{}
+		d.SetHeaders(h)
+		require.Equal(t, strconv.FormatInt(wantReset.Unix(), 10), h.Get("X-RateLimit-Reset"))
 	}
-	w = e.checkReplica(t, k)
-	require.EqualValues(t, 2*len(offsets), w.Used)
+	// The key's TTL is garbage collection only, a grace past the reset: a
+	// different TTL changes nothing anyone reads.
+	at, err := e.primary.Client().PExpireTime(ctx, k.String()).Result()
+	require.NoError(t, err)
+	require.Equal(t, wantReset.Add(60*time.Second).UnixMilli(), at.Milliseconds())
+	require.NoError(t, e.primary.Client().PExpire(ctx, k.String(), time.Hour).Err())
+	require.Equal(t, wantReset, e.take(t, k, 1000, 1, 1).ResetAt)
 
-	// At the reset, the next window opens with its own reset, equally stable.
-	e.clock.Set(wantTime)
-	w = e.checkReplica(t, k)
-	require.False(t, w.Live)
-	w = e.open(t, k)
-	next := reset(w, e.clock.Now())
-	require.Equal(t, strconv.FormatInt(wantTime.Add(minute).Unix(), 10), next)
-	e.clock.Advance(10 * time.Second)
-	require.Equal(t, next, reset(e.checkReplica(t, k), e.clock.Now()))
-	r := e.charge(t, k, "c", e.clock.Now(), 1)
-	require.Equal(t, next, strconv.FormatInt(r.ResetAt.Unix(), 10))
-	require.EqualValues(t, 1, r.Used)
+	// At the reset the next window opens, with its own stable reset.
+	e.clock.Set(wantReset)
+	g = e.take(t, k, 1000, 1, 1)
+	require.True(t, g.Opened)
+	require.EqualValues(t, 1, g.Used)
+	require.Equal(t, wantReset.Add(minute), g.ResetAt)
 }
 
-// Invariant 2: any read treats a window whose reset has passed as absent,
-// while its keys are still there and on a replica that has not caught up.
+// Invariant 2: a window whose reset has passed reads as absent everywhere,
+// although Redis still holds it.
 func TestStaleWindowReadsAbsent(t *testing.T) {
 	e := newEnv(t, limiter.Options{})
 	ctx := context.Background()
 	k := e.keys.Key("core", "alice")
-	r := e.charge(t, k, "e1", t0, 5)
-	require.Equal(t, limiter.Applied, r.Outcome)
-	primary := e.primaryOnly(t)
-
+	g := e.take(t, k, 100, 5, 5)
 	e.replica.WaitSynced(e.primary)
-	for _, at := range []time.Time{r.ResetAt, r.ResetAt.Add(time.Second)} {
+	for _, at := range []time.Time{g.ResetAt, g.ResetAt.Add(time.Second)} {
 		e.clock.Set(at)
 		n, err := e.primary.Client().Exists(ctx, k.String()).Result()
 		require.NoError(t, err)
-		require.EqualValues(t, 1, n, "the keys are still present")
+		require.EqualValues(t, 1, n, "the key is still present")
 		w, err := e.store.Check(ctx, k)
 		require.NoError(t, err)
 		assert.False(t, w.Live, "replica at %v", at)
-		w, err = primary.Check(ctx, k)
-		require.NoError(t, err)
-		assert.False(t, w.Live, "primary at %v", at)
+		require.Zero(t, e.used(t, k), "primary at %v", at)
 	}
 
 	// A replica cut off from its primary keeps the old window; the primary
-	// moves on to a new one. The replica's read must not report the old count.
+	// moves on to a new one. The replica's read must not report the old
+	// count.
 	e.clock.Set(t0.Add(10 * time.Second))
-	e.charge(t, k, "e2", e.clock.Now(), 7)
+	require.EqualValues(t, 12, e.take(t, k, 100, 7, 7).Used)
 	e.replica.WaitSynced(e.primary)
 	require.NoError(t, e.replica.Client().Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
-	e.clock.Set(r.ResetAt.Add(5 * time.Second))
-	r2 := e.charge(t, k, "e3", e.clock.Now(), 1)
-	require.Equal(t, limiter.Applied, r2.Outcome)
-	require.EqualValues(t, 1, r2.Used, "a new window on the primary")
+	e.clock.Set(g.ResetAt.Add(5 * time.Second))
+	g2 := e.take(t, k, 100, 1, 1)
+	require.True(t, g2.Opened)
+	require.EqualValues(t, 1, g2.Used, "a new window on the primary")
 	raw, err := e.replica.Client().HGet(ctx, k.String(), "u").Result()
 	require.NoError(t, err)
 	require.Equal(t, "12", raw, "the replica still holds the old window")
@@ -130,7 +106,8 @@ func TestStaleWindowReadsAbsent(t *testing.T) {
 	assert.False(t, w.Live, "the lagging replica's old window reads as absent")
 }
 
-// Invariant 4: allowed iff used + cost <= limit, read from real Redis.
+// Invariant 4: a request of cost c is allowed iff used + c <= limit, both by
+// the reservation on the primary and by a decision from one read.
 func TestBoundary(t *testing.T) {
 	e := newEnv(t, limiter.Options{})
 	for _, limit := range []int64{1, 2, 100} {
@@ -144,16 +121,18 @@ func TestBoundary(t *testing.T) {
 					k := e.keys.Key("core", name)
 					p := limiter.Policy{Name: "core", Limit: limit, Window: minute, Cost: cost}
 					require.NoError(t, p.Validate())
-					var w limiter.Window
-					if used == 0 {
-						w = e.checkReplica(t, k)
-						require.False(t, w.Live)
-						w = e.open(t, k)
-					} else {
-						e.charge(t, k, "fill", e.clock.Now(), used)
-						w = e.checkReplica(t, k)
+					// Fill the window to used: open it, then charge (a charge
+					// may pass the limit; a reservation never does).
+					g := e.take(t, k, limit, 1, 1)
+					if used > 1 {
+						e.apply(t, charge("fill", fillSeq.Add(1), k, g.ResetAt, t0, used-1))
 					}
+					if used == 0 {
+						e.apply(t, release("fill", fillSeq.Add(1), k, g.ResetAt, 1))
+					}
+					w := e.checkReplica(t, k)
 					require.Equal(t, used, w.Used)
+
 					d := limiter.Decide(p, w, e.clock.Now())
 					require.Equal(t, used+cost <= limit, d.Allowed)
 					h := http.Header{}
@@ -166,161 +145,62 @@ func TestBoundary(t *testing.T) {
 						require.Equal(t, strconv.FormatInt(max(0, limit-used), 10), h.Get("X-RateLimit-Remaining"))
 						require.NotEmpty(t, h.Get("Retry-After"))
 					}
+
+					r := e.take(t, k, limit, cost, cost)
+					if used+cost <= limit {
+						require.Equal(t, cost, r.Granted)
+						require.Equal(t, used+cost, r.Used)
+					} else {
+						require.Zero(t, r.Granted)
+						require.Equal(t, used, r.Used, "a refused reservation changes nothing")
+					}
 				})
 			}
 		}
 	}
 }
 
-// Invariants 5 and 6: charge at start, refund on 304, each exactly once.
-func TestExactlyOnce(t *testing.T) {
+// fillSeq numbers the events of the producer that fills windows in tests.
+var fillSeq atomic.Uint64
+
+// Reservations grant as much as is left between need and want, and never
+// more than the limit, whatever the concurrency: 64 callers wanting random
+// amounts from one window of 1,000 get exactly 1,000 between them.
+func TestTakeNeverPastLimit(t *testing.T) {
 	e := newEnv(t, limiter.Options{})
 	ctx := context.Background()
-	used := func(t *testing.T, k limiter.Key) int64 {
-		t.Helper()
-		w, err := e.primaryOnly(t).Check(ctx, k)
-		require.NoError(t, err)
-		return w.Used
-	}
+	k := e.keys.Key("core", "hot")
 
-	t.Run("charge twice charges once", func(t *testing.T) {
-		k := e.keys.Key("core", t.Name())
-		first := e.charge(t, k, "e1", t0, 3)
-		require.Equal(t, limiter.Applied, first.Outcome)
-		require.EqualValues(t, 3, first.Amount)
-		e.charge(t, k, "other", t0, 1)
-		again := e.charge(t, k, "e1", t0, 3)
-		require.Equal(t, limiter.Duplicate, again.Outcome)
-		require.EqualValues(t, 3, again.Used, "a repeat returns the first result")
-		require.Zero(t, again.Amount)
-		require.EqualValues(t, 4, used(t, k))
-	})
-	t.Run("refund twice refunds once", func(t *testing.T) {
-		k := e.keys.Key("core", t.Name())
-		e.charge(t, k, "e1", t0, 2)
-		e.charge(t, k, "e2", t0, 2)
-		r := e.refund(t, k, "e1", t0)
-		require.Equal(t, limiter.Applied, r.Outcome)
-		require.EqualValues(t, 2, r.Amount)
-		r = e.refund(t, k, "e1", t0)
-		require.Equal(t, limiter.Duplicate, r.Outcome)
-		require.EqualValues(t, 2, used(t, k))
-		r2 := e.charge(t, k, "e1", t0, 2)
-		require.Equal(t, limiter.Duplicate, r2.Outcome, "a charge after its refund stays refunded")
-		require.EqualValues(t, 2, used(t, k))
-	})
-	t.Run("refund before charge nets to zero", func(t *testing.T) {
-		k := e.keys.Key("core", t.Name())
-		e.charge(t, k, "x", t0, 1)
-		r := e.refund(t, k, "e1", t0)
-		require.Equal(t, limiter.Pending, r.Outcome)
-		require.EqualValues(t, 1, used(t, k))
-		c := e.charge(t, k, "e1", t0, 5)
-		require.Equal(t, limiter.Netted, c.Outcome)
-		require.EqualValues(t, 1, used(t, k))
-		c = e.charge(t, k, "e1", t0, 5)
-		require.Equal(t, limiter.Duplicate, c.Outcome)
-		r = e.refund(t, k, "e1", t0)
-		require.Equal(t, limiter.Duplicate, r.Outcome)
-		require.EqualValues(t, 1, used(t, k))
-	})
-	t.Run("refund before charge on an empty key", func(t *testing.T) {
-		k := e.keys.Key("core", t.Name())
-		require.Equal(t, limiter.Pending, e.refund(t, k, "e1", t0).Outcome)
-		require.Equal(t, limiter.Netted, e.charge(t, k, "e1", t0, 1).Outcome)
-		require.Zero(t, used(t, k))
-	})
-	t.Run("refund after the window rolled over", func(t *testing.T) {
-		defer e.clock.Set(t0)
-		k := e.keys.Key("core", t.Name())
-		c := e.charge(t, k, "e1", t0, 4)
-		e.clock.Set(c.ResetAt.Add(time.Second))
-		n := e.charge(t, k, "e2", e.clock.Now(), 1)
-		require.Equal(t, limiter.Applied, n.Outcome)
-		require.True(t, n.ResetAt.After(c.ResetAt))
-		r := e.refund(t, k, "e1", t0)
-		require.Equal(t, limiter.Late, r.Outcome)
-		require.EqualValues(t, 1, used(t, k))
-	})
-	t.Run("refund after the window closed, before a new one", func(t *testing.T) {
-		defer e.clock.Set(t0)
-		k := e.keys.Key("core", t.Name())
-		c := e.charge(t, k, "e1", t0, 4)
-		e.clock.Set(c.ResetAt)
-		require.Equal(t, limiter.Late, e.refund(t, k, "e1", t0).Outcome)
-	})
-	t.Run("never below zero", func(t *testing.T) {
-		k := e.keys.Key("core", t.Name())
-		e.charge(t, k, "e1", t0, 5)
-		// An operator lowered the count by hand.
-		require.NoError(t, e.primary.Client().HSet(ctx, k.String(), "u", 2).Err())
-		r := e.refund(t, k, "e1", t0)
-		require.Equal(t, limiter.Applied, r.Outcome)
-		require.EqualValues(t, 2, r.Amount)
-		require.Zero(t, r.Used)
-		require.Zero(t, used(t, k))
-	})
-	t.Run("late event is not charged into the next window", func(t *testing.T) {
-		defer e.clock.Set(t0)
-		k := e.keys.Key("core", t.Name())
-		c := e.charge(t, k, "e1", t0, 1)
-		e.clock.Set(c.ResetAt.Add(time.Second))
-		require.Equal(t, limiter.Applied, e.charge(t, k, "e2", e.clock.Now(), 1).Outcome)
-		// e3 started in the first window but reaches the primary now.
-		late := e.charge(t, k, "e3", t0.Add(30*time.Second), 1)
-		require.Equal(t, limiter.Late, late.Outcome)
-		// e4's start lies before the new window by less than the skew
-		// tolerance, but inside the old window: still late.
-		late = e.charge(t, k, "e4", c.ResetAt.Add(-500*time.Millisecond), 1)
-		require.Equal(t, limiter.Late, late.Outcome)
-		// A redelivery of e1 is late too.
-		require.Equal(t, limiter.Late, e.charge(t, k, "e1", t0, 1).Outcome)
-		require.EqualValues(t, 1, used(t, k))
-	})
-	t.Run("late event on an empty key older than the grace", func(t *testing.T) {
-		defer e.clock.Set(t0)
-		k := e.keys.Key("core", t.Name())
-		e.clock.Set(t0.Add(90 * time.Second))
-		// Its window would have ended 30s ago: nothing to open.
-		require.Equal(t, limiter.Late, e.charge(t, k, "e1", t0, 1).Outcome)
-		n, err := e.primary.Client().Exists(ctx, k.String()).Result()
-		require.NoError(t, err)
-		require.Zero(t, n)
-	})
-	t.Run("old event on an empty key whose window would still be live", func(t *testing.T) {
-		defer e.clock.Set(t0)
-		k := e.keys.Key("core", t.Name())
-		e.clock.Set(t0.Add(90 * time.Second))
-		// A 10-minute window opened at t0 would still be live, but a window
-		// that held t0 may have been garbage collected (grace is 60s): the
-		// event cannot be placed, and opening a window at t0 would hand the
-		// client a window that never existed.
-		r, err := e.store.Charge(ctx, k, "e1", t0, 1, 10*minute)
-		require.NoError(t, err)
-		require.Equal(t, limiter.Late, r.Outcome)
-		r, err = e.store.Charge(ctx, k, "e2", e.clock.Now().Add(-59*time.Second), 1, 10*minute)
-		require.NoError(t, err)
-		require.Equal(t, limiter.Applied, r.Outcome, "within the grace it opens the window")
-	})
-	t.Run("event from a clock that runs ahead is clamped to now", func(t *testing.T) {
-		k := e.keys.Key("core", t.Name())
-		r := e.charge(t, k, "e1", t0.Add(time.Hour), 1)
-		require.Equal(t, limiter.Applied, r.Outcome)
-		require.Equal(t, t0.UnixMilli(), r.Start.UnixMilli())
-	})
-	t.Run("gap event within the skew tolerance counts", func(t *testing.T) {
-		k := e.keys.Key("core", t.Name())
-		w := e.open(t, k)
-		r := e.charge(t, k, "e1", w.Start.Add(-1500*time.Millisecond), 1)
-		require.Equal(t, limiter.Applied, r.Outcome)
-		r = e.charge(t, k, "e2", w.Start.Add(-2500*time.Millisecond), 1)
-		require.Equal(t, limiter.Late, r.Outcome, "beyond the 2s tolerance")
-	})
-	t.Run("keys expire a grace after the reset", func(t *testing.T) {
-		k := e.keys.Key("core", t.Name())
-		c := e.charge(t, k, "e1", t0, 1)
-		at, err := e.primary.Client().PExpireTime(ctx, k.String()).Result()
-		require.NoError(t, err)
-		require.Equal(t, c.ResetAt.Add(60*time.Second).UnixMilli(), at.Milliseconds())
-	})
+	g := e.take(t, k, 10, 3, 8)
+	require.EqualValues(t, 8, g.Granted)
+	g = e.take(t, k, 10, 1, 8)
+	require.EqualValues(t, 2, g.Granted, "what is left, at least need")
+	g = e.take(t, k, 10, 1, 1)
+	require.Zero(t, g.Granted)
+	require.EqualValues(t, 10, g.Used)
+
+	hot := e.keys.Key("core", "hotter")
+	var granted, opened atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			for j := 0; ; j++ {
+				need := int64(1 + (i+j)%3)
+				g, err := e.store.Take(ctx, hot, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 1000, Need: need, Want: need + int64(j%20), Producer: "edge-a"})
+				require.NoError(t, err)
+				if g.Opened {
+					opened.Add(1)
+				}
+				require.LessOrEqual(t, g.Used, int64(1000))
+				if g.Granted == 0 {
+					return
+				}
+				granted.Add(g.Granted)
+			}
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 1000, granted.Load())
+	require.EqualValues(t, 1, opened.Load(), "concurrent first requests open the window once")
+	require.EqualValues(t, 1000, e.used(t, hot))
 }

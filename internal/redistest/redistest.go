@@ -170,15 +170,22 @@ func (s *Server) Restart() {
 	s.t.Fatalf("redistest: restart: %v", err)
 }
 
-// WaitLinkUp waits until this replica reports master_link_status:up.
+// WaitLinkUp waits until this replica reports master_link_status:up and its
+// primary lists it as online.
 func (s *Server) WaitLinkUp() {
 	s.t.Helper()
 	c := s.client()
 	defer c.Close()
+	p := redis.NewClient(&redis.Options{Addr: s.replicaOf, DisableIdentity: true, MaxRetries: -1})
+	defer p.Close()
+	online := "port=" + strconv.Itoa(s.Port) + ",state=online"
 	for range 500 {
 		info, err := c.Info(context.Background(), "replication").Result()
 		if err == nil && strings.Contains(info, "master_link_status:up") {
-			return
+			pinfo, err := p.Info(context.Background(), "replication").Result()
+			if err == nil && strings.Contains(pinfo, online) {
+				return
+			}
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -1,0 +1,584 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// CreditConfig tunes how an edge reserves and remembers windows
+// (docs/accuracy.md). Zero values take the defaults stated.
+type CreditConfig struct {
+	// Horizon is how long a reservation aims to last at the key's rate of
+	// requests at this edge. Default 250ms.
+	Horizon time.Duration `yaml:"horizon"`
+	// Share: a reservation takes at most 1/Share of what is left in the
+	// window, so that near the limit reservations shrink to one request and
+	// every edge keeps getting its part. Default 8.
+	Share int `yaml:"share"`
+	// IdleRelease is how long reserved units may sit unused before the edge
+	// gives them back. Default 1s.
+	IdleRelease time.Duration `yaml:"idle_release"`
+	// Keys is the most keys an edge remembers; the least recently used go
+	// first (their credit given back). Default 100000.
+	Keys int `yaml:"keys"`
+	// Recheck is how often a window known to be full is read again (on a
+	// replica) while its requests keep being denied, in case a notice that
+	// it has room was lost. Default 1s.
+	Recheck time.Duration `yaml:"recheck"`
+	// RedisBudget is the longest a request waits for a reservation; past
+	// it the edge decides without one (see Options.DenyOnRedisError).
+	// Default 100ms.
+	RedisBudget time.Duration `yaml:"redis_budget"`
+}
+
+func (c CreditConfig) withDefaults() CreditConfig {
+	if c.Horizon <= 0 {
+		c.Horizon = 250 * time.Millisecond
+	}
+	if c.Share <= 0 {
+		c.Share = 8
+	}
+	if c.IdleRelease <= 0 {
+		c.IdleRelease = time.Second
+	}
+	if c.Keys <= 0 {
+		c.Keys = 100_000
+	}
+	if c.Recheck <= 0 {
+		c.Recheck = time.Second
+	}
+	if c.RedisBudget <= 0 {
+		c.RedisBudget = 100 * time.Millisecond
+	}
+	return c
+}
+
+// Path says how a request was decided.
+type Path uint8
+
+const (
+	// PathCredit: from units this edge had reserved; no Redis call.
+	PathCredit Path = iota + 1
+	// PathReserve: after a reservation on the primary (mode exact always).
+	PathReserve
+	// PathCache: denied because the window is known to be full; no Redis
+	// call.
+	PathCache
+	// PathBorrow: admitted over credit from what the edge knows of the
+	// window, charged by an accounting event (mode async, or Redis slow).
+	PathBorrow
+	// PathFailOpen: admitted with no knowledge of the window because Redis
+	// could not be reached (on_redis_error: allow); charged by an event.
+	PathFailOpen
+)
+
+var pathNames = [...]string{PathCredit: "credit", PathReserve: "reserve", PathCache: "cache", PathBorrow: "borrow", PathFailOpen: "fail-open"}
+
+func (p Path) String() string {
+	if int(p) < len(pathNames) && pathNames[p] != "" {
+		return pathNames[p]
+	}
+	return "unknown"
+}
+
+// errUnavailable: Redis could not be reached in time and the edge fails
+// closed.
+var errUnavailable = errors.New("edge: the rate limiter cannot decide right now")
+
+// verdict is one decision and what its request's finish needs.
+type verdict struct {
+	decision limiter.Decision
+	// decided is false when the request was admitted without knowing its
+	// window (fail-open): the response carries no rate-limit headers.
+	decided bool
+	path    Path
+	policy  limiter.Policy
+	cost    int64
+	key     limiter.Key
+	shard   int
+	now     time.Time
+	reset   int64 // ms: the window the response showed (0 when not decided)
+	// How the request was charged when allowed: by a reservation, or by the
+	// accounting event chargeSeq (> 0) of producer chargeProducer.
+	chargeSeq      uint64
+	chargeProducer string
+}
+
+// decider decides requests from the edge's table of windows.
+type decider struct {
+	cfg      CreditConfig
+	store    Store
+	keys     *limiter.KeySpace
+	outbox   *outbox
+	notify   func(shard int, n events.Notice)
+	producer string
+	failOpen bool // on a Redis failure without knowledge of the window: allow
+	log      *rateLog
+	table    *table
+
+	// suspect[i] holds until when (ns) shard i's primary is presumed down:
+	// requests then do not wait for reservations.
+	suspect []atomic.Int64
+
+	byPath               [len(pathNames)][2]atomic.Uint64 // [path][allowed]
+	takes, takeErrors    atomic.Uint64
+	released, absorbed   atomic.Uint64
+	rechecks             atomic.Uint64
+	noticesIn, noticesUp atomic.Uint64
+	unavailable          atomic.Uint64
+	wg                   sync.WaitGroup
+}
+
+func newDecider(cfg CreditConfig, store Store, keys *limiter.KeySpace, ob *outbox, producer string, failOpen bool, log *rateLog,
+	notify func(int, events.Notice)) *decider {
+	cfg = cfg.withDefaults()
+	return &decider{cfg: cfg, store: store, keys: keys, outbox: ob, notify: notify, producer: producer, failOpen: failOpen,
+		log: log, table: newTable(cfg.Keys), suspect: make([]atomic.Int64, store.Shards())}
+}
+
+// entry returns the table entry of a key under policy p.
+func (d *decider) entry(dg limiter.Digest, p limiter.Policy) *entry {
+	return d.table.get(dg, func() *entry {
+		k := d.keys.KeyOf(dg)
+		return &entry{key: k, shard: d.store.ShardOf(k), policy: p.Name, limit: p.Limit, window: p.Window.Milliseconds()}
+	}, d.evicted)
+}
+
+// decide decides one request of cost units under policy p for the key with
+// digest dg, at now (the clock read once for this request). It returns
+// errUnavailable only when Redis cannot be reached in time, the edge knows
+// nothing of the window, and it fails closed.
+func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time) (verdict, error) {
+	e := d.entry(dg, p)
+	v := verdict{policy: p, cost: cost, key: e.key, shard: e.shard, now: now}
+	mode := p.Mode.OrDefault()
+	nowMs, nowNs := now.UnixMilli(), now.UnixNano()
+	deadline := time.Now().Add(d.cfg.RedisBudget)
+	e.lastUse.Store(nowNs)
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for {
+		if e.reset != 0 && nowMs >= e.reset {
+			e.expire()
+		}
+		if mode != limiter.ModeExact && e.credit >= cost {
+			e.credit -= cost
+			e.admitted += cost
+			d.prefetch(e, p, cost, now)
+			return d.allow(v, e, PathCredit), nil
+		}
+		if e.full {
+			if e.limit-e.used-e.debtUnits()+e.credit < cost {
+				e.deniedSince = true
+				e.lastCost = cost
+				return d.deny(v, e, PathCache), nil
+			}
+			e.full = false // a notice or a read found room
+		}
+		if mode == limiter.ModeAsync && e.reset != 0 {
+			if v, ok := d.borrow(v, e, cost, PathBorrow); ok {
+				if e.refill == nil {
+					d.startTake(e, p, cost, now)
+				}
+				return v, nil
+			}
+		}
+		if mode == limiter.ModeExact {
+			return d.reserveNow(ctx, v, e, p, cost, now, deadline)
+		}
+		if e.refill == nil {
+			d.startTake(e, p, cost, now)
+		}
+		ch := e.refill
+		if d.suspected(e.shard, nowNs) || !d.wait(ctx, e, ch, deadline) {
+			return d.fallback(v, e, cost)
+		}
+		if e.failed != 0 && e.credit < cost && !e.full {
+			return d.fallback(v, e, cost)
+		}
+	}
+}
+
+// wait releases e's lock until the reservation in flight (ch) is in, the
+// deadline passes or ctx ends; it reports whether the reservation came in.
+func (d *decider) wait(ctx context.Context, e *entry, ch chan struct{}, deadline time.Time) bool {
+	e.mu.Unlock()
+	defer e.mu.Lock()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// reserveNow is mode exact: one reservation of exactly cost per request,
+// made by the request itself.
+func (d *decider) reserveNow(ctx context.Context, v verdict, e *entry, p limiter.Policy, cost int64, now, deadline time.Time) (verdict, error) {
+	if d.suspected(e.shard, now.UnixNano()) {
+		return d.fallback(v, e, cost)
+	}
+	e.mu.Unlock()
+	c, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	g, err := d.store.Take(c, e.key, now, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: cost, Want: cost, Producer: d.producer})
+	cancel()
+	e.mu.Lock()
+	d.takes.Add(1)
+	if err != nil {
+		d.takeFailed(e, err)
+		return d.fallback(v, e, cost)
+	}
+	full := d.grant(e, g, now)
+	if g.Granted == 0 {
+		e.deniedSince, e.lastCost = true, cost
+		v = d.deny(v, e, PathReserve)
+	} else {
+		e.credit -= cost
+		v = d.allow(v, e, PathReserve)
+	}
+	if full {
+		d.publishFull(e)
+	}
+	return v, nil
+}
+
+// startTake starts a reservation for e in the background; e.refill is
+// closed when its result is in. Callers hold e.mu.
+func (d *decider) startTake(e *entry, p limiter.Policy, cost int64, now time.Time) {
+	need := max(1, cost-e.credit)
+	want := d.want(e, p, need)
+	ch := make(chan struct{})
+	e.refill = ch
+	d.wg.Go(func() {
+		// Longer than a request's budget: a late result still serves the
+		// next requests.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		g, err := d.store.Take(ctx, e.key, now, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: need, Want: want, Producer: d.producer})
+		cancel()
+		d.takes.Add(1)
+		e.mu.Lock()
+		if err != nil {
+			d.takeFailed(e, err)
+		} else {
+			e.failed = 0
+			d.suspect[e.shard].Store(0)
+			if d.grant(e, g, now) {
+				d.publishFull(e)
+			}
+		}
+		e.refill = nil
+		e.mu.Unlock()
+		close(ch)
+	})
+}
+
+// want sizes a reservation: enough for Horizon at the key's rate here, at
+// most 1/Share of what is left, at least need. Callers hold e.mu.
+func (d *decider) want(e *entry, p limiter.Policy, need int64) int64 {
+	room := p.Limit
+	if e.reset != 0 {
+		room = p.Limit - e.used - e.debtUnits()
+	}
+	w := min(int64(e.rate*d.cfg.Horizon.Seconds()), room/int64(d.cfg.Share))
+	return min(max(w, need), p.Limit)
+}
+
+// prefetch starts a reservation before the credit runs out, when the key
+// is busy enough for its credit to be gone within half the horizon.
+// Callers hold e.mu.
+func (d *decider) prefetch(e *entry, p limiter.Policy, cost int64, now time.Time) {
+	if e.refill != nil || e.full || e.rate == 0 || d.suspected(e.shard, now.UnixNano()) {
+		return
+	}
+	if low := max(cost, int64(e.rate*d.cfg.Horizon.Seconds()/2)); e.credit < low {
+		d.startTake(e, p, cost, now)
+	}
+}
+
+// grant takes a reservation's result into e and reports whether the window
+// is now full for everyone else. Callers hold e.mu.
+func (d *decider) grant(e *entry, g limiter.Grant, now time.Time) bool {
+	if !g.Live {
+		return false
+	}
+	if r := g.ResetAt.UnixMilli(); r != e.reset { // a new window, or one another edge opened
+		e.expire()
+		e.reset, e.start = r, g.Start.UnixMilli()
+	}
+	e.used = g.Used
+	e.credit += g.Granted
+	e.settle(g.Applied)
+	if ns := now.UnixNano(); e.lastTake != 0 && ns > e.lastTake {
+		inst := float64(e.admitted) / (float64(ns-e.lastTake) / 1e9)
+		if e.rate == 0 {
+			e.rate = inst
+		} else {
+			e.rate = 0.5*e.rate + 0.5*inst
+		}
+	}
+	e.admitted, e.lastTake = 0, now.UnixNano()
+	if g.Granted == 0 {
+		e.full = true
+	}
+	return g.Used >= e.limit
+}
+
+func (d *decider) takeFailed(e *entry, err error) {
+	d.takeErrors.Add(1)
+	now := time.Now().UnixNano()
+	e.failed = now
+	// The request path marks the primary down: for a moment, requests do
+	// not wait for it; the next reservation in flight tells when it is back.
+	d.suspect[e.shard].Store(now + int64(time.Second))
+	d.log.Warn("reserving on the primary failed; deciding without it", "shard", d.store.ShardName(e.shard), "err", err)
+}
+
+func (d *decider) suspected(shard int, nowNs int64) bool {
+	return d.suspect[shard].Load() > nowNs
+}
+
+// borrow admits a request beyond this edge's credit from what the edge
+// knows of the window, charging it with an accounting event. It reports
+// false when the edge knows of too little room. Callers hold e.mu.
+func (d *decider) borrow(v verdict, e *entry, cost int64, path Path) (verdict, bool) {
+	if e.limit-e.used-e.debtUnits()+e.credit < cost {
+		return v, false
+	}
+	units := cost - e.credit
+	seq := d.outbox.add(e.shard, events.Accounting{Kind: events.Started, Time: time.Now(), Key: e.key.Digest().String(),
+		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Units: units,
+		ResetAt: time.UnixMilli(e.reset), StartedAt: v.now})
+	if seq == 0 {
+		return v, false
+	}
+	e.credit = 0
+	e.debts = append(e.debts, debt{seq: seq, units: units})
+	e.admitted += cost
+	v.chargeSeq, v.chargeProducer = seq, d.producer
+	return d.allow(v, e, path), true
+}
+
+// fallback decides when no reservation came in time: from what the edge
+// knows of the window when it knows it, else by the on_redis_error rule.
+// Callers hold e.mu.
+func (d *decider) fallback(v verdict, e *entry, cost int64) (verdict, error) {
+	if e.reset != 0 && v.now.UnixMilli() < e.reset {
+		if e.full && e.limit-e.used-e.debtUnits() < cost {
+			return d.deny(v, e, PathCache), nil
+		}
+		if v, ok := d.borrow(v, e, cost, PathBorrow); ok {
+			return v, nil
+		}
+		e.full = true
+		return d.deny(v, e, PathCache), nil
+	}
+	if !d.failOpen {
+		d.unavailable.Add(1)
+		return v, errUnavailable
+	}
+	// Nothing known: admit, and charge by the request's start.
+	p := v.policy
+	seq := d.outbox.add(e.shard, events.Accounting{Kind: events.Started, Time: time.Now(), Key: e.key.Digest().String(),
+		Policy: p.Name, Limit: p.Limit, WindowSeconds: int64(p.Window / time.Second), Units: cost, StartedAt: v.now})
+	if seq != 0 {
+		v.chargeSeq, v.chargeProducer = seq, d.producer
+	}
+	v.path = PathFailOpen
+	d.byPath[PathFailOpen][1].Add(1)
+	return v, nil
+}
+
+// allow fills an allowed verdict from e. Callers hold e.mu.
+func (d *decider) allow(v verdict, e *entry, path Path) verdict {
+	v.path, v.decided, v.reset = path, true, e.reset
+	d.byPath[path][1].Add(1)
+	used := e.used + e.debtUnits() - e.credit
+	v.decision = decision(v, e, true, used)
+	return v
+}
+
+// deny fills a denied verdict from e. Callers hold e.mu.
+func (d *decider) deny(v verdict, e *entry, path Path) verdict {
+	v.path, v.decided, v.reset = path, true, e.reset
+	d.byPath[path][0].Add(1)
+	// Denied: limit - used < cost, so Remaining is below the cost and never
+	// the limit.
+	v.decision = decision(v, e, false, e.used+e.debtUnits()-e.credit)
+	return v
+}
+
+func decision(v verdict, e *entry, allowed bool, used int64) limiter.Decision {
+	d := limiter.Decision{Allowed: allowed, Resource: v.policy.Name, Limit: v.policy.Limit, Cost: v.cost,
+		Used: used, Window: v.policy.Window, ResetAt: time.UnixMilli(e.reset), Now: v.now}
+	d.Remaining = max(0, d.Limit-d.Used)
+	return d
+}
+
+// refund gives a 304 response's charge back: into this edge's credit when
+// it was charged by a reservation in the window this edge still holds
+// (no Redis call), else through an accounting event.
+func (d *decider) refund(v verdict) {
+	if v.chargeSeq == 0 && v.policy.Mode.OrDefault() != limiter.ModeExact {
+		if e := d.table.lookup(v.key.Digest()); e != nil {
+			e.mu.Lock()
+			ok := e.reset == v.reset && time.Now().UnixMilli() < e.reset
+			if ok {
+				e.credit += v.cost
+			}
+			e.mu.Unlock()
+			if ok {
+				d.absorbed.Add(1)
+				return
+			}
+		}
+	}
+	p := v.policy
+	ev := events.Accounting{Kind: events.Finished, Time: time.Now(), Key: v.key.Digest().String(), Policy: p.Name,
+		Limit: p.Limit, WindowSeconds: int64(p.Window / time.Second), Units: v.cost, StartedAt: v.now, Status: 304}
+	if v.reset != 0 {
+		ev.ResetAt = time.UnixMilli(v.reset)
+	}
+	if v.chargeSeq != 0 {
+		ev.ChargeProducer, ev.ChargeSeq = v.chargeProducer, v.chargeSeq
+	} else if v.reset == 0 {
+		return // admitted without a window and without a charge: nothing to give back
+	}
+	d.outbox.add(v.shard, ev)
+}
+
+// evicted gives back the credit of an entry the table let go.
+func (d *decider) evicted(e *entry) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d.release(e, time.Now())
+}
+
+// release gives e's unused credit back to its window. Callers hold e.mu.
+func (d *decider) release(e *entry, now time.Time) {
+	if e.credit == 0 || e.reset == 0 || now.UnixMilli() >= e.reset {
+		e.credit = 0
+		return
+	}
+	ev := events.Accounting{Kind: events.Released, Time: now, Key: e.key.Digest().String(), Policy: e.policy,
+		Limit: e.limit, WindowSeconds: e.window / 1000, Units: e.credit, ResetAt: time.UnixMilli(e.reset),
+		StartedAt: time.UnixMilli(e.start)}
+	if d.outbox.add(e.shard, ev) != 0 {
+		d.released.Add(uint64(e.credit))
+		e.used -= e.credit
+		e.credit = 0
+	}
+}
+
+// sweep gives back idle credit, forgets idle windows, and reads windows
+// known to be full whose denials go on (in case a room notice was lost).
+func (d *decider) sweep(ctx context.Context, now time.Time) {
+	idle := now.Add(-d.cfg.IdleRelease).UnixNano()
+	forget := now.Add(-time.Minute).UnixNano()
+	var recheck []*entry
+	d.table.each(func(e *entry) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		last := e.lastUse.Load()
+		if e.reset != 0 && now.UnixMilli() >= e.reset {
+			e.expire()
+		}
+		if e.credit > 0 && last < idle && e.refill == nil {
+			d.release(e, now)
+		}
+		switch {
+		case !e.full:
+			e.verified = 0
+		case e.verified == 0: // full since the last sweep: read it a Recheck from now
+			e.verified = now.UnixNano()
+		case e.deniedSince && now.UnixNano()-e.verified >= int64(d.cfg.Recheck):
+			e.verified = now.UnixNano()
+			e.deniedSince = false
+			recheck = append(recheck, e)
+		}
+		if last < forget && e.reset == 0 && e.refill == nil && len(e.debts) == 0 {
+			d.table.remove(e.key.Digest(), e)
+		}
+	})
+	for _, e := range recheck {
+		if ctx.Err() != nil {
+			return
+		}
+		c, cancel := context.WithTimeout(ctx, d.cfg.RedisBudget)
+		w, err := d.store.Check(c, e.key)
+		cancel()
+		d.rechecks.Add(1)
+		if err != nil {
+			continue
+		}
+		e.mu.Lock()
+		switch {
+		case !w.Live:
+			e.expire()
+		case w.ResetAt.UnixMilli() == e.reset && w.Used < e.used:
+			e.used = w.Used
+			if e.limit-e.used >= max(1, e.lastCost) {
+				e.full = false
+			}
+		}
+		e.mu.Unlock()
+	}
+}
+
+// notice takes a notice from another edge or an accountant.
+func (d *decider) notice(n events.Notice) {
+	d.noticesIn.Add(1)
+	dg, err := limiter.ParseDigest(n.Key)
+	if err != nil {
+		return
+	}
+	e := d.table.lookup(dg)
+	if e == nil {
+		return
+	}
+	r := n.ResetAt.UnixMilli()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if time.Now().UnixMilli() >= r {
+		return
+	}
+	switch {
+	case n.Full && (e.reset == r || e.reset == 0):
+		if e.reset == 0 {
+			e.reset = r
+		}
+		e.full = true
+		e.used = max(e.used, n.Used)
+	case !n.Full && e.reset == r:
+		e.full = false
+		e.used = n.Used
+	}
+}
+
+// publishFull tells the other edges that e's window is full. Callers hold
+// e.mu; notify does not wait for the network (a core NATS publish).
+func (d *decider) publishFull(e *entry) {
+	if e.reset == 0 {
+		return
+	}
+	d.noticesUp.Add(1)
+	d.notify(e.shard, events.Notice{Full: true, Key: e.key.Digest().String(), ResetAt: time.UnixMilli(e.reset), Used: e.used})
+}
+
+// releaseAll gives back every credit: the edge is stopping.
+func (d *decider) releaseAll(now time.Time) {
+	d.table.each(func(e *entry) {
+		e.mu.Lock()
+		d.release(e, now)
+		e.mu.Unlock()
+	})
+}

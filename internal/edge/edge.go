@@ -1,0 +1,308 @@
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// Store is what the edge needs of limiter.Store.
+type Store interface {
+	Take(ctx context.Context, k limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error)
+	Apply(ctx context.Context, shard int, now time.Time, evs []limiter.Event) (limiter.ApplyResult, error)
+	Check(ctx context.Context, k limiter.Key) (limiter.Window, error)
+	ShardOf(k limiter.Key) int
+	ShardName(i int) string
+	Shards() int
+}
+
+var _ Store = (*limiter.Store)(nil)
+
+// Route maps a path prefix to a policy, with an optional cost override.
+type Route struct {
+	Path   string
+	Policy string
+	Cost   int64
+}
+
+// route is a Route with its subtree prefix ("/search" → "/search/").
+type route struct {
+	Route
+	under string
+}
+
+// DecisionsConfig says which decisions go to the decisions stream.
+type DecisionsConfig struct {
+	events.BatcherConfig `yaml:",inline"`
+	// SampleAllowed is the share of allowed decisions published, 0 to 1;
+	// denials and fail-open admissions are always published. Default 1;
+	// negative publishes none.
+	SampleAllowed float64 `yaml:"sample_allowed"`
+}
+
+// Options configure a Server. Store, Keys and Policies are required.
+type Options struct {
+	Store Store
+	Keys  *limiter.KeySpace
+	// NATS carries accounting events, notices and decisions. Without it the
+	// edge applies its accounting events on the primaries itself and
+	// publishes no decisions.
+	NATS      *nats.Conn
+	Streams   events.Streams
+	Outbox    OutboxConfig
+	Decisions DecisionsConfig
+	Credit    CreditConfig
+	Policies  map[string]limiter.Policy
+	Routes    []Route
+	// DefaultPolicy applies to paths no route matches; empty passes them
+	// through unlimited.
+	DefaultPolicy string
+	Identity      Identifier
+	// DenyOnRedisError answers 503 when Redis cannot be reached in time and
+	// the edge knows nothing of the window; otherwise such requests are
+	// allowed (fail open) and charged once Redis is back.
+	DenyOnRedisError bool
+	// Upstream is the API behind the proxy; nil disables the proxy handler.
+	Upstream *url.URL
+	// Source is the CloudEvents source of what the edge publishes.
+	Source string
+	// Producer names this edge process in accounting events; default a
+	// random id, new at every start.
+	Producer string
+	// TicketSecret signs decision-API request ids (the key secret).
+	TicketSecret []byte
+	Clock        limiter.Clock
+	Log          *slog.Logger
+}
+
+// Server holds the edge's handlers and its background work: the table of
+// windows, the outbox of accounting events, notices and decisions.
+type Server struct {
+	o        Options
+	routes   []route // longest path first
+	proxy    *httputil.ReverseProxy
+	dec      *decider
+	outbox   *outbox
+	batcher  *events.Batcher
+	sub      *nats.Subscription
+	log      *rateLog
+	draining atomic.Bool
+	reqs     atomic.Uint64 // request ids
+	dseq     atomic.Uint64 // decision record ids
+	stop     chan struct{}
+	done     sync.WaitGroup
+	closed   atomic.Bool
+
+	badRequests, finished atomic.Uint64
+}
+
+// New validates o and starts the server's background work. Call Close to
+// stop it.
+func New(o Options) (*Server, error) {
+	if o.Store == nil || o.Keys == nil || len(o.Policies) == 0 {
+		return nil, errors.New("edge: Store, Keys and Policies are required")
+	}
+	if o.Clock == nil {
+		o.Clock = limiter.SystemClock{}
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	o.Streams = o.Streams.WithDefaults()
+	if err := o.Streams.Validate(); err != nil {
+		return nil, fmt.Errorf("edge: %w", err)
+	}
+	if o.Source == "" {
+		o.Source = "edge-checker"
+	}
+	if o.Producer == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		o.Producer = "edge-" + hex.EncodeToString(b[:])
+	}
+	if !limiter.ValidProducer(o.Producer) {
+		return nil, fmt.Errorf("edge: producer %q: want 1 to %d of [A-Za-z0-9_.-]", o.Producer, limiter.MaxProducerLen)
+	}
+	for _, p := range o.Policies {
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("edge: %w", err)
+		}
+	}
+	s := &Server{o: o, log: newRateLog(o.Log, 5*time.Second), stop: make(chan struct{})}
+	for _, r := range o.Routes {
+		s.routes = append(s.routes, route{Route: r, under: strings.TrimSuffix(r.Path, "/") + "/"})
+	}
+	sort.SliceStable(s.routes, func(i, j int) bool { return len(s.routes[i].Path) > len(s.routes[j].Path) })
+	for _, r := range s.routes {
+		if _, ok := o.Policies[r.Policy]; !ok {
+			return nil, fmt.Errorf("edge: route %s: unknown policy %q", r.Path, r.Policy)
+		}
+	}
+	if o.DefaultPolicy != "" {
+		if _, ok := o.Policies[o.DefaultPolicy]; !ok {
+			return nil, fmt.Errorf("edge: unknown default policy %q", o.DefaultPolicy)
+		}
+	}
+	var err error
+	s.outbox, err = newOutbox(o.Outbox, o.Producer, o.Source, o.Streams.Accounting.SubjectPrefix, o.Store, o.Keys, o.NATS, s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.dec = newDecider(o.Credit, o.Store, o.Keys, s.outbox, o.Producer, !o.DenyOnRedisError, s.log, s.publishNotice)
+	if o.NATS != nil {
+		if s.batcher, err = events.NewBatcher(o.NATS, o.Streams.DecisionsSubject(), o.Decisions.BatcherConfig); err != nil {
+			return nil, err
+		}
+		s.sub, err = o.NATS.Subscribe(o.Streams.NoticePrefix+".>", func(m *nats.Msg) {
+			ns, err := events.DecodeNotices(m.Data)
+			if err != nil {
+				s.log.Warn("a notice could not be read", "subject", m.Subject, "err", err)
+			}
+			for _, n := range ns {
+				s.dec.notice(n)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("edge: notices: %w", err)
+		}
+	}
+	if o.Upstream != nil {
+		s.proxy = s.newProxy(o.Upstream)
+	}
+	s.done.Go(s.sweep)
+	return s, nil
+}
+
+func (s *Server) sweep() {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-s.stop; cancel() }()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.dec.sweep(ctx, s.o.Clock.Now())
+		}
+	}
+}
+
+func (s *Server) publishNotice(shard int, n events.Notice) {
+	if s.o.NATS == nil {
+		return
+	}
+	subject := events.NoticeSubject(s.o.Streams.NoticePrefix, s.o.Store.ShardName(shard))
+	_ = s.o.NATS.Publish(subject, events.AppendNotice(nil, n))
+}
+
+// Producer is the id of this edge in accounting events.
+func (s *Server) Producer() string { return s.o.Producer }
+
+// SetDraining makes /readyz fail, first step of a graceful shutdown: load
+// balancers stop sending new requests while in-flight ones finish.
+func (s *Server) SetDraining() { s.draining.Store(true) }
+
+// Close stops the background work, in order: the sweeper stops; every
+// unused reservation is given back; queued accounting events are delivered
+// (to JetStream or the primaries) and decisions published, until ctx ends.
+// Call it after the listeners have stopped and in-flight requests finished.
+func (s *Server) Close(ctx context.Context) error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(s.stop)
+	s.done.Wait()
+	s.dec.wg.Wait()
+	s.dec.releaseAll(s.o.Clock.Now())
+	var errs []error
+	if s.sub != nil {
+		_ = s.sub.Unsubscribe()
+	}
+	errs = append(errs, s.outbox.close(ctx))
+	if s.batcher != nil {
+		errs = append(errs, s.batcher.Close(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// policyFor returns the policy and cost for a path, ok=false for paths that
+// are not limited.
+func (s *Server) policyFor(path string) (limiter.Policy, bool) {
+	for _, r := range s.routes {
+		if path == r.Path || strings.HasPrefix(path, r.under) {
+			p := s.o.Policies[r.Policy]
+			if r.Cost > 0 {
+				p.Cost = r.Cost
+			}
+			return p, true
+		}
+	}
+	if s.o.DefaultPolicy != "" {
+		return s.o.Policies[s.o.DefaultPolicy], true
+	}
+	return limiter.Policy{}, false
+}
+
+// check decides one request for identity under p.
+func (s *Server) check(ctx context.Context, p limiter.Policy, identity string, now time.Time) (verdict, error) {
+	dg := s.o.Keys.Sum(p.Name, identity)
+	return s.dec.decide(ctx, p, p.CostOrDefault(), dg, now)
+}
+
+func (s *Server) requestID() string {
+	return s.o.Producer + "-" + strconv.FormatUint(s.reqs.Add(1), 10)
+}
+
+// record publishes a decision to the decisions stream (allowed ones
+// sampled).
+func (s *Server) record(v verdict, reqID, traceparent string) {
+	if s.batcher == nil {
+		return
+	}
+	allowed := !v.decided || v.decision.Allowed
+	if allowed && v.path != PathFailOpen {
+		rate := s.o.Decisions.SampleAllowed
+		if rate < 0 || (rate > 0 && rate < 1 && mrand.Float64() >= rate) {
+			return
+		}
+	}
+	if traceparent != "" && !events.ValidTraceParent(traceparent) {
+		traceparent = ""
+	}
+	d := events.Decision{Time: v.now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
+		Shard: s.o.Store.ShardName(v.shard), RequestID: reqID, TraceParent: traceparent, Key: v.key.Digest().String(),
+		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Cost: v.cost,
+		Allowed: allowed, Path: v.path.String()}
+	if v.decided {
+		d.Used, d.ResetAt = v.decision.Used, v.decision.ResetAt
+	}
+	s.batcher.Add(d)
+}
+
+// finish handles a request's end: a 304 gives its charge back.
+func (s *Server) finish(v verdict, status int) {
+	s.finished.Add(1)
+	if status == http.StatusNotModified && (!v.decided || v.decision.Allowed) {
+		s.dec.refund(v)
+	}
+}

@@ -1,0 +1,416 @@
+package edge_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// Through the proxy: each request charged once, a 304 refunded, and a 429
+// whose headers come from the decision that denied it (invariants 3 and 5).
+func TestProxyChargesRefundsAndDenies(t *testing.T) {
+	pl := newPipeline(t)
+	e := pl.edge(nil)
+
+	r1 := get(t, e.proxy.URL, "token-a")
+	require.Equal(t, 200, r1.StatusCode)
+	require.Equal(t, "2", r1.Header.Get("X-RateLimit-Remaining"))
+	require.Equal(t, "1", r1.Header.Get("X-RateLimit-Used"))
+	reset := r1.Header.Get("X-RateLimit-Reset")
+	require.NotEmpty(t, reset)
+	require.Equal(t, `"core";r=2;t=60`, r1.Header.Get("RateLimit"), "t never exceeds the window")
+
+	r2 := get(t, e.proxy.URL, "token-a", "If-None-Match", `"v1"`)
+	require.Equal(t, 304, r2.StatusCode)
+	require.Equal(t, reset, r2.Header.Get("X-RateLimit-Reset"))
+	require.Equal(t, "1", r2.Header.Get("X-RateLimit-Remaining"))
+
+	// The 304 was given back: two more requests fit.
+	require.Equal(t, "1", get(t, e.proxy.URL, "token-a").Header.Get("X-RateLimit-Remaining"))
+	require.Equal(t, "0", get(t, e.proxy.URL, "token-a").Header.Get("X-RateLimit-Remaining"))
+	r5 := get(t, e.proxy.URL, "token-a")
+	require.Equal(t, 429, r5.StatusCode)
+	require.Equal(t, "application/problem+json", r5.Header.Get("Content-Type"))
+	require.Equal(t, "0", r5.Header.Get("X-RateLimit-Remaining"))
+	require.Equal(t, "3", r5.Header.Get("X-RateLimit-Used"))
+	require.Equal(t, reset, r5.Header.Get("X-RateLimit-Reset"))
+	ra, err := strconv.Atoi(r5.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, ra, 1)
+
+	// The window on the primary holds exactly the three charges.
+	k := pl.keys.Key("core", "h:token-a")
+	require.EqualValues(t, 3, pl.used(k))
+	// Another client is untouched.
+	require.Equal(t, 200, get(t, e.proxy.URL, "token-b").StatusCode)
+}
+
+// One client's sequential burst: exactly the limit is allowed, Remaining
+// falls by one on every response, every response shows the same reset, and
+// every allowed request is charged.
+func TestSequentialBurstIsExact(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 40, Window: time.Minute}
+	e := pl.edge(nil)
+	allowed := 0
+	var reset string
+	for i := range 80 {
+		r := get(t, e.proxy.URL, "burst")
+		if i == 0 {
+			reset = r.Header.Get("X-RateLimit-Reset")
+		}
+		require.Equal(t, reset, r.Header.Get("X-RateLimit-Reset"))
+		if i < 40 {
+			require.Equal(t, 200, r.StatusCode, "request %d", i)
+			require.Equal(t, strconv.Itoa(39-i), r.Header.Get("X-RateLimit-Remaining"), "request %d", i)
+			allowed++
+		} else {
+			require.Equal(t, 429, r.StatusCode, "request %d", i)
+			require.Equal(t, "0", r.Header.Get("X-RateLimit-Remaining"))
+		}
+	}
+	require.Equal(t, 40, allowed)
+	require.EqualValues(t, 40, pl.used(pl.keys.Key("core", "h:burst")))
+}
+
+// One hot key, 64 concurrent clients, one edge: exactly the limit.
+func TestHotKeyOneEdgeNeverOver(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute}
+	e := pl.edge(nil)
+	allowed := hammer(t, []*edgeUnderTest{e}, "hot", 64, 8)
+	require.EqualValues(t, 100, allowed)
+	require.EqualValues(t, 100, pl.used(pl.keys.Key("core", "h:hot")))
+}
+
+// Four edges race on one key near its limit: never over, and (with demand
+// on every edge to the end) not under either.
+func TestFourEdgesRacingNeverOver(t *testing.T) {
+	for _, mode := range []limiter.Mode{limiter.ModeAuto, limiter.ModeExact} {
+		t.Run(string(mode), func(t *testing.T) {
+			pl := newPipeline(t)
+			pl.policies["core"] = limiter.Policy{Name: "core", Limit: 500, Window: time.Minute, Mode: mode}
+			var edges []*edgeUnderTest
+			for range 4 {
+				edges = append(edges, pl.edge(nil))
+			}
+			// Warm up: the key is busy before it nears its limit.
+			allowed := hammer(t, edges, "race", 16, 12)
+			require.EqualValues(t, 500, allowed, "exactly the limit")
+			require.EqualValues(t, 500, pl.used(pl.keys.Key("core", "h:race")))
+		})
+	}
+}
+
+// hammer sends requests for identity from workers per edge through the
+// decision API until each worker has seen stop denials in a row, and
+// returns how many were allowed.
+func hammer(t *testing.T, edges []*edgeUnderTest, identity string, workers, stop int) int64 {
+	t.Helper()
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for _, e := range edges {
+		for range workers {
+			wg.Go(func() {
+				denied := 0
+				for range 5000 {
+					resp, m := check(t, e, identity)
+					switch resp.StatusCode {
+					case 200:
+						allowed.Add(1)
+						denied = 0
+						require.Equal(t, true, m["allowed"])
+					case 429:
+						require.NotEqual(t, m["limit"], m["remaining"])
+						if denied++; denied == stop {
+							return
+						}
+					default:
+						t.Errorf("status %d", resp.StatusCode)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return allowed.Load()
+}
+
+// Over the limit is remembered: once the window is full, denials cost no
+// Redis call at all, on the edge that filled it and on the others (told by
+// a notice).
+func TestFullWindowsCostNoRedisCall(t *testing.T) {
+	pl := newPipeline(t)
+	pl.stopAcc()                                                        // nothing but the edges talks to Redis
+	noRecheck := func(o *edge.Options) { o.Credit.Recheck = time.Hour } // only the request path counts here
+	a, b := pl.edge(noRecheck), pl.edge(noRecheck)
+	for range 3 {
+		require.Equal(t, 200, get(t, a.proxy.URL, "full").StatusCode)
+	}
+	require.Equal(t, 429, get(t, a.proxy.URL, "full").StatusCode)
+	// b saw the key once before (it knows its window) and learns from a's
+	// notice that it is full.
+	waitFor(t, "b told", func() bool { return metric(t, b, `tally_edge_notices_total{direction="received"}`) > 0 })
+	before := pl.redisCalls()
+	for range 50 {
+		require.Equal(t, 429, get(t, a.proxy.URL, "full").StatusCode)
+	}
+	require.Equal(t, before, pl.redisCalls(), "denials from memory")
+	require.Equal(t, 50.0, metric(t, a, `tally_edge_decisions_total{result="denied",path="cache"}`)-1)
+}
+
+// Far from the limit, requests are answered from credit: after the first
+// few, the edge makes a reservation now and then, not per request.
+func TestFarFromTheLimitFewRedisCalls(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1_000_000, Window: time.Minute}
+	pl.stopAcc() // nothing but the edge talks to Redis
+	e := pl.edge(nil)
+	for range 20 {
+		require.Equal(t, 200, get(t, e.proxy.URL, "busy").StatusCode)
+	}
+	before := pl.redisCalls()
+	for range 500 {
+		require.Equal(t, 200, get(t, e.proxy.URL, "busy").StatusCode)
+	}
+	calls := pl.redisCalls() - before
+	require.LessOrEqual(t, calls, int64(25), "500 requests, %d Redis calls", calls)
+	t.Logf("500 requests from one key far from its limit: %d Redis calls", calls)
+}
+
+// A lost notice: an edge that missed "room" converges by reading.
+func TestLostNoticeConverges(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 5, Window: time.Minute}
+	a := pl.edge(nil)
+	b := pl.edge(func(o *edge.Options) { o.Credit.Recheck = 2 * time.Second })
+	for range 5 {
+		require.Equal(t, 200, get(t, a.proxy.URL, "lost").StatusCode)
+	}
+	require.Equal(t, 429, get(t, b.proxy.URL, "lost").StatusCode)
+	// b stops hearing notices; a 304 refund arrives through the accountant
+	// and announces room, which b misses.
+	require.NoError(t, b.nc.Drain())
+	k := pl.keys.Key("core", "h:lost")
+	resp, m := check(t, a, "lost")
+	require.Equal(t, 429, resp.StatusCode, m)
+	// Give back two units from a third place (an external publisher).
+	var reset time.Time
+	for range 1 {
+		g, err := pl.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 5, Producer: "reader"})
+		require.NoError(t, err)
+		reset = g.ResetAt
+	}
+	_, err := pl.store.Apply(context.Background(), 0, time.Now(), []limiter.Event{{Producer: "ops", Seq: 1, Kind: limiter.Release,
+		Key: k, ResetAt: reset, Start: time.Now(), Window: time.Minute, Units: 2}})
+	require.NoError(t, err)
+	require.Equal(t, 429, get(t, b.proxy.URL, "lost").StatusCode, "b still believes the window full")
+	waitFor(t, "b reads again and admits", func() bool { return get(t, b.proxy.URL, "lost").StatusCode == 200 })
+	require.GreaterOrEqual(t, metric(t, b, "tally_edge_rechecks_total"), 1.0)
+}
+
+// The first responses of a fresh window carry its final reset on every
+// edge: edge b answers 1.5 s after edge a (by its clock), so a reset it
+// computed itself would differ.
+func TestFreshWindowResetIsFinalOnEveryEdge(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute}
+	now := time.Now().Truncate(time.Second).Add(100 * time.Millisecond)
+	clockA, clockB := limiter.NewManualClock(now), limiter.NewManualClock(now.Add(1500*time.Millisecond))
+	a := pl.edge(func(o *edge.Options) { o.Clock = clockA })
+	b := pl.edge(func(o *edge.Options) { o.Clock = clockB })
+	var resets []string
+	for i := range 6 {
+		e := a
+		if i%2 == 1 {
+			e = b
+		}
+		r := get(t, e.proxy.URL, "token-fresh")
+		require.Equal(t, 200, r.StatusCode)
+		resets = append(resets, r.Header.Get("X-RateLimit-Reset"))
+	}
+	for _, r := range resets {
+		require.Equal(t, resets[0], r, "all: %v", resets)
+	}
+	require.Equal(t, strconv.FormatInt(now.Add(time.Minute+time.Second).Truncate(time.Second).Unix(), 10), resets[0],
+		"the window opened at edge a's first request")
+}
+
+// mode: exact charges each request atomically; its 304 refund still works
+// (through the accountant).
+func TestRefundOfAnAtomicCharge(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 3, Window: time.Minute, Mode: limiter.ModeExact}
+	e := pl.edge(nil)
+	k := pl.keys.Key("core", "h:exact")
+	require.Equal(t, 200, get(t, e.proxy.URL, "exact").StatusCode)
+	require.EqualValues(t, 1, pl.used(k), "charged before the answer")
+	require.Equal(t, 304, get(t, e.proxy.URL, "exact", "If-None-Match", `"v1"`).StatusCode)
+	pl.waitUsed(k, 1) // charged 2, refunded 1
+	waitFor(t, "the refund applied", func() bool { return pl.acc.Stats().Refunded == 1 })
+	for range 2 {
+		require.Equal(t, 200, get(t, e.proxy.URL, "exact").StatusCode)
+	}
+	require.Equal(t, 429, get(t, e.proxy.URL, "exact").StatusCode)
+	require.EqualValues(t, 3, pl.used(k))
+}
+
+// Restarting the accountant, under load and just before a hot key's first
+// request, never lets more than the limit through: charges are made on the
+// primary before the answer, whatever the accountant does.
+func TestAccountantRestartsNeverLetMoreThrough(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 200, Window: time.Minute}
+	a, b := pl.edge(nil), pl.edge(nil)
+	pl.stopAcc() // just before the hot key's first request
+	done := make(chan int64)
+	go func() { done <- hammer(t, []*edgeUnderTest{a, b}, "restart", 16, 20) }()
+	time.Sleep(50 * time.Millisecond)
+	pl.startAccountant() // under load
+	allowed := <-done
+	require.EqualValues(t, 200, allowed)
+	require.EqualValues(t, 200, pl.used(pl.keys.Key("core", "h:restart")))
+}
+
+// NATS goes away: requests are still answered at once, and the accounting
+// events the edge must send (here a 304 refund in mode exact) are applied on
+// the primary by the edge itself.
+func TestNATSDownEdgeAppliesItself(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute, Mode: limiter.ModeExact}
+	e := pl.edge(nil)
+	k := pl.keys.Key("core", "h:nats-down")
+	require.Equal(t, 200, get(t, e.proxy.URL, "nats-down").StatusCode)
+	pl.nats.Shutdown()
+	start := time.Now()
+	for range 10 {
+		require.Equal(t, 304, get(t, e.proxy.URL, "nats-down", "If-None-Match", `"v1"`).StatusCode)
+	}
+	require.Less(t, time.Since(start), 5*time.Second, "requests were held up")
+	pl.waitUsed(k, 1)
+	waitFor(t, "the count of events applied directly", func() bool {
+		return metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`) == 10
+	})
+	require.Zero(t, metric(t, e, `tally_edge_accounting_events_total{outcome="dropped"}`))
+	resp, err := http.Get(e.admin.URL + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode, "degraded, not unready")
+}
+
+// The primary goes away: a key the edge knows is decided from what it
+// knows; an unknown key follows on_redis_error; nothing waits longer than
+// the Redis budget, and what was admitted is charged once the primary is
+// back.
+func TestPrimaryDownFollowsPolicy(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 10, Window: time.Minute, Mode: limiter.ModeExact}
+	open := pl.edge(nil)
+	closed := pl.edge(func(o *edge.Options) { o.DenyOnRedisError = true })
+	require.Equal(t, 200, get(t, open.proxy.URL, "known").StatusCode)
+	pl.primary.Stop()
+	start := time.Now()
+	r := get(t, open.proxy.URL, "known")
+	require.Equal(t, 200, r.StatusCode, "decided from what the edge knows")
+	require.Equal(t, "8", r.Header.Get("X-RateLimit-Remaining"))
+	r = get(t, open.proxy.URL, "unknown")
+	require.Equal(t, 200, r.StatusCode, "fail open")
+	require.Empty(t, r.Header.Get("X-RateLimit-Remaining"), "no headers without knowledge of the window")
+	r = get(t, closed.proxy.URL, "unknown")
+	require.Equal(t, 503, r.StatusCode, "fail closed")
+	require.Equal(t, "1", r.Header.Get("Retry-After"))
+	require.Less(t, time.Since(start), 3*time.Second)
+
+	resp, err := http.Get(open.admin.URL + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode, "an edge that can decide is ready")
+
+	pl.primary.Restart() // empty: the window is gone, the admissions are charged by start
+	pl.replica.WaitLinkUp()
+	waitFor(t, "the charges", func() bool {
+		return pl.used(pl.keys.Key("core", "h:known")) == 1 && pl.used(pl.keys.Key("core", "h:unknown")) == 1
+	})
+}
+
+func TestDecisionAPI(t *testing.T) {
+	pl := newPipeline(t)
+	e := pl.edge(nil)
+	other := pl.edge(nil)
+	k := pl.keys.Key("core", "h:svc-user")
+	resp, m := check(t, e, "svc-user")
+	require.Equal(t, 200, resp.StatusCode)
+	require.Equal(t, true, m["allowed"])
+	require.Equal(t, "2", resp.Header.Get("X-RateLimit-Remaining"))
+	require.EqualValues(t, 2, m["remaining"])
+	ticket := m["request_id"].(string)
+	require.EqualValues(t, 1, pl.used(k))
+
+	// The finish goes to another edge: any edge takes a ticket.
+	resp, _ = post(t, other.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304}`, ticket))
+	require.Equal(t, 202, resp.StatusCode)
+	pl.waitUsed(k, 0)
+
+	// Malformed requests: clear 4xx, nothing charged.
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/check", `{`, "body"},
+		{"/v1/check", `{"policy":"core"}`, "identity"},
+		{"/v1/check", `{"policy":"nope","identity":"x"}`, "unknown policy"},
+		{"/v1/check", `{"policy":"core","identity":"x","cost":99}`, "cost"},
+		{"/v1/check", `{"policy":"core","identity":"x","extra":1}`, "unknown field"},
+		{"/v1/check", `{"policy":"core","identity":"x"} {}`, "one JSON object"},
+		{"/v1/finish", `{"request_id":"forged.sig","status":304}`, "request_id"},
+		{"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":999}`, ticket), "status"},
+		{"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304}`, ticket[:len(ticket)-2]+"AA"), "request_id"},
+	} {
+		resp, m := post(t, e.api.URL+c.path, c.body)
+		require.Equal(t, 400, resp.StatusCode, c.body)
+		require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+		require.Contains(t, m["detail"], c.want, c.body)
+	}
+	resp, _ = post(t, e.api.URL+"/v1/check", `{"policy":"core","identity":"`+strings.Repeat("x", 70<<10)+`"}`)
+	require.Equal(t, 413, resp.StatusCode)
+	require.Zero(t, pl.used(k))
+}
+
+func TestOversizedHeaderIsRefused(t *testing.T) {
+	pl := newPipeline(t)
+	e := pl.edge(nil)
+	big := httptest.NewUnstartedServer(e.srv.ProxyHandler())
+	big.Config.MaxHeaderBytes = 4096
+	big.Start()
+	defer big.Close()
+	resp := get(t, big.URL, strings.Repeat("t", 20000)) // Go allows 4 KiB of slack above the limit
+	require.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+	// An identity over 4 KiB within the header limit: 400, no crash.
+	resp = get(t, e.proxy.URL, strings.Repeat("t", edge.MaxIdentityLen+1))
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.Equal(t, 200, get(t, e.proxy.URL, "ok").StatusCode)
+}
+
+// Memory is bounded: beyond the configured number of keys the least
+// recently used are forgotten (their credit given back), and counted.
+func TestKeysAreBounded(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute}
+	e := pl.edge(func(o *edge.Options) { o.Credit.Keys = 512 })
+	for i := range 2000 {
+		resp, _ := check(t, e, fmt.Sprintf("client-%d", i))
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	require.LessOrEqual(t, metric(t, e, "tally_edge_keys"), 512.0)
+	require.GreaterOrEqual(t, metric(t, e, "tally_edge_keys_evicted_total"), 1488.0)
+}

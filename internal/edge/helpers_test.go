@@ -1,0 +1,232 @@
+package edge_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/accountant"
+	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/natstest"
+	"github.com/tallyhq/tally/internal/redistest"
+	"github.com/tallyhq/tally/internal/shard"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// pipeline: one shard (a primary and a replica), JetStream, an accountant,
+// an upstream that serves ETags and 304s, and edges in front of it.
+type pipeline struct {
+	t        *testing.T
+	primary  *redistest.Server
+	replica  *redistest.Server
+	nats     *natstest.Server
+	shards   []shard.Config
+	keys     *limiter.KeySpace
+	store    *limiter.Store
+	upstream *httptest.Server
+	policies map[string]limiter.Policy
+	acc      *accountant.Accountant
+	stopAcc  func()
+}
+
+func newPipeline(t *testing.T) *pipeline {
+	t.Helper()
+	p, r := redistest.StartPair(t)
+	pl := &pipeline{t: t, primary: p, replica: r, nats: natstest.Start(t),
+		shards:   []shard.Config{{Name: "s0", Primary: shard.Node{Addr: p.Addr}, Replicas: []shard.Node{{Addr: r.Addr}}}},
+		policies: map[string]limiter.Policy{"core": {Name: "core", Limit: 3, Window: time.Minute}},
+	}
+	var err error
+	pl.keys, err = limiter.NewKeySpace("tally", []byte("secret"))
+	require.NoError(t, err)
+	pl.store = pl.newStore()
+	pl.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("ETag", `"v1"`)
+		if r.Header.Get("If-None-Match") == `"v1"` {
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		_, _ = w.Write([]byte("hello\n"))
+	}))
+	t.Cleanup(pl.upstream.Close)
+	pl.startAccountant()
+	return pl
+}
+
+func (pl *pipeline) startAccountant() {
+	_, js := pl.nats.Connect()
+	pl.acc = accountant.New(js, pl.newStore(), pl.keys, accountant.Config{LeaseTTL: time.Second, PurgeEvery: 20 * time.Millisecond}, quiet)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	acc := pl.acc
+	go func() { _ = acc.Run(ctx); close(done) }()
+	stopped := false
+	pl.stopAcc = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+		}
+	}
+	pl.t.Cleanup(pl.stopAcc)
+}
+
+func (pl *pipeline) newStore() *limiter.Store {
+	st, err := limiter.NewStore(pl.shards, pl.keys, limiter.Options{WaitTimeout: 200 * time.Millisecond})
+	require.NoError(pl.t, err)
+	pl.t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+type edgeUnderTest struct {
+	srv   *edge.Server
+	proxy *httptest.Server
+	api   *httptest.Server
+	admin *httptest.Server
+	nc    *nats.Conn
+	store *limiter.Store
+}
+
+// edge starts an edge with its own store and NATS connection; mut may
+// change its options.
+func (pl *pipeline) edge(mut func(*edge.Options)) *edgeUnderTest {
+	pl.t.Helper()
+	nc, _ := pl.nats.Connect()
+	u, _ := url.Parse(pl.upstream.URL)
+	st := pl.newStore()
+	o := edge.Options{
+		Store: st, Keys: pl.keys, NATS: nc, Policies: pl.policies,
+		DefaultPolicy: "core", Identity: edge.Identifier{Header: "Authorization", IPv4Prefix: 32, IPv6Prefix: 64},
+		Upstream: u, TicketSecret: []byte("secret"), Log: quiet,
+		Outbox: edge.OutboxConfig{PublishTimeout: 200 * time.Millisecond},
+		Credit: edge.CreditConfig{Recheck: 200 * time.Millisecond, RedisBudget: 200 * time.Millisecond},
+	}
+	if mut != nil {
+		mut(&o)
+	}
+	srv, err := edge.New(o)
+	require.NoError(pl.t, err)
+	e := &edgeUnderTest{srv: srv, proxy: httptest.NewServer(srv.ProxyHandler()), api: httptest.NewServer(srv.APIHandler()),
+		admin: httptest.NewServer(srv.AdminHandler()), nc: nc, store: st}
+	pl.t.Cleanup(func() {
+		e.proxy.Close()
+		e.api.Close()
+		e.admin.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	return e
+}
+
+func get(t *testing.T, base, token string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest("GET", base+"/repos", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", token)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp
+}
+
+// check asks an edge's decision API.
+func check(t *testing.T, e *edgeUnderTest, identity string) (*http.Response, map[string]any) {
+	t.Helper()
+	return post(t, e.api.URL+"/v1/check", `{"policy":"core","identity":"`+identity+`"}`)
+}
+
+func post(t *testing.T, url, body string) (*http.Response, map[string]any) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var m map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&m)
+	return resp, m
+}
+
+// used reads the window's count on the primary (0 when none is live).
+func (pl *pipeline) used(k limiter.Key) int64 {
+	g, err := pl.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
+	require.NoError(pl.t, err)
+	return g.Used
+}
+
+func (pl *pipeline) waitUsed(k limiter.Key, want int64) {
+	pl.t.Helper()
+	var got int64
+	for range 300 {
+		if got = pl.used(k); got == want {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	pl.t.Fatalf("used = %d, want %d", got, want)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 500 {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// metric reads one value from an edge's /metrics ("name{labels}").
+func metric(t *testing.T, e *edgeUnderTest, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(e.admin.URL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return f
+		}
+	}
+	return 0
+}
+
+// redisCalls is how many script calls the shard's nodes have served.
+func (pl *pipeline) redisCalls() int64 {
+	var n int64
+	for _, s := range []*redistest.Server{pl.primary, pl.replica} {
+		info, err := s.Client().Info(context.Background(), "commandstats").Result()
+		require.NoError(pl.t, err)
+		for _, line := range strings.Split(info, "\n") {
+			for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_evalsha_ro:", "cmdstat_eval_ro:"} {
+				if rest, ok := strings.CutPrefix(line, cmd+"calls="); ok {
+					v, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+					n += v
+				}
+			}
+		}
+	}
+	return n
+}
+
+var _ = events.Notice{}

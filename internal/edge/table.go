@@ -1,0 +1,185 @@
+package edge
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// entry is what one edge knows of one key's window: the count the last
+// reservation returned, the credit this edge holds in it, whether it is
+// full. It is guarded by mu; nothing holds mu during I/O.
+type entry struct {
+	mu     sync.Mutex
+	key    limiter.Key
+	shard  int
+	policy string
+	limit  int64
+	// window is the policy's window length in ms.
+	window int64
+
+	// reset and start name the window this knowledge is about (ms since
+	// the epoch; 0: none).
+	reset, start int64
+	// used is the window's count as the last reservation (or a notice, or
+	// a read) reported it, every edge's reservations included.
+	used int64
+	// credit is what this edge reserved in the window and has not used.
+	credit int64
+	// full: no reservation is possible; requests without credit are denied
+	// from memory until the reset, a room notice, or a read that finds room.
+	full bool
+
+	// refill is non-nil while a reservation is in flight; it is closed when
+	// the reservation's result is in.
+	refill chan struct{}
+	// failed is when the last reservation failed (0: it did not).
+	failed int64
+
+	// Async mode: units admitted over credit whose charges are not yet known
+	// to be in used, by the sequence of their charge event.
+	debts []debt
+	// The rate of admissions, for sizing reservations.
+	admitted int64        // units admitted since lastTake
+	lastTake int64        // ns, monotonic clock of the edge
+	rate     float64      // units per second
+	lastUse  atomic.Int64 // ns; read without mu when choosing what to evict
+	// Convergence reads of full windows.
+	deniedSince bool
+	verified    int64 // ns
+	lastCost    int64
+}
+
+type debt struct {
+	seq   uint64
+	units int64
+}
+
+// expire forgets the window: it has reset.
+func (e *entry) expire() {
+	e.reset, e.start, e.used, e.credit, e.full = 0, 0, 0, 0, false
+	e.debts = e.debts[:0]
+	e.deniedSince = false
+}
+
+// debtUnits are the units charged through events that the window's count
+// does not show yet.
+func (e *entry) debtUnits() int64 {
+	var n int64
+	for _, d := range e.debts {
+		n += d.units
+	}
+	return n
+}
+
+// settle drops the debts whose charges the primary has applied (sequence
+// at most applied): the count includes them now.
+func (e *entry) settle(applied uint64) {
+	k := 0
+	for _, d := range e.debts {
+		if d.seq > applied {
+			e.debts[k] = d
+			k++
+		}
+	}
+	e.debts = e.debts[:k]
+}
+
+const tableShards = 256
+
+// table holds the entries of the keys an edge has seen, bounded in size.
+// It is sharded by key hash so that lookups rarely contend.
+type table struct {
+	shards   [tableShards]tableShard
+	perShard int
+	evicted  atomic.Uint64
+	size     atomic.Int64
+}
+
+type tableShard struct {
+	mu sync.Mutex
+	m  map[limiter.Digest]*entry
+}
+
+func newTable(capacity int) *table {
+	t := &table{perShard: max(1, capacity/tableShards)}
+	for i := range t.shards {
+		t.shards[i].m = make(map[limiter.Digest]*entry)
+	}
+	return t
+}
+
+// get returns d's entry, creating it with newEntry when absent. When the
+// table shard is full, the least recently used of a few sampled entries is
+// evicted first and handed to evict (outside the table's lock).
+func (t *table) get(d limiter.Digest, newEntry func() *entry, evict func(*entry)) *entry {
+	s := &t.shards[d.Hash()%tableShards]
+	s.mu.Lock()
+	if e, ok := s.m[d]; ok {
+		s.mu.Unlock()
+		return e
+	}
+	var victim *entry
+	if len(s.m) >= t.perShard {
+		var vd limiter.Digest
+		n := 0
+		for k, e := range s.m { // map iteration order is random: a sample
+			if victim == nil || e.lastUse.Load() < victim.lastUse.Load() {
+				victim, vd = e, k
+			}
+			if n++; n == 8 {
+				break
+			}
+		}
+		delete(s.m, vd)
+		t.evicted.Add(1)
+		t.size.Add(-1)
+	}
+	e := newEntry()
+	s.m[d] = e
+	t.size.Add(1)
+	s.mu.Unlock()
+	if victim != nil && evict != nil {
+		evict(victim)
+	}
+	return e
+}
+
+// lookup returns d's entry, or nil.
+func (t *table) lookup(d limiter.Digest) *entry {
+	s := &t.shards[d.Hash()%tableShards]
+	s.mu.Lock()
+	e := s.m[d]
+	s.mu.Unlock()
+	return e
+}
+
+// each calls f for every entry, one table shard at a time (f must not call
+// back into the table).
+func (t *table) each(f func(*entry)) {
+	var buf []*entry
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		buf = buf[:0]
+		for _, e := range s.m {
+			buf = append(buf, e)
+		}
+		s.mu.Unlock()
+		for _, e := range buf {
+			f(e)
+		}
+	}
+}
+
+// remove deletes d's entry if it is e.
+func (t *table) remove(d limiter.Digest, e *entry) {
+	s := &t.shards[d.Hash()%tableShards]
+	s.mu.Lock()
+	if s.m[d] == e {
+		delete(s.m, d)
+		t.size.Add(-1)
+	}
+	s.mu.Unlock()
+}

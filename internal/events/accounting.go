@@ -1,0 +1,427 @@
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// Accounting event types: CloudEvents types, versioned. A change that breaks
+// consumers gets a new version and both are accepted until publishers move.
+const (
+	TypeStarted  = "dev.tally.request.started.v2"
+	TypeFinished = "dev.tally.request.finished.v2"
+	TypeReleased = "dev.tally.credit.released.v1"
+)
+
+// Kind is an accounting event's type.
+type Kind uint8
+
+const (
+	// Started: a request started; charge its units.
+	Started Kind = iota + 1
+	// Finished: a request finished with Status; a 304 refunds its charge.
+	Finished
+	// Released: an edge gives back units it reserved and did not use.
+	Released
+)
+
+var typeOfKind = [...]string{Started: TypeStarted, Finished: TypeFinished, Released: TypeReleased}
+
+func kindOf(typ string) Kind {
+	for k, t := range typeOfKind {
+		if t == typ && t != "" {
+			return Kind(k)
+		}
+	}
+	return 0
+}
+
+// String is the CloudEvents type.
+func (k Kind) String() string {
+	if int(k) < len(typeOfKind) && typeOfKind[k] != "" {
+		return typeOfKind[k]
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// ErrInvalidEvent is wrapped by every decoding and validation error. An
+// event that fails to decode will never decode: the accountant dead-letters
+// its message.
+var ErrInvalidEvent = errors.New("events: invalid event")
+
+// Header names. nats.Header is case-sensitive: these exact spellings are the
+// contract.
+const (
+	HeaderMsgID       = "Nats-Msg-Id"
+	HeaderContentType = "Content-Type"
+	// ContentTypeBatch is CloudEvents' JSON batch format: a JSON array of
+	// structured events.
+	ContentTypeBatch = "application/cloudevents-batch+json"
+)
+
+// Limits on fields, checked on encode and decode.
+const (
+	MaxRequestIDLen = 128
+	MaxSourceLen    = 256
+	// MaxBatch is the most events one message carries.
+	MaxBatch = 1024
+)
+
+// Accounting is one accounting event: a producer's numbered change to one
+// window, as docs/events.md describes it for services that publish their own.
+type Accounting struct {
+	Kind Kind
+	// Producer and Seq identify the event: each producer (an edge-checker
+	// process, or a service) numbers its events per shard 1, 2, 3, ... and
+	// publishes them in that order. The accountant applies each number once.
+	Producer string
+	Seq      uint64
+	// Source is the CloudEvents source: who published.
+	Source string
+	// Time is when the event was created; accounting lag counts from it.
+	Time time.Time
+	// TraceParent is the request's W3C trace context, when traced.
+	TraceParent string
+	// Key is the window key's digest (32 hex): never the identity.
+	Key string
+	// Policy, Limit and WindowSeconds are the policy's terms.
+	Policy        string
+	Limit         int64
+	WindowSeconds int64
+	// Units is what the event charges, refunds or releases.
+	Units int64
+	// ResetAt is the window as the response showed it; zero places the
+	// event by StartedAt.
+	ResetAt   time.Time
+	StartedAt time.Time
+	// RequestID names the request (optional).
+	RequestID string
+	// Status is a finished request's response status; only 304 refunds.
+	Status int
+	// ChargeProducer and ChargeSeq name the started event a Finished event
+	// refunds. Empty: the request was charged by an edge's reservation
+	// (ResetAt is then required).
+	ChargeProducer string
+	ChargeSeq      uint64
+}
+
+// Validate reports the first problem with e, wrapping ErrInvalidEvent.
+func (e *Accounting) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidEvent, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case e.Kind < Started || e.Kind > Released:
+		return bad("unknown type")
+	case !limiter.ValidProducer(e.Producer):
+		return bad("tallyproducer %q: want 1 to %d of [A-Za-z0-9_.-]", clip(e.Producer), limiter.MaxProducerLen)
+	case e.Seq < 1 || e.Seq > limiter.MaxSeq:
+		return bad("tallyseq %d: want 1 to %d", e.Seq, uint64(limiter.MaxSeq))
+	case e.Source == "" || len(e.Source) > MaxSourceLen:
+		return bad("source: want 1 to %d bytes", MaxSourceLen)
+	case e.Time.IsZero():
+		return bad("time missing")
+	case e.TraceParent != "" && !ValidTraceParent(e.TraceParent):
+		return bad("traceparent %q: want W3C version 00", clip(e.TraceParent))
+	case !validDigest(e.Key):
+		return bad("key %q: want 32 lower-case hex digits", clip(e.Key))
+	case !limiter.ValidPolicyName(e.Policy):
+		return bad("policy %q", clip(e.Policy))
+	case e.Limit < 1 || e.Limit > limiter.MaxLimit:
+		return bad("limit %d", e.Limit)
+	case e.WindowSeconds < 1 || e.WindowSeconds > int64(limiter.MaxWindow/time.Second):
+		return bad("window_s %d", e.WindowSeconds)
+	case e.Units < 1 || e.Units > e.Limit:
+		return bad("units %d: want 1 to the limit", e.Units)
+	case e.StartedAt.IsZero() || e.StartedAt.Unix() < 0:
+		return bad("started_at missing")
+	case !e.ResetAt.IsZero() && (e.ResetAt.UnixMilli() <= 0 || e.ResetAt.UnixMilli()%1000 != 0):
+		return bad("reset_at: want a whole second")
+	case e.RequestID != "" && !validRequestID(e.RequestID):
+		return bad("request_id %q: want 1 to %d of [A-Za-z0-9._:-]", clip(e.RequestID), MaxRequestIDLen)
+	case e.Kind == Finished && (e.Status < 100 || e.Status > 599):
+		return bad("status %d: want 100 to 599", e.Status)
+	case e.Kind != Finished && e.Status != 0:
+		return bad("status on a %s event", e.Kind)
+	case e.Kind != Finished && (e.ChargeProducer != "" || e.ChargeSeq != 0):
+		return bad("charge on a %s event", e.Kind)
+	case e.ChargeProducer != "" && (!limiter.ValidProducer(e.ChargeProducer) || e.ChargeSeq < 1 || e.ChargeSeq > limiter.MaxSeq):
+		return bad("charge: want a producer and a seq")
+	case e.ChargeProducer == "" && e.ChargeSeq != 0:
+		return bad("charge: want a producer and a seq")
+	case e.Kind == Released && e.ResetAt.IsZero():
+		return bad("reset_at is required on %s", TypeReleased)
+	case e.Kind == Finished && e.Status == 304 && e.ChargeProducer == "" && e.ResetAt.IsZero():
+		return bad("a 304 without a charge needs reset_at")
+	}
+	return nil
+}
+
+// ID is the event's CloudEvents id: "<producer>.<shard>.<seq>".
+func (e *Accounting) ID(shard string) string {
+	return e.Producer + "." + shard + "." + strconv.FormatUint(e.Seq, 10)
+}
+
+// AccountingSubject is where a shard's accounting events are published.
+func AccountingSubject(prefix, shard string) string { return prefix + "." + shard }
+
+// AppendAccounting appends one event of shard as a structured CloudEvent
+// (JSON) to b. It does not validate e.
+func AppendAccounting(b []byte, shard string, e *Accounting) []byte {
+	b = append(b, '{')
+	b = appendStringField(b, "specversion", "1.0")
+	b = appendField(b, "id")
+	b = append(b, '"')
+	b = append(b, e.Producer...)
+	b = append(b, '.')
+	b = append(b, shard...)
+	b = append(b, '.')
+	b = strconv.AppendUint(b, e.Seq, 10)
+	b = append(b, '"')
+	b = appendStringField(b, "source", e.Source)
+	b = appendStringField(b, "type", e.Kind.String())
+	b = appendTimeField(b, "time", e.Time)
+	b = appendStringField(b, "subject", e.Key)
+	b = appendStringField(b, "datacontenttype", "application/json")
+	b = appendStringField(b, "tallyproducer", e.Producer)
+	b = appendUintField(b, "tallyseq", e.Seq)
+	b = appendStringField(b, "tallyshard", shard)
+	if e.TraceParent != "" {
+		b = appendStringField(b, "traceparent", e.TraceParent)
+	}
+	b = append(appendField(b, "data"), '{')
+	b = appendStringField(b, "key", e.Key)
+	b = appendStringField(b, "policy", e.Policy)
+	b = appendIntField(b, "limit", e.Limit)
+	b = appendIntField(b, "window_s", e.WindowSeconds)
+	b = appendIntField(b, "units", e.Units)
+	b = appendTimeField(b, "started_at", e.StartedAt)
+	if !e.ResetAt.IsZero() {
+		b = appendTimeField(b, "reset_at", e.ResetAt)
+	}
+	if e.RequestID != "" {
+		b = appendStringField(b, "request_id", e.RequestID)
+	}
+	if e.Kind == Finished {
+		b = appendIntField(b, "status", int64(e.Status))
+	}
+	if e.ChargeProducer != "" {
+		b = append(appendField(b, "charge"), '{')
+		b = appendStringField(b, "producer", e.ChargeProducer)
+		b = appendUintField(b, "seq", e.ChargeSeq)
+		b = append(b, '}')
+	}
+	return append(b, '}', '}')
+}
+
+// AccountingMsg renders events of one producer for one shard as one NATS
+// message in CloudEvents' JSON batch format, on the shard's subject, with a
+// Nats-Msg-Id naming the producer and the first and last sequence (so that
+// JetStream drops a repeated publish). buf is reused for the body when it
+// is large enough. Every event is validated first; errors wrap
+// ErrInvalidEvent.
+func AccountingMsg(prefix, shard string, evs []Accounting, buf []byte) (*nats.Msg, error) {
+	if len(evs) == 0 || len(evs) > MaxBatch {
+		return nil, fmt.Errorf("%w: %d events in a batch: want 1 to %d", ErrInvalidEvent, len(evs), MaxBatch)
+	}
+	if !validShard(shard) {
+		return nil, fmt.Errorf("%w: shard %q", ErrInvalidEvent, clip(shard))
+	}
+	b := append(buf[:0], '[')
+	for i := range evs {
+		if err := evs[i].Validate(); err != nil {
+			return nil, err
+		}
+		if evs[i].Producer != evs[0].Producer {
+			return nil, fmt.Errorf("%w: one producer per batch", ErrInvalidEvent)
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = AppendAccounting(b, shard, &evs[i])
+	}
+	b = append(b, ']')
+	first, last := evs[0], evs[len(evs)-1]
+	m := nats.NewMsg(AccountingSubject(prefix, shard))
+	m.Header = nats.Header{
+		HeaderMsgID:       {first.ID(shard) + "-" + strconv.FormatUint(last.Seq, 10)},
+		HeaderContentType: {ContentTypeBatch},
+	}
+	m.Data = b
+	return m, nil
+}
+
+// Op is the window operation e asks for, with its key rebuilt in keys; ok
+// is false for a finish with nothing to refund (any status but 304).
+func (e *Accounting) Op(keys *limiter.KeySpace) (op limiter.Event, ok bool, err error) {
+	k, err := keys.KeyFromDigest(e.Key)
+	if err != nil {
+		return op, false, fmt.Errorf("%w: %v", ErrInvalidEvent, err)
+	}
+	op = limiter.Event{Producer: e.Producer, Seq: e.Seq, Key: k, ResetAt: e.ResetAt, Start: e.StartedAt,
+		Window: time.Duration(e.WindowSeconds) * time.Second, Units: e.Units}
+	switch {
+	case e.Kind == Started:
+		op.Kind = limiter.Charge
+	case e.Kind == Released:
+		op.Kind = limiter.Release
+	case e.Kind == Finished && e.Status == 304:
+		op.Kind, op.RefProducer, op.RefSeq = limiter.Refund, e.ChargeProducer, e.ChargeSeq
+	default:
+		return op, false, nil
+	}
+	return op, true, nil
+}
+
+// wireEvent is a structured CloudEvent as DecodeAccounting reads it.
+type wireEvent struct {
+	SpecVersion     string    `json:"specversion"`
+	ID              string    `json:"id"`
+	Source          string    `json:"source"`
+	Type            string    `json:"type"`
+	Time            time.Time `json:"time"`
+	Subject         string    `json:"subject"`
+	DataContentType string    `json:"datacontenttype"`
+	Producer        string    `json:"tallyproducer"`
+	Seq             uint64    `json:"tallyseq"`
+	Shard           string    `json:"tallyshard"`
+	TraceParent     string    `json:"traceparent"`
+	Data            struct {
+		Key       string    `json:"key"`
+		Policy    string    `json:"policy"`
+		Limit     int64     `json:"limit"`
+		Window    int64     `json:"window_s"`
+		Units     int64     `json:"units"`
+		StartedAt time.Time `json:"started_at"`
+		ResetAt   time.Time `json:"reset_at"`
+		RequestID string    `json:"request_id"`
+		Status    int       `json:"status"`
+		Charge    *struct {
+			Producer string `json:"producer"`
+			Seq      uint64 `json:"seq"`
+		} `json:"charge"`
+	} `json:"data"`
+}
+
+// DecodeAccounting reads a message published to shard's subject: a
+// CloudEvents JSON batch (or one structured event) of accounting events,
+// each validated, all of one producer in increasing sequence. Errors wrap
+// ErrInvalidEvent and name the first problem.
+func DecodeAccounting(shard string, body []byte) ([]Accounting, error) {
+	var wire []wireEvent
+	if i := firstNonSpace(body); i < len(body) && body[i] == '{' {
+		wire = make([]wireEvent, 1)
+		if err := json.Unmarshal(body, &wire[0]); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidEvent, err)
+		}
+	} else if err := json.Unmarshal(body, &wire); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidEvent, err)
+	}
+	if len(wire) == 0 || len(wire) > MaxBatch {
+		return nil, fmt.Errorf("%w: %d events in a batch: want 1 to %d", ErrInvalidEvent, len(wire), MaxBatch)
+	}
+	out := make([]Accounting, len(wire))
+	for i := range wire {
+		w := &wire[i]
+		e := &out[i]
+		*e = Accounting{Kind: kindOf(w.Type), Producer: w.Producer, Seq: w.Seq, Source: w.Source, Time: w.Time,
+			TraceParent: w.TraceParent, Key: w.Data.Key, Policy: w.Data.Policy, Limit: w.Data.Limit,
+			WindowSeconds: w.Data.Window, Units: w.Data.Units, ResetAt: w.Data.ResetAt, StartedAt: w.Data.StartedAt,
+			RequestID: w.Data.RequestID, Status: w.Data.Status}
+		if c := w.Data.Charge; c != nil {
+			e.ChargeProducer, e.ChargeSeq = c.Producer, c.Seq
+		}
+		where := func(err error) error { return fmt.Errorf("event %d: %w", i+1, err) }
+		switch {
+		case w.SpecVersion != "1.0":
+			return nil, where(fmt.Errorf("%w: specversion %q: want 1.0", ErrInvalidEvent, clip(w.SpecVersion)))
+		case e.Kind == 0:
+			return nil, where(fmt.Errorf("%w: type %q", ErrInvalidEvent, clip(w.Type)))
+		case w.ID == "" || len(w.ID) > MaxSourceLen:
+			return nil, where(fmt.Errorf("%w: id: want 1 to %d bytes", ErrInvalidEvent, MaxSourceLen))
+		case w.DataContentType != "" && w.DataContentType != "application/json":
+			return nil, where(fmt.Errorf("%w: datacontenttype %q: want application/json", ErrInvalidEvent, clip(w.DataContentType)))
+		case w.Shard != shard:
+			return nil, where(fmt.Errorf("%w: tallyshard %q on shard %s's subject", ErrInvalidEvent, clip(w.Shard), shard))
+		case w.Subject != "" && w.Subject != w.Data.Key:
+			return nil, where(fmt.Errorf("%w: subject and data.key differ", ErrInvalidEvent))
+		case i > 0 && (e.Producer != out[0].Producer || e.Seq <= out[i-1].Seq):
+			return nil, where(fmt.Errorf("%w: a batch holds one producer's events in increasing tallyseq", ErrInvalidEvent))
+		}
+		if err := e.Validate(); err != nil {
+			return nil, where(err)
+		}
+	}
+	return out, nil
+}
+
+func firstNonSpace(b []byte) int {
+	for i, c := range b {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			return i
+		}
+	}
+	return len(b)
+}
+
+// ValidTraceParent reports whether s is a W3C traceparent of version 00:
+// "00-" 32 hex "-" 16 hex "-" 2 hex, lower case, ids not all zero.
+func ValidTraceParent(s string) bool {
+	if len(s) != 55 || s[0] != '0' || s[1] != '0' || s[2] != '-' || s[35] != '-' || s[52] != '-' {
+		return false
+	}
+	return isLowerHex(s[3:35]) && isLowerHex(s[36:52]) && isLowerHex(s[53:55]) &&
+		s[3:35] != "00000000000000000000000000000000" && s[36:52] != "0000000000000000"
+}
+
+func isLowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func validDigest(s string) bool { return len(s) == 32 && isLowerHex(s) }
+
+// validShard reports whether s can name a shard in a subject: 1 to 32 of
+// [a-z0-9_-] (shard.Validate's rule).
+func validShard(s string) bool {
+	if len(s) < 1 || len(s) > 32 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func validRequestID(s string) bool {
+	if len(s) < 1 || len(s) > MaxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '.' && c != '_' && c != ':' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}

@@ -1,0 +1,88 @@
+package events
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// TypeDecision is the CloudEvents type of a decision record.
+const TypeDecision = "dev.tally.decision.v1"
+
+// Decision is one rate-limit decision as analytics consumers read it from
+// the decisions stream.
+type Decision struct {
+	// Time is when the request was decided.
+	Time time.Time
+	// Source is the deciding edge's CloudEvents source; Edge its producer
+	// id; Seq numbers its decisions (with Edge, the event id).
+	Source, Edge string
+	Seq          uint64
+	Shard        string
+	RequestID    string
+	TraceParent  string
+	// Key is the window key's digest; Policy, Limit, WindowSeconds and Cost
+	// the terms applied.
+	Key           string
+	Policy        string
+	Limit         int64
+	WindowSeconds int64
+	Cost          int64
+	Allowed       bool
+	// Path says how the edge decided: "credit" (from units it had
+	// reserved), "reserve" (a reservation on the primary), "cache" (a
+	// window known to be full), "borrow" (mode async, over its credit),
+	// "fail-open" or "fail-closed" (Redis could not be reached).
+	Path string
+	// Used and ResetAt are what the response said.
+	Used    int64
+	ResetAt time.Time
+}
+
+// AppendDecision appends d as a structured CloudEvent (JSON) to b.
+func AppendDecision(b []byte, d *Decision) []byte {
+	b = append(b, '{')
+	b = appendStringField(b, "specversion", "1.0")
+	b = appendField(b, "id")
+	b = append(b, '"')
+	b = append(b, d.Edge...)
+	b = append(b, ".d."...)
+	b = strconv.AppendUint(b, d.Seq, 10)
+	b = append(b, '"')
+	b = appendStringField(b, "source", d.Source)
+	b = appendStringField(b, "type", TypeDecision)
+	b = appendTimeField(b, "time", d.Time)
+	b = appendStringField(b, "subject", d.Key)
+	b = appendStringField(b, "datacontenttype", "application/json")
+	if d.TraceParent != "" {
+		b = appendStringField(b, "traceparent", d.TraceParent)
+	}
+	b = append(appendField(b, "data"), '{')
+	b = appendStringField(b, "key", d.Key)
+	b = appendStringField(b, "policy", d.Policy)
+	b = appendIntField(b, "limit", d.Limit)
+	b = appendIntField(b, "window_s", d.WindowSeconds)
+	b = appendIntField(b, "cost", d.Cost)
+	b = append(appendField(b, "allowed"), strconv.FormatBool(d.Allowed)...)
+	b = appendStringField(b, "path", d.Path)
+	b = appendIntField(b, "used", d.Used)
+	if !d.ResetAt.IsZero() {
+		b = appendTimeField(b, "reset_at", d.ResetAt)
+	}
+	if d.RequestID != "" {
+		b = appendStringField(b, "request_id", d.RequestID)
+	}
+	b = appendStringField(b, "edge", d.Edge)
+	b = appendStringField(b, "shard", d.Shard)
+	return append(b, '}', '}')
+}
+
+// DecisionsMsg wraps a JSON batch body (a JSON array of AppendDecision
+// records) as a message on subject.
+func DecisionsMsg(subject string, body []byte) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header = nats.Header{HeaderContentType: {ContentTypeBatch}}
+	m.Data = body
+	return m
+}

@@ -1,0 +1,219 @@
+package events_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/events"
+)
+
+var (
+	at    = time.Date(2026, 11, 21, 10, 0, 0, 123_000_000, time.UTC)
+	reset = time.Date(2026, 11, 21, 10, 1, 1, 0, time.UTC)
+	key   = strings.Repeat("ab", 16)
+	tp    = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+)
+
+func sample(kind events.Kind, seq uint64) events.Accounting {
+	e := events.Accounting{Kind: kind, Producer: "edge-7f3a", Seq: seq, Source: "edge-checker/host-1", Time: at,
+		TraceParent: tp, Key: key, Policy: "core", Limit: 100, WindowSeconds: 60, Units: 2,
+		ResetAt: reset, StartedAt: at.Add(-time.Millisecond), RequestID: "edge-7f3a-42"}
+	switch kind {
+	case events.Finished:
+		e.Status, e.ChargeProducer, e.ChargeSeq = 304, "edge-7f3a", seq-1
+	case events.Released:
+		e.RequestID, e.TraceParent = "", ""
+	}
+	return e
+}
+
+func TestAccountingRoundTrip(t *testing.T) {
+	batch := []events.Accounting{sample(events.Started, 1), sample(events.Finished, 2), sample(events.Released, 3)}
+	batch[1].ChargeProducer, batch[1].ChargeSeq = "", 0 // refund of a reservation
+	m, err := events.AccountingMsg("tally.accounting", "s0", batch, nil)
+	require.NoError(t, err)
+	require.Equal(t, "tally.accounting.s0", m.Subject)
+	require.Equal(t, "edge-7f3a.s0.1-3", m.Header.Get(events.HeaderMsgID))
+	require.Equal(t, events.ContentTypeBatch, m.Header.Get(events.HeaderContentType))
+
+	got, err := events.DecodeAccounting("s0", m.Data)
+	require.NoError(t, err)
+	require.Len(t, got, 3)
+	for i := range batch {
+		require.True(t, batch[i].Time.Equal(got[i].Time))
+		require.True(t, batch[i].StartedAt.Equal(got[i].StartedAt))
+		require.True(t, batch[i].ResetAt.Equal(got[i].ResetAt))
+		got[i].Time, got[i].StartedAt, got[i].ResetAt = batch[i].Time, batch[i].StartedAt, batch[i].ResetAt
+		require.Equal(t, batch[i], got[i])
+	}
+
+	// Every element is a valid CloudEvent to the CloudEvents SDK, with the
+	// documented type, id, subject and extensions.
+	var ces []event.Event
+	require.NoError(t, json.Unmarshal(m.Data, &ces))
+	require.Len(t, ces, 3)
+	for i, ce := range ces {
+		require.NoError(t, ce.Validate())
+		require.Equal(t, batch[i].Kind.String(), ce.Type())
+		require.Equal(t, batch[i].ID("s0"), ce.ID())
+		require.Equal(t, key, ce.Subject())
+		require.Equal(t, "edge-7f3a", ce.Extensions()["tallyproducer"])
+		require.Equal(t, "s0", ce.Extensions()["tallyshard"])
+		require.Equal(t, "application/json", ce.DataContentType())
+	}
+	require.Equal(t, tp, ces[0].Extensions()["traceparent"])
+	require.JSONEq(t, `{"key":"`+key+`","policy":"core","limit":100,"window_s":60,"units":2,
+		"started_at":"2026-11-21T10:00:00.122Z","reset_at":"2026-11-21T10:01:01.000Z","request_id":"edge-7f3a-42"}`, string(ces[0].Data()))
+
+	// One structured event (not a batch) decodes too.
+	one := events.AppendAccounting(nil, "s0", &batch[0])
+	got, err = events.DecodeAccounting("s0", one)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+}
+
+func TestAccountingRejects(t *testing.T) {
+	for name, c := range map[string]struct {
+		mutate func(e *events.Accounting)
+		want   string
+	}{
+		"bad producer":            {func(e *events.Accounting) { e.Producer = "a b" }, "tallyproducer"},
+		"zero seq":                {func(e *events.Accounting) { e.Seq = 0 }, "tallyseq"},
+		"no source":               {func(e *events.Accounting) { e.Source = "" }, "source"},
+		"bad traceparent":         {func(e *events.Accounting) { e.TraceParent = "00-" + strings.Repeat("x", 52) }, "traceparent"},
+		"long traceparent":        {func(e *events.Accounting) { e.TraceParent = tp + strings.Repeat("0", 16<<10) }, "traceparent"},
+		"identity as key":         {func(e *events.Accounting) { e.Key = "alice" }, "key"},
+		"bad policy":              {func(e *events.Accounting) { e.Policy = "Core" }, "policy"},
+		"zero limit":              {func(e *events.Accounting) { e.Limit = 0 }, "limit"},
+		"huge window":             {func(e *events.Accounting) { e.WindowSeconds = 400 * 86400 }, "window_s"},
+		"units over limit":        {func(e *events.Accounting) { e.Units = 101 }, "units"},
+		"no start":                {func(e *events.Accounting) { e.StartedAt = time.Time{} }, "started_at"},
+		"fractional reset":        {func(e *events.Accounting) { e.ResetAt = reset.Add(time.Millisecond) }, "reset_at"},
+		"bad request id":          {func(e *events.Accounting) { e.RequestID = "a/b" }, "request_id"},
+		"status on a start":       {func(e *events.Accounting) { e.Status = 200 }, "status"},
+		"charge on a start":       {func(e *events.Accounting) { e.ChargeProducer, e.ChargeSeq = "p", 1 }, "charge"},
+		"release without a reset": {func(e *events.Accounting) { e.Kind, e.ResetAt = events.Released, time.Time{} }, "reset_at"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := sample(events.Started, 1)
+			c.mutate(&e)
+			_, err := events.AccountingMsg("tally.accounting", "s0", []events.Accounting{e}, nil)
+			require.ErrorIs(t, err, events.ErrInvalidEvent)
+			require.ErrorContains(t, err, c.want)
+			// The same problem in a message published by someone else is
+			// refused by the decoder.
+			body := string(events.AppendAccounting([]byte("["), "s0", &e)) + "]"
+			if e.Status != 0 { // the encoder writes status on finished events only
+				body = strings.Replace(body, `"units":`, `"status":200,"units":`, 1)
+			}
+			_, err = events.DecodeAccounting("s0", []byte(body))
+			require.ErrorIs(t, err, events.ErrInvalidEvent)
+		})
+	}
+	good := events.AppendAccounting(nil, "s0", ptr(sample(events.Started, 1)))
+	for name, body := range map[string]string{
+		"not json":         `{`,
+		"empty batch":      `[]`,
+		"not an object":    `[1]`,
+		"wrong shard":      string(events.AppendAccounting(nil, "s1", ptr(sample(events.Started, 1)))),
+		"unknown type":     strings.Replace(string(good), events.TypeStarted, "dev.tally.request.started.v1", 1),
+		"spec version":     strings.Replace(string(good), `"specversion":"1.0"`, `"specversion":"0.3"`, 1),
+		"content type":     strings.Replace(string(good), `"datacontenttype":"application/json"`, `"datacontenttype":"text/plain"`, 1),
+		"subject mismatch": strings.Replace(string(good), `"subject":"`+key, `"subject":"`+strings.Repeat("cd", 16), 1),
+		"out of order":     "[" + string(events.AppendAccounting(nil, "s0", ptr(sample(events.Started, 2)))) + "," + string(good) + "]",
+		"two producers": "[" + string(good) + "," + strings.ReplaceAll(string(events.AppendAccounting(nil, "s0",
+			ptr(sample(events.Started, 2)))), "edge-7f3a", "edge-other") + "]",
+	} {
+		_, err := events.DecodeAccounting("s0", []byte(body))
+		require.ErrorIs(t, err, events.ErrInvalidEvent, name)
+	}
+	_, err := events.AccountingMsg("tally.accounting", "S0", []events.Accounting{sample(events.Started, 1)}, nil)
+	require.ErrorIs(t, err, events.ErrInvalidEvent, "shard names are subject tokens")
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestTraceParent(t *testing.T) {
+	require.True(t, events.ValidTraceParent(tp))
+	for _, bad := range []string{"", tp[:54], tp + "0", "01" + tp[2:], strings.ToUpper(tp),
+		"00-00000000000000000000000000000000-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+		strings.Replace(tp, "-", "_", 1)} {
+		require.False(t, events.ValidTraceParent(bad), bad)
+	}
+}
+
+func TestNotices(t *testing.T) {
+	var b []byte
+	b = events.AppendNotice(b, events.Notice{Full: true, Key: key, ResetAt: reset, Used: 100})
+	b = events.AppendNotice(b, events.Notice{Key: key, ResetAt: reset, Used: 97})
+	got, err := events.DecodeNotices(b)
+	require.NoError(t, err)
+	require.Equal(t, []events.Notice{{Full: true, Key: key, ResetAt: reset, Used: 100}, {Key: key, ResetAt: reset, Used: 97}},
+		[]events.Notice{{Full: got[0].Full, Key: got[0].Key, ResetAt: got[0].ResetAt.UTC(), Used: got[0].Used},
+			{Full: got[1].Full, Key: got[1].Key, ResetAt: got[1].ResetAt.UTC(), Used: got[1].Used}})
+	for _, bad := range []string{"full", "full alice 1 1", "half " + key + " 1 1", "full " + key + " x 1", "room " + key + " 1 -1", "full " + key + " 0 1"} {
+		_, err := events.DecodeNotices([]byte(bad))
+		require.ErrorIs(t, err, events.ErrInvalidEvent, bad)
+	}
+}
+
+func TestDecisionRecord(t *testing.T) {
+	d := events.Decision{Time: at, Source: "edge-checker/h", Edge: "edge-7f3a", Seq: 9, Shard: "s0", RequestID: "r-1",
+		TraceParent: tp, Key: key, Policy: "core", Limit: 100, WindowSeconds: 60, Cost: 1, Allowed: false, Path: "cache",
+		Used: 100, ResetAt: reset}
+	body := append(events.AppendDecision([]byte("["), &d), ']')
+	var ces []event.Event
+	require.NoError(t, json.Unmarshal(body, &ces))
+	require.NoError(t, ces[0].Validate())
+	require.Equal(t, events.TypeDecision, ces[0].Type())
+	require.JSONEq(t, `{"key":"`+key+`","policy":"core","limit":100,"window_s":60,"cost":1,"allowed":false,"path":"cache",
+		"used":100,"reset_at":"2026-11-21T10:01:01.000Z","request_id":"r-1","edge":"edge-7f3a","shard":"s0"}`, string(ces[0].Data()))
+	// Strings from outside are escaped.
+	d.Source = "edge \"quoted\"\n\x01ü\xff"
+	body = events.AppendDecision(nil, &d)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(body, &m))
+	require.Equal(t, "edge \"quoted\"\n\x01ü\uFFFD", m["source"])
+}
+
+func TestStreamsConfig(t *testing.T) {
+	require.NoError(t, events.Streams{}.Validate())
+	for name, s := range map[string]events.Streams{
+		"storage":        {Storage: "tape"},
+		"replicas":       {Replicas: 7},
+		"stream name":    {Accounting: events.StreamConfig{Name: "a.b"}},
+		"subject prefix": {Decisions: events.StreamConfig{SubjectPrefix: "tally.>"}},
+		"same prefix":    {Decisions: events.StreamConfig{SubjectPrefix: "tally.accounting"}},
+		"notice prefix":  {NoticePrefix: "tally..x"},
+		"duplicates":     {Duplicates: 48 * time.Hour},
+		"negative age":   {DeadLetters: events.StreamConfig{MaxAge: -time.Second}},
+	} {
+		require.ErrorIs(t, s.Validate(), events.ErrInvalidConfig, name)
+	}
+}
+
+func FuzzDecodeAccounting(f *testing.F) {
+	good, _ := events.AccountingMsg("tally.accounting", "s0", []events.Accounting{sample(events.Started, 1), sample(events.Finished, 2)}, nil)
+	f.Add(good.Data)
+	f.Add([]byte(`[{"specversion":"1.0"}]`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		evs, err := events.DecodeAccounting("s0", body)
+		if err != nil {
+			return
+		}
+		// Whatever decodes re-encodes and decodes to the same events.
+		m, err := events.AccountingMsg("tally.accounting", "s0", evs, nil)
+		if err != nil {
+			t.Fatalf("decoded events do not encode: %v", err)
+		}
+		again, err := events.DecodeAccounting("s0", m.Data)
+		if err != nil || len(again) != len(evs) {
+			t.Fatalf("round trip: %v", err)
+		}
+	})
+}

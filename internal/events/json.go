@@ -1,0 +1,78 @@
+package events
+
+import (
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// Hand-written JSON: events are encoded on the request path, so the
+// encoders append to a caller's buffer without reflection.
+
+const hexDigits = "0123456789abcdef"
+
+// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20:
+				switch c {
+				case '\n':
+					b = append(b, '\\', 'n')
+				case '\r':
+					b = append(b, '\\', 'r')
+				case '\t':
+					b = append(b, '\\', 't')
+				default:
+					b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+				}
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}
+
+// appendField appends ,"name": (or "name": first in an object).
+func appendField(b []byte, name string) []byte {
+	if n := len(b); n > 0 && b[n-1] != '{' && b[n-1] != '[' {
+		b = append(b, ',')
+	}
+	b = append(b, '"')
+	b = append(b, name...)
+	return append(b, '"', ':')
+}
+
+func appendStringField(b []byte, name, v string) []byte {
+	return appendString(appendField(b, name), v)
+}
+
+func appendIntField(b []byte, name string, v int64) []byte {
+	return strconv.AppendInt(appendField(b, name), v, 10)
+}
+
+func appendUintField(b []byte, name string, v uint64) []byte {
+	return strconv.AppendUint(appendField(b, name), v, 10)
+}
+
+// appendTimeField appends a time in RFC 3339 with milliseconds, UTC.
+func appendTimeField(b []byte, name string, t time.Time) []byte {
+	b = append(appendField(b, name), '"')
+	b = t.UTC().AppendFormat(b, "2006-01-02T15:04:05.000Z07:00")
+	return append(b, '"')
+}

@@ -1,0 +1,243 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrInvalidConfig is wrapped by stream configuration errors.
+var ErrInvalidConfig = errors.New("events: invalid config")
+
+// StreamConfig names and bounds one stream. Zero values take the stream's
+// defaults (Streams.WithDefaults).
+type StreamConfig struct {
+	Name          string        `yaml:"name"`
+	SubjectPrefix string        `yaml:"subject_prefix"`
+	MaxAge        time.Duration `yaml:"max_age"`
+	// MaxBytes bounds the stream's size; -1 is unlimited.
+	MaxBytes int64 `yaml:"max_bytes"`
+}
+
+// Streams are Tally's streams, each for one purpose, so that none takes
+// another's capacity (docs/events.md):
+//
+//   - Accounting: the events still to apply (charges edges could not make
+//     themselves, 304 refunds, released reservations). Accountants delete
+//     what they applied, so it holds what is in flight, not history. When it
+//     is full, publishes fail and edges apply their events themselves.
+//   - Decisions: every decision, for analytics; replayable, oldest dropped
+//     first when full.
+//   - DeadLetters: accounting messages that can never be applied, with the
+//     reason.
+//
+// Notices (full windows, room again) use core NATS subjects under
+// NoticePrefix: they need no storage.
+type Streams struct {
+	// Storage is "file" (default) or "memory".
+	Storage string `yaml:"storage"`
+	// Replicas is the JetStream replication factor: 1 (default) on one
+	// server, 3 on a cluster.
+	Replicas int `yaml:"replicas"`
+	// Duplicates is the window in which JetStream drops a repeated
+	// accounting publish (by Nats-Msg-Id). Default 2m; later repeats are
+	// caught by the accountant.
+	Duplicates   time.Duration `yaml:"duplicates"`
+	Accounting   StreamConfig  `yaml:"accounting"`
+	Decisions    StreamConfig  `yaml:"decisions"`
+	DeadLetters  StreamConfig  `yaml:"dead_letters"`
+	NoticePrefix string        `yaml:"notice_prefix"`
+}
+
+// WithDefaults returns s with zero values replaced by defaults.
+func (s Streams) WithDefaults() Streams {
+	def := func(c *StreamConfig, name, prefix string, age time.Duration, size int64) {
+		if c.Name == "" {
+			c.Name = name
+		}
+		if c.SubjectPrefix == "" {
+			c.SubjectPrefix = prefix
+		}
+		if c.MaxAge == 0 {
+			c.MaxAge = age
+		}
+		if c.MaxBytes == 0 {
+			c.MaxBytes = size
+		}
+	}
+	if s.Storage == "" {
+		s.Storage = "file"
+	}
+	if s.Replicas == 0 {
+		s.Replicas = 1
+	}
+	if s.Duplicates == 0 {
+		s.Duplicates = 2 * time.Minute
+	}
+	def(&s.Accounting, "TALLY_ACCOUNTING", "tally.accounting", 24*time.Hour, 256<<20)
+	def(&s.Decisions, "TALLY_DECISIONS", "tally.decisions", 24*time.Hour, 1<<30)
+	def(&s.DeadLetters, "TALLY_DLQ", "tally.dlq", 14*24*time.Hour, 256<<20)
+	if s.NoticePrefix == "" {
+		s.NoticePrefix = "tally.notices"
+	}
+	return s
+}
+
+// Validate reports the first problem with s (after defaults), wrapping
+// ErrInvalidConfig.
+func (s Streams) Validate() error {
+	_, err := s.WithDefaults().jetstream()
+	return err
+}
+
+// DecisionsSubject is where edges publish their decisions.
+func (s Streams) DecisionsSubject() string { return s.WithDefaults().Decisions.SubjectPrefix + ".edge" }
+
+func (s Streams) jetstream() ([]jetstream.StreamConfig, error) {
+	storage := jetstream.FileStorage
+	switch s.Storage {
+	case "file":
+	case "memory":
+		storage = jetstream.MemoryStorage
+	default:
+		return nil, fmt.Errorf("%w: storage %q: want file or memory", ErrInvalidConfig, s.Storage)
+	}
+	if s.Replicas < 1 || s.Replicas > 5 {
+		return nil, fmt.Errorf("%w: replicas %d: want 1 to 5", ErrInvalidConfig, s.Replicas)
+	}
+	names := map[string]bool{}
+	for _, c := range []StreamConfig{s.Accounting, s.Decisions, s.DeadLetters} {
+		switch {
+		case !validStreamName(c.Name):
+			return nil, fmt.Errorf("%w: stream name %q: want 1 to 64 of [A-Za-z0-9_-]", ErrInvalidConfig, clip(c.Name))
+		case names[c.Name] || names[c.SubjectPrefix]:
+			return nil, fmt.Errorf("%w: stream %s: names and subject prefixes must differ", ErrInvalidConfig, c.Name)
+		case !validPrefix(c.SubjectPrefix):
+			return nil, fmt.Errorf("%w: subject prefix %q: want tokens of [a-z0-9_-] separated by dots", ErrInvalidConfig, clip(c.SubjectPrefix))
+		case c.MaxAge < 0 || c.MaxBytes < -1:
+			return nil, fmt.Errorf("%w: stream %s: max_age and max_bytes must not be negative", ErrInvalidConfig, c.Name)
+		}
+		names[c.Name], names[c.SubjectPrefix] = true, true
+	}
+	if !validPrefix(s.NoticePrefix) || names[s.NoticePrefix] {
+		return nil, fmt.Errorf("%w: notice prefix %q", ErrInvalidConfig, clip(s.NoticePrefix))
+	}
+	if s.Duplicates <= 0 || (s.Accounting.MaxAge > 0 && s.Duplicates > s.Accounting.MaxAge) {
+		return nil, fmt.Errorf("%w: duplicates %v must be positive and within the accounting max_age", ErrInvalidConfig, s.Duplicates)
+	}
+	stream := func(c StreamConfig, desc string, discard jetstream.DiscardPolicy, dup time.Duration) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name: c.Name, Description: desc, Subjects: []string{c.SubjectPrefix + ".>"},
+			Retention: jetstream.LimitsPolicy, Storage: storage, MaxAge: c.MaxAge, MaxBytes: c.MaxBytes,
+			Discard: discard, Replicas: s.Replicas, Duplicates: dup,
+		}
+	}
+	return []jetstream.StreamConfig{
+		stream(s.Accounting, "Tally accounting events still to apply, a subject per shard; accountants delete what they applied",
+			jetstream.DiscardNew, s.Duplicates),
+		stream(s.Decisions, "Tally rate-limit decisions (CloudEvents JSON batches), for analytics", jetstream.DiscardOld, 2*time.Minute),
+		stream(s.DeadLetters, "Tally accounting messages that could not be applied, with the reason; inspect and replay",
+			jetstream.DiscardOld, 2*time.Minute),
+	}, nil
+}
+
+func validStreamName(s string) bool {
+	if len(s) < 1 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func validPrefix(s string) bool {
+	if len(s) < 1 || len(s) > 128 {
+		return false
+	}
+	tok := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '.':
+			if tok == 0 {
+				return false
+			}
+			tok = 0
+		case (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-':
+			tok++
+		default:
+			return false
+		}
+	}
+	return tok > 0
+}
+
+// EnsureStreams creates Tally's streams, or updates them when their settings
+// differ from s. It is idempotent and writes nothing when the streams
+// already match, so every process can call it at start.
+func EnsureStreams(ctx context.Context, js jetstream.StreamManager, s Streams) error {
+	all, err := s.WithDefaults().jetstream()
+	if err != nil {
+		return err
+	}
+	for _, sc := range all {
+		if err := ensureStream(ctx, js, sc); err != nil {
+			return fmt.Errorf("events: stream %s: %w", sc.Name, err)
+		}
+	}
+	return nil
+}
+
+func ensureStream(ctx context.Context, js jetstream.StreamManager, want jetstream.StreamConfig) error {
+	st, err := js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// Another process may create it first; an identical create succeeds.
+		_, err = js.CreateOrUpdateStream(ctx, want)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if have := st.CachedInfo().Config; sameStream(have, want) {
+		return nil
+	}
+	_, err = js.UpdateStream(ctx, want)
+	return err
+}
+
+// sameStream compares the settings Tally sets; the server fills in others.
+func sameStream(have, want jetstream.StreamConfig) bool {
+	return slices.Equal(have.Subjects, want.Subjects) && have.Description == want.Description &&
+		have.Retention == want.Retention && have.Storage == want.Storage &&
+		have.Duplicates == want.Duplicates && have.MaxAge == want.MaxAge &&
+		have.MaxBytes == want.MaxBytes && have.Discard == want.Discard && have.Replicas == want.Replicas
+}
+
+// EnsureStreamsRetry calls EnsureStreams until it succeeds or ctx ends,
+// waiting every between attempts and reporting each failure to onErr
+// (which may be nil). A process can start before NATS does.
+func EnsureStreamsRetry(ctx context.Context, js jetstream.StreamManager, s Streams, every time.Duration, onErr func(error)) error {
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := EnsureStreams(attempt, js, s)
+		cancel()
+		if err == nil || errors.Is(err, ErrInvalidConfig) {
+			return err
+		}
+		if onErr != nil {
+			onErr(err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(every):
+		}
+	}
+}

@@ -1,0 +1,83 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// TakeArgs say what Take reserves.
+type TakeArgs struct {
+	// Window and Limit are the policy's terms.
+	Window time.Duration
+	Limit  int64
+	// Need is the least worth reserving (the request's cost, less the credit
+	// the caller already holds): nothing is reserved unless at least Need is
+	// left. Want (Need to Limit) is the most to reserve. Need and Want both
+	// 0 only read the window: nothing is opened or written.
+	Need, Want int64
+	// Producer is the caller's producer id (ValidProducer); Grant.Applied is
+	// the highest of its event sequences the shard's primary has applied.
+	Producer string
+}
+
+// Grant is what Take reserved, and the window after it.
+type Grant struct {
+	// Granted is the units reserved: 0, or from Need to Want.
+	Granted int64
+	// Live is false only for a read (Need 0) that found no live window; the
+	// fields below are then zero.
+	Live bool
+	// Used is the window's count after the call, every edge's reservations
+	// included.
+	Used           int64
+	ResetAt, Start time.Time
+	// Opened reports that this call opened the window.
+	Opened bool
+	// Applied is the producer's applied sequence on this shard.
+	Applied uint64
+}
+
+// Take reserves units of k's window on its shard's primary at time now (the
+// caller's clock, read once for the decision), opening a window at now when
+// none is live (reset at now + Window, rounded up to a whole second). The
+// reservation is all or nothing above Need and never takes the window past
+// Limit. It is one atomic script call (lua/take.lua).
+//
+// Take is not retried on a connection error: a retried reservation could
+// be granted twice. After an error the reservation may or may not have
+// been made; a reservation the caller never learns of only leaves the
+// window with less room until it resets (it never admits more).
+func (s *Store) Take(ctx context.Context, k Key, now time.Time, a TakeArgs) (Grant, error) {
+	if err := a.validate(k); err != nil {
+		return Grant{}, err
+	}
+	n := s.shards[s.ShardOf(k)]
+	v, err := takeScript.Run(ctx, n.primary, []string{k.String(), s.producerKey(a.Producer)},
+		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds()).Int64Slice()
+	if err != nil {
+		return Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
+	}
+	if len(v) != 6 {
+		return Grant{}, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v)
+	}
+	g := Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5])}
+	if v[2] != 0 {
+		g.Live, g.ResetAt, g.Start = true, fromMS(v[2]), fromMS(v[3])
+	}
+	return g, nil
+}
+
+func (a TakeArgs) validate(k Key) error {
+	switch {
+	case k.IsZero():
+		return fmt.Errorf("%w: take: no key", ErrInvalidArgument)
+	case a.Limit < 1 || a.Limit > MaxLimit:
+		return fmt.Errorf("%w: take: limit %d", ErrInvalidArgument, a.Limit)
+	case a.Need < 0 || a.Need > a.Limit || a.Want < a.Need || a.Want > a.Limit || (a.Need == 0) != (a.Want == 0):
+		return fmt.Errorf("%w: take: need %d, want %d: want 1 <= need <= want <= limit, or both 0", ErrInvalidArgument, a.Need, a.Want)
+	case !ValidProducer(a.Producer):
+		return fmt.Errorf("%w: take: producer %q", ErrInvalidArgument, truncate(a.Producer, 70))
+	}
+	return validWindow(a.Window)
+}

@@ -1,0 +1,212 @@
+-- apply.lua: apply a run of accounting events to windows, each at most once.
+-- Events come from producers (edge-checkers, or services that publish their
+-- own), each numbering its events per shard 1, 2, 3, ... and publishing them
+-- in that order. A producer hash remembers the highest sequence applied, so
+-- a redelivered, republished or retried event changes nothing, and the
+-- memory this takes does not grow with traffic.
+-- Runs on: the shard primary. lua.go prepends window.lua.
+--
+-- KEYS[1..P]  -> producer hashes (keys.go):
+--                  s        the highest sequence of the producer applied here
+--                  c        how many n:<seq> markers there are
+--                  n:<seq>  a refund that arrived before its charge <seq>:
+--                           the charge, when it comes, nets to zero
+--                They expire ARGV[5] ms after their last write.
+-- KEYS[P+1..] -> window hashes (keys.go), each named once
+-- ARGV[1] -> now, ms since the Unix epoch
+-- ARGV[2] -> P, the number of producer hashes (1 .. 1000)
+-- ARGV[3] -> grace, ms (1000 .. 1e12): see window.lua
+-- ARGV[4] -> skew tolerance, ms (0 .. 1e12): an event placed by its start may
+--            have started up to this much before its window
+-- ARGV[5] -> producer hash lifetime, ms (1000 .. 1e12): longer than an event
+--            can wait in the stream
+-- ARGV[6..] -> events, 10 arguments each, in stream order:
+--   1 producer    index into KEYS (1 .. P)
+--   2 seq         the producer's sequence number (1 .. 999999999999999)
+--   3 kind        "c" charge units; "r" refund units of an earlier charge;
+--                 "x" release units an edge reserved and did not use
+--   4 window      index into KEYS (P+1 .. #KEYS)
+--   5 reset_at    ms, a whole second: the window the event belongs to, as the
+--                 edge's response showed it; 0: place the event by its start
+--   6 start       ms: when the request started (used when reset_at is 0)
+--   7 length      window length, ms (1000 .. 1e12)
+--   8 units       1 .. 1e9
+--   9 ref         refunds only: index into KEYS of the charge's producer, or
+--                 0 when the charge was a reservation (known to be applied)
+--  10 ref seq     refunds with a ref: the charge's sequence; otherwise 0
+--
+-- Rules:
+--   charge   by reset_at: added to that window while it is live; opens it
+--            when no window is live (a primary that lost its data); late
+--            when another window has replaced it or it has ended.
+--            by start: see place in window.lua. A charge whose refund came
+--            first nets to zero.
+--   refund   given back to the charge's window while it is live, never below
+--            zero; when its charge has not been applied yet, it is kept as a
+--            marker and the charge nets to zero.
+--   release  like a refund of a reservation.
+--
+-- Returns: a flat list, 4 values per event: outcome, used, reset_at, amount
+--   outcome 1 applied    used: the window's units after it, amount: added or
+--                        given back
+--           2 duplicate  the producer's event was applied before
+--           3 late       its window has ended or been replaced
+--           4 netted     a charge whose refund came first
+--           5 pending    a refund whose charge has not come yet
+--   used, reset_at and amount are 0 unless the outcome is applied.
+-- Errors: "ERR tally: invalid <argument>"; nothing is written then.
+local now = arg_int(1, 0, MAX_MS)
+if now == nil then return redis.error_reply("ERR tally: invalid now") end
+local np = arg_int(2, 1, 1000)
+if np == nil or np > #KEYS then return redis.error_reply("ERR tally: invalid producer count") end
+local grace = arg_int(3, 1000, 1000000000000)
+if grace == nil then return redis.error_reply("ERR tally: invalid grace") end
+local tol = arg_int(4, 0, 1000000000000)
+if tol == nil then return redis.error_reply("ERR tally: invalid skew tolerance") end
+local ttl = arg_int(5, 1000, 1000000000000)
+if ttl == nil then return redis.error_reply("ERR tally: invalid producer lifetime") end
+local FIELDS = 10
+local nev = (#ARGV - 5) / FIELDS
+if nev ~= math.floor(nev) then return redis.error_reply("ERR tally: invalid event count") end
+
+-- Validate every event before the first write.
+local evs = {}
+for i = 1, nev do
+  local b = 5 + (i - 1) * FIELDS
+  local e = {
+    prod = arg_int(b + 1, 1, np), seq = arg_int(b + 2, 1, 999999999999999), kind = ARGV[b + 3],
+    win = arg_int(b + 4, np + 1, #KEYS), reset = arg_int(b + 5, 0, MAX_MS), start = arg_int(b + 6, 0, MAX_MS),
+    len = arg_int(b + 7, 1000, 1000000000000), units = arg_int(b + 8, 1, MAX_UNITS),
+    ref = arg_int(b + 9, 0, np), refseq = arg_int(b + 10, 0, 999999999999999),
+  }
+  local bad = nil
+  if e.prod == nil then bad = "producer"
+  elseif e.seq == nil then bad = "seq"
+  elseif e.kind ~= "c" and e.kind ~= "r" and e.kind ~= "x" then bad = "kind"
+  elseif e.win == nil then bad = "window"
+  elseif e.reset == nil or e.reset % 1000 ~= 0 then bad = "reset_at"
+  elseif e.start == nil then bad = "start"
+  elseif e.len == nil then bad = "window length"
+  elseif e.units == nil then bad = "units"
+  elseif e.ref == nil or e.refseq == nil then bad = "ref"
+  elseif e.kind ~= "r" and (e.ref ~= 0 or e.refseq ~= 0) then bad = "ref"
+  elseif e.kind == "r" and (e.ref == 0) ~= (e.refseq == 0) then bad = "ref"
+  elseif e.kind ~= "c" and e.ref == 0 and e.reset == 0 then bad = "reset_at"
+  end
+  if bad ~= nil then
+    return redis.error_reply("ERR tally: invalid " .. bad .. " of event " .. i)
+  end
+  evs[i] = e
+end
+
+local prods = {}
+local function producer(i)
+  local p = prods[i]
+  if p == nil then
+    local f = redis.call("HMGET", KEYS[i], "s", "c")
+    p = { s = tonumber(f[1]) or 0, c = tonumber(f[2]) or 0 }
+    prods[i] = p
+  end
+  return p
+end
+
+local wins = {}
+local touched = {}
+local function window(i)
+  local w = wins[i]
+  if w == nil then
+    w = load(KEYS[i]) or false
+    wins[i] = w
+  end
+  return w or nil
+end
+
+-- live reports whether the stored window w is the event's window and live.
+local function live(w, e)
+  if e.reset > 0 then
+    return w ~= nil and w.r == e.reset and w.r > now
+  end
+  return place(w, e.start, now, e.len, tol, grace) == "live"
+end
+
+local function charge(e, p)
+  if p.c > 0 then
+    local mark = "n:" .. num(e.seq)
+    if redis.call("HDEL", KEYS[e.prod], mark) == 1 then
+      p.c = p.c - 1
+      return 4, 0, 0, 0
+    end
+  end
+  local w = window(e.win)
+  if not live(w, e) then
+    if e.reset > 0 then
+      -- The window the response showed is not stored (the primary lost it,
+      -- or it was collected): open it, unless it is over or replaced.
+      if e.reset <= now or e.reset - e.len > now + tol or (w ~= nil and w.r > now) then
+        return 3, 0, 0, 0
+      end
+      local prev = now - grace
+      if w ~= nil then prev = w.r end
+      w = ending(e.reset, e.len, prev)
+    else
+      local state, prev, t = place(w, e.start, now, e.len, tol, grace)
+      if state ~= "new" then
+        return 3, 0, 0, 0
+      end
+      w = fresh(t, e.len, prev)
+    end
+    wins[e.win] = w
+  end
+  w.u = w.u + e.units
+  touched[e.win] = true
+  return 1, w.u, w.r, e.units
+end
+
+local function giveback(e)
+  if e.ref > 0 then
+    local rp = producer(e.ref)
+    if e.refseq > rp.s then
+      redis.call("HSET", KEYS[e.ref], "n:" .. num(e.refseq), num(e.units))
+      rp.c = rp.c + 1
+      rp.dirty = true
+      return 5, 0, 0, 0
+    end
+  end
+  local w = window(e.win)
+  if not live(w, e) then
+    return 3, 0, 0, 0
+  end
+  local amount = math.min(e.units, w.u)
+  w.u = w.u - amount
+  touched[e.win] = true
+  return 1, w.u, w.r, amount
+end
+
+local out = {}
+for i = 1, nev do
+  local e = evs[i]
+  local p = producer(e.prod)
+  local o, u, r, a = 2, 0, 0, 0
+  if e.seq > p.s then
+    if e.kind == "c" then
+      o, u, r, a = charge(e, p)
+    else
+      o, u, r, a = giveback(e)
+    end
+    p.s = e.seq
+    p.dirty = true
+  end
+  local b = (i - 1) * 4
+  out[b + 1], out[b + 2], out[b + 3], out[b + 4] = o, u, r, a
+end
+
+for i in pairs(touched) do
+  save(KEYS[i], wins[i], grace)
+end
+for i, p in pairs(prods) do
+  if p.dirty then
+    redis.call("HSET", KEYS[i], "s", num(p.s), "c", num(p.c))
+    redis.call("PEXPIRE", KEYS[i], num(ttl))
+  end
+end
+return out

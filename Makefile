@@ -5,17 +5,22 @@ GO        ?= go
 PKGS      ?= ./...
 BENCHTIME ?= 2s
 BENCHCOUNT ?= 5
+BENCHFLAGS ?=
 REDIS_MIN_MAJOR := 7
 
 .DEFAULT_GOAL := help
-.PHONY: help build test lint bench demo redis-server
+.PHONY: help build test lint bench microbench demo binaries redis-server
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## Compile every package, and the commands into bin/.
 	$(GO) build $(PKGS)
-	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo
+	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench
+
+binaries:
+	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench
+	$(GO) build -o bin/nats-server github.com/nats-io/nats-server/v2
 
 test: redis-server ## Run every test with the race detector (real Redis, no mocks).
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
@@ -25,12 +30,13 @@ lint: ## Check formatting (gofmt) and run go vet.
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-bench: redis-server ## Run the benchmarks (results: docs/performance.md explains them).
+bench: redis-server binaries ## Measure the whole pipeline against a no-op handler and mode exact; writes docs/performance.md.
+	./bin/bench $(BENCHFLAGS)
+
+microbench: redis-server ## Go benchmarks of the window layer (scripts on real Redis).
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./internal/...
 
-demo: redis-server ## Run the whole pipeline locally: Redis shards, NATS, accountant, edge, traffic, summary.
-	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo
-	$(GO) build -o bin/nats-server github.com/nats-io/nats-server/v2
+demo: redis-server binaries ## Run the whole pipeline locally: Redis shards, NATS, accountant, edge, traffic, summary.
 	./bin/demo
 
 # redis-server: present and >= 7.0, or installed from Debian's packages when

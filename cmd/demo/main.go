@@ -1,8 +1,8 @@
-// Command demo runs the whole Tally pipeline on this machine for a minute:
-// two Redis shards (a primary and a replica each), a NATS server with
-// JetStream, the accountant, and the edge-checker in proxy mode in front of
-// a small API that serves ETags and 304s. It drives a short burst of
-// traffic from a few clients and prints what happened.
+// Command demo runs the whole Tally pipeline on this machine for a few
+// seconds: two Redis shards (a primary and a replica each), a NATS server
+// with JetStream, the accountant, and the edge-checker in proxy mode in
+// front of a small API that serves ETags and 304s. It drives a short burst
+// of traffic from a few clients and prints what happened.
 //
 // Every process it starts is stopped when it ends, on success, on error and
 // on Ctrl-C. It expects redis-server on PATH and the binaries in bin/
@@ -18,85 +18,61 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/shard"
+	"github.com/tallyhq/tally/internal/stack"
 )
+
+const secret = "demo-secret"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	d := &demo{bin: "bin"}
-	err := d.run(ctx)
-	d.stopAll()
-	if errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "\ninterrupted: every process the demo started has been stopped")
-		os.Exit(130)
-	}
+	dir, err := os.MkdirTemp("", "tally-demo-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
-		if d.dir != "" {
-			fmt.Fprintln(os.Stderr, "logs are in", d.dir)
-		}
 		os.Exit(1)
 	}
-	_ = os.RemoveAll(d.dir)
-}
-
-type demo struct {
-	bin   string
-	dir   string
-	mu    sync.Mutex
-	procs []*exec.Cmd
-}
-
-const secret = "demo-secret"
-
-func (d *demo) run(ctx context.Context) error {
-	var err error
-	if d.dir, err = os.MkdirTemp("", "tally-demo-"); err != nil {
-		return err
+	st := stack.New(dir, "bin", "TALLY_KEY_SECRET="+secret)
+	err = run(ctx, st)
+	st.StopAll()
+	switch {
+	case errors.Is(err, context.Canceled):
+		fmt.Fprintln(os.Stderr, "\ninterrupted: every process the demo started has been stopped")
+		os.Exit(130)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		fmt.Fprintln(os.Stderr, "logs are in", dir)
+		os.Exit(1)
 	}
+	_ = os.RemoveAll(dir)
+}
+
+func run(ctx context.Context, st *stack.Stack) error {
 	step := func(s string) { fmt.Printf("  %-44s", s) }
 	done := func() { fmt.Println("ok") }
 	fmt.Println("Starting the pipeline:")
 
-	// Two shards, each a primary and a replica.
-	var shards []shard.Config
-	for _, name := range []string{"s0", "s1"} {
-		step("redis shard " + name + " (primary + replica)")
-		p, err := d.redis(ctx, name+"-primary", "")
-		if err != nil {
-			return err
-		}
-		r, err := d.redis(ctx, name+"-replica", p)
-		if err != nil {
-			return err
-		}
-		shards = append(shards, shard.Config{Name: name, Primary: shard.Node{Addr: p}, Replicas: []shard.Node{{Addr: r}}})
-		done()
-	}
-
-	step("nats-server with JetStream")
-	natsPort := freePort()
-	if err := d.start(ctx, "nats", filepath.Join(d.bin, "nats-server"), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort),
-		"-js", "-sd", filepath.Join(d.dir, "jetstream")); err != nil {
-		return err
-	}
-	if err := waitTCP(ctx, fmt.Sprintf("127.0.0.1:%d", natsPort)); err != nil {
+	step("redis shards s0, s1 (primary + replica each)")
+	shards, _, err := st.Shards(ctx, 2, 1)
+	if err != nil {
 		return err
 	}
 	done()
-
+	step("nats-server with JetStream")
+	nats, err := st.NATS(ctx)
+	if err != nil {
+		return err
+	}
+	done()
 	step("demo API (ETags, 304 Not Modified)")
 	api, err := demoAPI()
 	if err != nil {
@@ -105,42 +81,40 @@ func (d *demo) run(ctx context.Context) error {
 	defer api.Close()
 	done()
 
-	edgeAddr, edgeAdmin, accAdmin := fmt.Sprintf("127.0.0.1:%d", freePort()), fmt.Sprintf("127.0.0.1:%d", freePort()), fmt.Sprintf("127.0.0.1:%d", freePort())
-	cfgPath := filepath.Join(d.dir, "tally.yaml")
-	if err := os.WriteFile(cfgPath, []byte(config(shards, natsPort, edgeAddr, "http://"+api.Addr, edgeAdmin, accAdmin)), 0o600); err != nil {
+	cfg := deployment(shards, nats.Addr, "http://"+api.Addr)
+	path, err := st.WriteConfig("tally", cfg)
+	if err != nil {
 		return err
 	}
 	step("accountant")
-	if err := d.start(ctx, "accountant", filepath.Join(d.bin, "accountant"), "-config", cfgPath); err != nil {
+	if _, err := st.Accountant(ctx, "accountant", path, cfg.Accountant.AdminListen); err != nil {
 		return err
-	}
-	if err := waitHTTP(ctx, "http://"+accAdmin+"/readyz"); err != nil {
-		return fmt.Errorf("accountant not ready: %w", err)
 	}
 	done()
 	step("edge-checker (proxy mode)")
-	if err := d.start(ctx, "edge-checker", filepath.Join(d.bin, "edge-checker"), "-config", cfgPath); err != nil {
+	edge, err := st.Edge(ctx, "edge-checker", path, cfg.Edge.AdminListen)
+	if err != nil {
 		return err
-	}
-	if err := waitHTTP(ctx, "http://"+edgeAdmin+"/readyz"); err != nil {
-		return fmt.Errorf("edge-checker not ready: %w", err)
 	}
 	done()
 
 	fmt.Println("\nTraffic (policy \"core\": 10 requests per minute per client):")
-	results := drive(ctx, "http://"+edgeAddr)
+	results := drive(ctx, "http://"+cfg.Edge.Listen)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	// Stop the edge as a deploy would: it gives back the units it reserved
+	// and did not use, and hands what is left to account for to JetStream;
+	// the accountant applies it.
+	em := scrape("http://" + cfg.Edge.AdminListen + "/metrics")
+	edge.Stop()
+	am := settle("http://" + cfg.Accountant.AdminListen + "/metrics")
 
-	// Let the accountant catch up, then read the windows from the primaries.
-	time.Sleep(500 * time.Millisecond)
-	keys, _ := limiter.NewKeySpace("tally", []byte(secret))
-	primaries := make([]shard.Config, len(shards))
-	for i, s := range shards {
-		primaries[i] = shard.Config{Name: s.Name, Primary: s.Primary} // no replicas: reads go to the primary
+	keys, err := limiter.NewKeySpace(cfg.KeyPrefix, []byte(secret))
+	if err != nil {
+		return err
 	}
-	store, err := limiter.NewStore(primaries, keys, limiter.Options{})
+	store, err := limiter.NewStore(shards, keys, limiter.Options{})
 	if err != nil {
 		return err
 	}
@@ -149,32 +123,48 @@ func (d *demo) run(ctx context.Context) error {
 	fmt.Printf("  %-8s %-34s %5s %7s %5s %5s %6s  %s\n", "client", "what it did", "sent", "allowed", "429", "304", "usage", "shard")
 	for _, r := range results {
 		k := keys.Key("core", "h:"+r.token)
-		w, err := store.Check(ctx, k)
 		usage := "?"
+		g, err := store.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 10, Producer: "demo"})
 		if err == nil {
-			usage = fmt.Sprintf("%d/10", w.Used)
+			usage = fmt.Sprintf("%d/10", g.Used)
 		}
 		fmt.Printf("  %-8s %-34s %5d %7d %5d %5d %6s  %s\n", r.name, r.what, r.sent, r.allowed, r.denied, r.notModified,
 			usage, store.ShardName(store.ShardOf(k)))
 	}
-	em, am := scrape("http://"+edgeAdmin+"/metrics"), scrape("http://"+accAdmin+"/metrics")
-	lagAvg := 0.0
-	if n := am[`tally_accountant_lag_seconds_count`]; n > 0 {
-		lagAvg = am[`tally_accountant_lag_seconds_sum`] / n * 1000
-	}
+	fromCredit := em[`tally_edge_decisions_total{result="allowed",path="credit"}`]
+	reserved := em[`tally_edge_decisions_total{result="allowed",path="reserve"}`]
+	cached := em[`tally_edge_decisions_total{result="denied",path="cache"}`]
+	deniedReserve := em[`tally_edge_decisions_total{result="denied",path="reserve"}`]
 	fmt.Printf(`
 Summary:
-  edge-checker   allowed %v, denied (429) %v, events published %v, dropped %v
-  accountant     charged %v, refunded (304) %v, duplicates %v, late %v, dead-lettered %v
-  accounting lag average %.1f ms, max %.1f ms (publish at the edge → effect in Redis)
-
-`, em[`tally_edge_decisions_total{result="allowed"}`], em[`tally_edge_decisions_total{result="denied"}`],
-		em["tally_edge_events_published_total"], em["tally_edge_events_dropped_total"],
-		am[`tally_accountant_events_total{outcome="charged"}`], am[`tally_accountant_events_total{outcome="refunded"}`],
-		am[`tally_accountant_events_total{outcome="duplicate"}`], am[`tally_accountant_events_total{outcome="late"}`],
-		am[`tally_accountant_events_total{outcome="dead_lettered"}`], lagAvg, am["tally_accountant_lag_max_seconds"]*1000)
-	fmt.Println("Usage = charges minus 304 refunds, read from the shard primaries. Stopping everything.")
+  edge-checker   allowed %v (%v from credit, %v after a reservation), denied %v (%v from memory)
+                 reservations on the primaries %v, 304s taken back into credit %v
+                 accounting events to JetStream %v, applied by the edge itself %v, dropped %v
+  accountant     refunded %v, released %v, charged %v, duplicates %v, late %v, dead-lettered %v
+                 accounting lag %s
+`,
+		fromCredit+reserved, fromCredit, reserved, cached+deniedReserve, cached,
+		em["tally_edge_reservations_total"], em["tally_edge_refunds_absorbed_total"],
+		em[`tally_edge_accounting_events_total{outcome="published"}`], em[`tally_edge_accounting_events_total{outcome="applied_directly"}`],
+		em[`tally_edge_accounting_events_total{outcome="dropped"}`],
+		am[`tally_accountant_events_total{outcome="refunded"}`], am[`tally_accountant_events_total{outcome="released"}`],
+		am[`tally_accountant_events_total{outcome="charged"}`], am[`tally_accountant_events_total{outcome="duplicate"}`],
+		am[`tally_accountant_events_total{outcome="late"}`], am["tally_accountant_dead_letters_total"], lag(am))
+	fmt.Println("\nUsage is read from the shard primaries after the edge stopped: what each client used,")
+	fmt.Println("304s refunded. Stopping everything.")
 	return nil
+}
+
+// deployment is the demo's configuration: two shards, one edge in proxy
+// mode, one accountant, a policy of 10 requests per minute.
+func deployment(shards []shard.Config, natsURL, upstream string) *config.File {
+	f := &config.File{KeyPrefix: "tally", Redis: config.Redis{Shards: shards}}
+	f.NATS.URL = natsURL
+	f.Edge = config.Edge{Listen: stack.FreeAddr(), Upstream: upstream, AdminListen: stack.FreeAddr(), DefaultPolicy: "core",
+		Identity: config.Identity{Header: "Authorization"}}
+	f.Accountant.AdminListen = stack.FreeAddr()
+	f.Policies = []config.Policy{{Name: "core", Limit: 10, Window: time.Minute}}
+	return f
 }
 
 type clientResult struct {
@@ -229,7 +219,7 @@ func drive(ctx context.Context, base string) []*clientResult {
 				default:
 					c.bad++
 				}
-				time.Sleep(30 * time.Millisecond) // let 304 refunds land between requests
+				time.Sleep(10 * time.Millisecond)
 			}
 		})
 	}
@@ -243,31 +233,6 @@ func repeat(v bool, n int) []bool {
 		out[i] = v
 	}
 	return out
-}
-
-func config(shards []shard.Config, natsPort int, edgeAddr, upstream, edgeAdmin, accAdmin string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "key_prefix: tally\nredis:\n  shards:\n")
-	for _, s := range shards {
-		fmt.Fprintf(&b, "    - name: %s\n      primary: {addr: %q}\n      replicas: [{addr: %q}]\n", s.Name, s.Primary.Addr, s.Replicas[0].Addr)
-	}
-	fmt.Fprintf(&b, `nats:
-  url: nats://127.0.0.1:%d
-edge:
-  listen: %q
-  upstream: %q
-  admin_listen: %q
-  default_policy: core
-  identity:
-    header: Authorization
-accountant:
-  admin_listen: %q
-policies:
-  - name: core
-    limit: 10
-    window: 1m
-`, natsPort, edgeAddr, upstream, edgeAdmin, accAdmin)
-	return b.String()
 }
 
 // demoAPI serves an ETag for every path and 304 when it matches.
@@ -290,135 +255,7 @@ func demoAPI() (*http.Server, error) {
 	return srv, nil
 }
 
-// redis starts a redis-server (a replica when primary is set) and returns
-// its address once it answers (a replica once its link is up).
-func (d *demo) redis(ctx context.Context, name, primary string) (string, error) {
-	port := freePort()
-	dir := filepath.Join(d.dir, name)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
-	}
-	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--repl-diskless-sync-delay", "0"}
-	if primary != "" {
-		h, p, _ := net.SplitHostPort(primary)
-		args = append(args, "--replicaof", h, p)
-	}
-	if err := d.start(ctx, name, "redis-server", args...); err != nil {
-		return "", err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	if err := waitTCP(ctx, addr); err != nil {
-		return "", err
-	}
-	if primary != "" {
-		for i := 0; ; i++ {
-			out, _ := exec.CommandContext(ctx, "redis-cli", "-p", strconv.Itoa(port), "INFO", "replication").Output()
-			if strings.Contains(string(out), "master_link_status:up") {
-				break
-			}
-			if i == 100 {
-				return "", fmt.Errorf("%s: replication link not up", name)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return addr, nil
-}
-
-// start runs a process with its output in <dir>/<name>.log.
-func (d *demo) start(ctx context.Context, name, bin string, args ...string) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	log, err := os.Create(filepath.Join(d.dir, name+".log"))
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = append(os.Environ(), "TALLY_KEY_SECRET="+secret)
-	// Ctrl-C reaches only us (we stop the others in order); if we die
-	// anyway, the kernel stops them.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", name, err)
-	}
-	d.mu.Lock()
-	d.procs = append(d.procs, cmd)
-	d.mu.Unlock()
-	return nil
-}
-
-// stopAll stops processes in reverse start order: edge, accountant, NATS,
-// Redis. Each gets SIGTERM and 10 seconds, then SIGKILL.
-func (d *demo) stopAll() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for i := len(d.procs) - 1; i >= 0; i-- {
-		p := d.procs[i]
-		_ = p.Process.Signal(syscall.SIGTERM)
-		exited := make(chan struct{})
-		go func() { _ = p.Wait(); close(exited) }()
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = p.Process.Kill()
-			<-exited
-		}
-	}
-	d.procs = nil
-}
-
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func waitTCP(ctx context.Context, addr string) error {
-	for range 200 {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s did not accept connections in 10s", addr)
-}
-
-func waitHTTP(ctx context.Context, url string) error {
-	var last error
-	for range 200 {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-			err = errors.New(resp.Status)
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return last
-}
-
-var sample = regexp.MustCompile(`^([a-z_]+(?:\{[^}]*\})?) ([0-9.e+-]+)$`)
-
-// scrape reads a Prometheus text page into name{labels} → value.
+// scrape reads a Prometheus text page into "name{labels}" → value.
 func scrape(url string) map[string]float64 {
 	out := map[string]float64{}
 	resp, err := http.Get(url)
@@ -428,10 +265,40 @@ func scrape(url string) map[string]float64 {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if m := sample.FindStringSubmatch(sc.Text()); m != nil {
-			v, _ := strconv.ParseFloat(m[2], 64)
-			out[m[1]] = v
+		line := sc.Text()
+		i := strings.LastIndexByte(line, ' ')
+		if line == "" || line[0] == '#' || i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
 		}
 	}
 	return out
+}
+
+// settle waits (up to 5 s) until the accountant at url has applied what the
+// stopping edge sent, and returns its metrics.
+func settle(url string) map[string]float64 {
+	var last map[string]float64
+	for range 50 {
+		m := scrape(url)
+		if last != nil && m["tally_accountant_messages_total"] == last["tally_accountant_messages_total"] &&
+			m["tally_accountant_messages_total"] > 0 {
+			return m
+		}
+		last = m
+		time.Sleep(100 * time.Millisecond)
+	}
+	return last
+}
+
+// lag summarises the accountant's lag histogram.
+func lag(m map[string]float64) string {
+	n := m["tally_accountant_lag_seconds_count"]
+	if n == 0 {
+		return "(no events)"
+	}
+	return fmt.Sprintf("average %.1f ms over %v events (an event's creation at the edge → its effect in Redis)",
+		m["tally_accountant_lag_seconds_sum"]/n*1000, n)
 }

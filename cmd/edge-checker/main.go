@@ -84,6 +84,14 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		return fmt.Errorf("nats: %w", err)
 	}
 	defer nc.Close()
+	// Decisions (bulk telemetry) travel on a connection of their own, so that
+	// accounting events never queue behind them.
+	dnc, err := nats.Connect(cfg.NATS.URL, nats.Name("tally-edge-checker-decisions"),
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+	if err != nil {
+		return fmt.Errorf("nats: %w", err)
+	}
+	defer dnc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
@@ -108,13 +116,13 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		routes[i] = edge.Route{Path: r.Path, Policy: r.Policy, Cost: r.Cost}
 	}
 	srv, err := edge.New(edge.Options{
-		Store: store, Keys: keys, NATS: nc, Streams: cfg.NATS.Streams,
+		Store: store, Keys: keys, NATS: nc, DecisionsNATS: dnc, Streams: cfg.NATS.Streams,
 		Outbox: cfg.Edge.Outbox, Decisions: cfg.Edge.Decisions, Credit: cfg.Edge.Credit,
 		Policies: cfg.PolicyMap(), Routes: routes, DefaultPolicy: cfg.Edge.DefaultPolicy,
 		Identity: edge.Identifier{Header: cfg.Edge.Identity.Header, Trusted: cfg.Edge.Identity.Trusted(),
 			IPv4Prefix: cfg.Edge.Identity.IPv4Prefix, IPv6Prefix: cfg.Edge.Identity.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
-		Upstream:         upstream, Source: source, TicketSecret: cfg.KeySecret, Log: log,
+		Upstream:         upstream, Source: source, TicketSecret: cfg.KeySecret, Pprof: cfg.Edge.Pprof, Log: log,
 	})
 	if err != nil {
 		return err
@@ -177,6 +185,7 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		log.Warn("not everything was delivered", "err", err)
 	}
 	_ = nc.Drain()
+	_ = dnc.Drain()
 	_ = admin.Shutdown(shutdown)
 	log.Info("stopped")
 	return failed

@@ -60,10 +60,14 @@ type Config struct {
 	// policy is unknown, or whose limit or window differ, is dead-lettered
 	// instead of opening a window on terms nobody configured.
 	Policies map[string]limiter.Policy
-	// BatchSize is the most events applied in one script call. Default 512.
+	// BatchSize is the most events applied in one script call: a script
+	// holds its Redis node while it runs, so this bounds how long edges'
+	// reservations on that node can wait behind it. Default 128 (about
+	// 2 ms).
 	BatchSize int
-	// BatchWait is how long a run waits to fill after its first message.
-	// Default 1ms.
+	// BatchWait is how long a run waits for more messages after its first
+	// one, beyond those already received. Default 100µs: under load runs
+	// fill from what is buffered; alone, an event does not wait.
 	BatchWait time.Duration
 	// LeaseTTL is how long a shard's lease outlives its holder's last
 	// renewal: the hand-over time after a crash. Default 3s.
@@ -85,10 +89,10 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	c.Streams = c.Streams.WithDefaults()
 	if c.BatchSize <= 0 || c.BatchSize > limiter.MaxApply {
-		c.BatchSize = 512
+		c.BatchSize = 128
 	}
 	if c.BatchWait <= 0 {
-		c.BatchWait = time.Millisecond
+		c.BatchWait = 100 * time.Microsecond
 	}
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = 3 * time.Second
@@ -125,7 +129,11 @@ type Stats struct {
 	Retries                     uint64 // runs tried again after a failure
 	Unconfirmed                 uint64 // runs no replica confirmed in time
 	Messages                    uint64 // stream messages processed
-	Lag                         Histogram
+	// OverLimit counts units charged beyond a window's limit: admissions
+	// made without a reservation (mode async over credit, or with Redis
+	// unreachable) that turned out to exceed it.
+	OverLimit uint64
+	Lag       Histogram
 }
 
 // ShardState is what one shard's worker is doing.
@@ -148,7 +156,7 @@ type Accountant struct {
 	now   func() time.Time
 
 	charged, refunded, released, duplicates, late, netted, pending, ignored atomic.Uint64
-	dead, retries, unconfirmed, messages                                    atomic.Uint64
+	dead, retries, unconfirmed, messages, overLimit                         atomic.Uint64
 	lag                                                                     histogram
 
 	mu     sync.Mutex
@@ -217,7 +225,7 @@ func (a *Accountant) Stats() Stats {
 		Charged: a.charged.Load(), Refunded: a.refunded.Load(), Released: a.released.Load(),
 		Duplicates: a.duplicates.Load(), Late: a.late.Load(), Netted: a.netted.Load(), Pending: a.pending.Load(),
 		Ignored: a.ignored.Load(), DeadLettered: a.dead.Load(), Retries: a.retries.Load(),
-		Unconfirmed: a.unconfirmed.Load(), Messages: a.messages.Load(), Lag: a.lag.Snapshot(),
+		Unconfirmed: a.unconfirmed.Load(), Messages: a.messages.Load(), OverLimit: a.overLimit.Load(), Lag: a.lag.Snapshot(),
 	}
 }
 
@@ -378,6 +386,8 @@ type worker struct {
 	// and the last deleted from the stream.
 	applied, unconfirmed, purged uint64
 	lastPurge                    time.Time
+	purging                      sync.WaitGroup // a purge in the background
+	purgeFailed                  atomic.Bool    // the last purge failed: do it again
 	attempts                     map[uint64]int // stream seq → permanent failures
 	notices                      []byte
 }
@@ -501,10 +511,7 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 		return true
 	}
 	for {
-		// The run in hand finishes even when shutdown has begun.
-		call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		res, err := a.store.Apply(call, w.shard, a.now(), ops)
-		cancel()
+		res, err := w.apply(ctx, ops)
 		if err == nil {
 			w.delay = a.cfg.RetryMin
 			w.record(items, res)
@@ -536,6 +543,24 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 	}
 }
 
+// apply applies ops in calls of at most BatchSize events: a script holds
+// its Redis node while it runs, and reservations on the request path wait
+// behind it. The run in hand finishes even when shutdown has begun.
+func (w *worker) apply(ctx context.Context, ops []limiter.Event) (limiter.ApplyResult, error) {
+	var out limiter.ApplyResult
+	for from := 0; from < len(ops); from += w.a.cfg.BatchSize {
+		call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		res, err := w.a.store.Apply(call, w.shard, w.a.now(), ops[from:min(from+w.a.cfg.BatchSize, len(ops))])
+		cancel()
+		if err != nil {
+			return out, err
+		}
+		out.Results = append(out.Results, res.Results...)
+		out.Replicated, out.Waited = res.Replicated, res.Waited // the last call's WAIT covers the earlier ones
+	}
+	return out, nil
+}
+
 // record counts what a run did, notes the windows that have room again, and
 // tracks what is confirmed by a replica.
 func (w *worker) record(items []item, res limiter.ApplyResult) {
@@ -563,6 +588,9 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 				switch op.Kind {
 				case limiter.Charge:
 					a.charged.Add(1)
+					if over := r.Used - e.Limit; over > 0 {
+						a.overLimit.Add(uint64(min(over, r.Amount)))
+					}
 				case limiter.Refund:
 					a.refunded.Add(1)
 				case limiter.Release:
@@ -618,22 +646,30 @@ func (w *worker) flushNotices() {
 }
 
 // purge deletes from the stream what is applied (or dead-lettered) and
-// confirmed by a replica.
+// confirmed by a replica, at most every PurgeEvery, in the background so
+// that reading goes on meanwhile; the final purge waits.
 func (w *worker) purge(final bool) {
 	upTo := w.applied
 	if w.unconfirmed != 0 {
 		upTo = min(upTo, w.unconfirmed-1)
 	}
-	if upTo <= w.purged || (!final && time.Since(w.lastPurge) < w.a.cfg.PurgeEvery) {
+	if (upTo <= w.purged && !w.purgeFailed.Load()) || upTo == 0 || (!final && time.Since(w.lastPurge) < w.a.cfg.PurgeEvery) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := w.stream.Purge(ctx, jetstream.WithPurgeSubject(w.subject), jetstream.WithPurgeSequence(upTo+1)); err != nil {
-		w.a.log.Warn("deleting applied events from the stream failed; will retry", "shard", w.name, "err", err)
-		return
-	}
+	w.purging.Wait() // one at a time
+	w.purgeFailed.Store(false)
 	w.purged, w.lastPurge = upTo, time.Now()
+	w.purging.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.stream.Purge(ctx, jetstream.WithPurgeSubject(w.subject), jetstream.WithPurgeSequence(upTo+1)); err != nil {
+			w.purgeFailed.Store(true)
+			w.a.log.Warn("deleting applied events from the stream failed; will retry", "shard", w.name, "err", err)
+		}
+	})
+	if final {
+		w.purging.Wait()
+	}
 }
 
 // Dead-letter headers, added to a copy of the original message.

@@ -202,6 +202,15 @@ func TestAppliesAndEmptiesTheStream(t *testing.T) {
 	require.Zero(t, s.Duplicates+s.DeadLettered)
 	require.EqualValues(t, 5, s.Lag.Count)
 	require.Less(t, s.Lag.Quantile(0.99), 5*time.Second)
+	require.Zero(t, s.OverLimit)
+
+	// Charges beyond the limit (admitted without a reservation) are
+	// applied, and the overshoot is counted.
+	over := started("edge-3", 1, k, r, 100)
+	f.publish([]events.Accounting{over})
+	waitFor(t, "the charge", func() bool { return a.Stats().Charged == 3 })
+	require.EqualValues(t, 2, a.Stats().OverLimit, "2 used + 100 charged: 2 over the limit of 100")
+	f.waitUsed(k, 102)
 }
 
 // Invariant 6: whatever is published or read again takes effect once — a

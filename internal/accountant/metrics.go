@@ -112,6 +112,7 @@ func (a *Accountant) AdminHandler(ready func(context.Context) error) http.Handle
 		fmt.Fprintf(w, "# HELP tally_accountant_messages_total Stream messages processed.\n# TYPE tally_accountant_messages_total counter\ntally_accountant_messages_total %d\n", s.Messages)
 		fmt.Fprintf(w, "# HELP tally_accountant_dead_letters_total Messages copied to the dead-letter stream.\n# TYPE tally_accountant_dead_letters_total counter\ntally_accountant_dead_letters_total %d\n", s.DeadLettered)
 		fmt.Fprintf(w, "# HELP tally_accountant_retries_total Runs tried again after a failure.\n# TYPE tally_accountant_retries_total counter\ntally_accountant_retries_total %d\n", s.Retries)
+		fmt.Fprintf(w, "# HELP tally_accountant_over_limit_units_total Units charged beyond a window's limit (admitted without a reservation).\n# TYPE tally_accountant_over_limit_units_total counter\ntally_accountant_over_limit_units_total %d\n", s.OverLimit)
 		fmt.Fprintf(w, "# HELP tally_accountant_unconfirmed_total Runs no replica confirmed in time.\n# TYPE tally_accountant_unconfirmed_total counter\ntally_accountant_unconfirmed_total %d\n", s.Unconfirmed)
 		fmt.Fprintf(w, "# HELP tally_accountant_lag_seconds Time from an event's creation to its effect in Redis.\n# TYPE tally_accountant_lag_seconds histogram\n")
 		var cum uint64

@@ -84,7 +84,9 @@ type Edge struct {
 	// are passed through unlimited.
 	DefaultPolicy string `yaml:"default_policy"`
 	// Source is the CloudEvents source. Default edge-checker/<hostname>.
-	Source    string               `yaml:"source"`
+	Source string `yaml:"source"`
+	// Pprof serves Go's profiles on the admin listener (/debug/pprof/).
+	Pprof     bool                 `yaml:"pprof"`
 	Credit    edge.CreditConfig    `yaml:"credit"`
 	Outbox    edge.OutboxConfig    `yaml:"outbox"`
 	Decisions edge.DecisionsConfig `yaml:"decisions"`

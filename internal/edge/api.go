@@ -13,6 +13,12 @@ import (
 // maxAPIBody bounds decision-API request bodies.
 const maxAPIBody = 64 << 10
 
+// Header values set on every answer, shared (net/http never modifies them).
+var (
+	jsonContentType = []string{"application/json"}
+	noStore         = []string{"no-store"}
+)
+
 // CheckRequest is the body of POST /v1/check.
 type CheckRequest struct {
 	// Policy names the limit to apply.
@@ -56,7 +62,11 @@ func (s *Server) APIHandler() http.Handler {
 
 func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	var req CheckRequest
-	if !s.readJSON(w, r, &req) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	if req, ok = parseCheck(body); !ok && !s.decodeJSON(w, body, &req) {
 		return
 	}
 	p, ok := s.o.Policies[req.Policy]
@@ -81,10 +91,11 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	ticket := ""
 	allowed := !v.decided || v.decision.Allowed
+	v.reqNum = s.reqs.Add(1)
 	if allowed {
 		ticket = s.ticket(v)
 	}
-	s.record(v, ticket, r.Header.Get("Traceparent"))
+	s.record(v, r.Header.Get("Traceparent"))
 
 	h := w.Header()
 	b := make([]byte, 0, 256)
@@ -116,15 +127,15 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	b = append(b, "}\n"...)
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
+	h["Content-Type"], h["Cache-Control"] = jsonContentType, noStore
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }
 
 func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 	var req FinishRequest
-	if !s.readJSON(w, r, &req) {
+	body, ok := s.readBody(w, r)
+	if !ok || !s.decodeJSON(w, body, &req) {
 		return
 	}
 	if req.Status < 100 || req.Status > 599 {
@@ -140,14 +151,28 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
-func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAPIBody))
+// readBody reads a request body of at most maxAPIBody bytes.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	var body []byte
+	var err error
+	if n := r.ContentLength; n >= 0 && n <= maxAPIBody {
+		body = make([]byte, n)
+		_, err = io.ReadFull(r.Body, body)
+	} else {
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, maxAPIBody))
+	}
 	if err != nil {
 		s.badRequests.Add(1)
 		problem(w, http.StatusRequestEntityTooLarge, "body-too-large", "Content Too Large",
 			fmt.Sprintf("the body must be at most %d bytes", maxAPIBody))
-		return false
+		return nil, false
 	}
+	return body, true
+}
+
+// decodeJSON decodes one JSON object into v, strictly (no unknown fields,
+// nothing after it), answering 400 when it cannot.
+func (s *Server) decodeJSON(w http.ResponseWriter, body []byte, v any) bool {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

@@ -15,7 +15,9 @@ import (
 // (docs/accuracy.md). Zero values take the defaults stated.
 type CreditConfig struct {
 	// Horizon is how long a reservation aims to last at the key's rate of
-	// requests at this edge. Default 250ms.
+	// requests at this edge. Longer means fewer reservations; the units an
+	// edge holds show as used on the other edges until it uses or releases
+	// them. Default 1s.
 	Horizon time.Duration `yaml:"horizon"`
 	// Share: a reservation takes at most 1/Share of what is left in the
 	// window, so that near the limit reservations shrink to one request and
@@ -27,9 +29,10 @@ type CreditConfig struct {
 	// Keys is the most keys an edge remembers; the least recently used go
 	// first (their credit given back). Default 100000.
 	Keys int `yaml:"keys"`
-	// Recheck is how often a window known to be full is read again (on a
-	// replica) while its requests keep being denied, in case a notice that
-	// it has room was lost. Default 1s.
+	// Recheck is how long after a window was found full it is read again
+	// (on a replica) while its requests keep being denied, in case a notice
+	// that it has room was lost; the wait doubles after every read that
+	// finds it still full, up to 32 times Recheck. Default 1s.
 	Recheck time.Duration `yaml:"recheck"`
 	// RedisBudget is the longest a request waits for a reservation; past
 	// it the edge decides without one (see Options.DenyOnRedisError).
@@ -39,7 +42,7 @@ type CreditConfig struct {
 
 func (c CreditConfig) withDefaults() CreditConfig {
 	if c.Horizon <= 0 {
-		c.Horizon = 250 * time.Millisecond
+		c.Horizon = time.Second
 	}
 	if c.Share <= 0 {
 		c.Share = 8
@@ -65,7 +68,8 @@ type Path uint8
 const (
 	// PathCredit: from units this edge had reserved; no Redis call.
 	PathCredit Path = iota + 1
-	// PathReserve: after a reservation on the primary (mode exact always).
+	// PathReserve: after waiting for a reservation on the primary (mode
+	// exact always).
 	PathReserve
 	// PathCache: denied because the window is known to be full; no Redis
 	// call.
@@ -108,6 +112,9 @@ type verdict struct {
 	// accounting event chargeSeq (> 0) of producer chargeProducer.
 	chargeSeq      uint64
 	chargeProducer string
+	// reqNum numbers the request at the edge that decided it (its request
+	// id, with the edge's producer id).
+	reqNum uint64
 }
 
 // decider decides requests from the edge's table of windows.
@@ -159,11 +166,12 @@ func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg l
 	v := verdict{policy: p, cost: cost, key: e.key, shard: e.shard, now: now}
 	mode := p.Mode.OrDefault()
 	nowMs, nowNs := now.UnixMilli(), now.UnixNano()
-	deadline := time.Now().Add(d.cfg.RedisBudget)
+	var deadline time.Time // set when the request first has to wait
 	e.lastUse.Store(nowNs)
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	path := PathCredit // PathReserve once the request has waited for a reservation
 	for {
 		if e.reset != 0 && nowMs >= e.reset {
 			e.expire()
@@ -172,12 +180,15 @@ func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg l
 			e.credit -= cost
 			e.admitted += cost
 			d.prefetch(e, p, cost, now)
-			return d.allow(v, e, PathCredit), nil
+			return d.allow(v, e, path), nil
 		}
 		if e.full {
 			if e.limit-e.used-e.debtUnits()+e.credit < cost {
 				e.deniedSince = true
 				e.lastCost = cost
+				if path == PathReserve {
+					return d.deny(v, e, PathReserve), nil
+				}
 				return d.deny(v, e, PathCache), nil
 			}
 			e.full = false // a notice or a read found room
@@ -190,6 +201,9 @@ func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg l
 				return v, nil
 			}
 		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(d.cfg.RedisBudget)
+		}
 		if mode == limiter.ModeExact {
 			return d.reserveNow(ctx, v, e, p, cost, now, deadline)
 		}
@@ -200,6 +214,7 @@ func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg l
 		if d.suspected(e.shard, nowNs) || !d.wait(ctx, e, ch, deadline) {
 			return d.fallback(v, e, cost)
 		}
+		path = PathReserve
 		if e.failed != 0 && e.credit < cost && !e.full {
 			return d.fallback(v, e, cost)
 		}
@@ -497,12 +512,16 @@ func (d *decider) sweep(ctx context.Context, now time.Time) {
 		}
 		switch {
 		case !e.full:
-			e.verified = 0
+			e.verified, e.recheck = 0, 0
 		case e.verified == 0: // full since the last sweep: read it a Recheck from now
-			e.verified = now.UnixNano()
-		case e.deniedSince && now.UnixNano()-e.verified >= int64(d.cfg.Recheck):
+			e.verified, e.recheck = now.UnixNano(), int64(d.cfg.Recheck)
+		case e.deniedSince && now.UnixNano()-e.verified >= e.recheck:
 			e.verified = now.UnixNano()
 			e.deniedSince = false
+			// If this read finds the window still full, wait twice as long
+			// for the next: a window full for an hour costs a handful of
+			// reads, not one per second.
+			e.recheck = min(2*e.recheck, 32*int64(d.cfg.Recheck))
 			recheck = append(recheck, e)
 		}
 		if last < forget && e.reset == 0 && e.refill == nil && len(e.debts) == 0 {

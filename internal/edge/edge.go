@@ -62,16 +62,20 @@ type DecisionsConfig struct {
 type Options struct {
 	Store Store
 	Keys  *limiter.KeySpace
-	// NATS carries accounting events, notices and decisions. Without it the
-	// edge applies its accounting events on the primaries itself and
-	// publishes no decisions.
-	NATS      *nats.Conn
-	Streams   events.Streams
-	Outbox    OutboxConfig
-	Decisions DecisionsConfig
-	Credit    CreditConfig
-	Policies  map[string]limiter.Policy
-	Routes    []Route
+	// NATS carries accounting events and notices. Without it the edge
+	// applies its accounting events on the primaries itself and publishes
+	// no decisions.
+	NATS *nats.Conn
+	// DecisionsNATS carries decision records; default NATS. A connection of
+	// their own keeps accounting events from queueing behind large batches
+	// of telemetry (one connection's messages are handled in order).
+	DecisionsNATS *nats.Conn
+	Streams       events.Streams
+	Outbox        OutboxConfig
+	Decisions     DecisionsConfig
+	Credit        CreditConfig
+	Policies      map[string]limiter.Policy
+	Routes        []Route
 	// DefaultPolicy applies to paths no route matches; empty passes them
 	// through unlimited.
 	DefaultPolicy string
@@ -89,8 +93,11 @@ type Options struct {
 	Producer string
 	// TicketSecret signs decision-API request ids (the key secret).
 	TicketSecret []byte
-	Clock        limiter.Clock
-	Log          *slog.Logger
+	// Pprof serves net/http/pprof's profiles under /debug/pprof/ on the
+	// admin handler.
+	Pprof bool
+	Clock limiter.Clock
+	Log   *slog.Logger
 }
 
 // Server holds the edge's handlers and its background work: the table of
@@ -106,6 +113,7 @@ type Server struct {
 	log      *rateLog
 	draining atomic.Bool
 	reqs     atomic.Uint64 // request ids
+	macs     sync.Pool     // of hash.Hash: HMAC-SHA256 keyed for tickets
 	dseq     atomic.Uint64 // decision record ids
 	stop     chan struct{}
 	done     sync.WaitGroup
@@ -168,7 +176,11 @@ func New(o Options) (*Server, error) {
 	}
 	s.dec = newDecider(o.Credit, o.Store, o.Keys, s.outbox, o.Producer, !o.DenyOnRedisError, s.log, s.publishNotice)
 	if o.NATS != nil {
-		if s.batcher, err = events.NewBatcher(o.NATS, o.Streams.DecisionsSubject(), o.Decisions.BatcherConfig); err != nil {
+		dnc := o.DecisionsNATS
+		if dnc == nil {
+			dnc = o.NATS
+		}
+		if s.batcher, err = events.NewBatcher(dnc, o.Streams.DecisionsSubject(), o.Decisions.BatcherConfig); err != nil {
 			return nil, err
 		}
 		s.sub, err = o.NATS.Subscribe(o.Streams.NoticePrefix+".>", func(m *nats.Msg) {
@@ -269,13 +281,15 @@ func (s *Server) check(ctx context.Context, p limiter.Policy, identity string, n
 	return s.dec.decide(ctx, p, p.CostOrDefault(), dg, now)
 }
 
-func (s *Server) requestID() string {
-	return s.o.Producer + "-" + strconv.FormatUint(s.reqs.Add(1), 10)
+// requestID names a request in decision records and events:
+// "<producer>-<number>".
+func (s *Server) requestID(n uint64) string {
+	return s.o.Producer + "-" + strconv.FormatUint(n, 10)
 }
 
 // record publishes a decision to the decisions stream (allowed ones
 // sampled).
-func (s *Server) record(v verdict, reqID, traceparent string) {
+func (s *Server) record(v verdict, traceparent string) {
 	if s.batcher == nil {
 		return
 	}
@@ -290,7 +304,7 @@ func (s *Server) record(v verdict, reqID, traceparent string) {
 		traceparent = ""
 	}
 	d := events.Decision{Time: v.now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
-		Shard: s.o.Store.ShardName(v.shard), RequestID: reqID, TraceParent: traceparent, Key: v.key.Digest().String(),
+		Shard: s.o.Store.ShardName(v.shard), RequestID: s.requestID(v.reqNum), TraceParent: traceparent, Key: v.key.Digest().String(),
 		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Cost: v.cost,
 		Allowed: allowed, Path: v.path.String()}
 	if v.decided {

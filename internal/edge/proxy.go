@@ -17,7 +17,13 @@ type proxyState struct {
 }
 
 func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
+	// One upstream: keep as many idle connections to it as there are
+	// requests in flight, or every burst opens (and leaves in TIME_WAIT) new
+	// ones. net/http's default keeps 2.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
 	return &httputil.ReverseProxy{
+		Transport: tr,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.Out.Host = pr.In.Host
@@ -65,13 +71,12 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	now := s.o.Clock.Now()
 	v, err := s.check(r.Context(), p, identity, now)
-	reqID := s.requestID()
-	tp := r.Header.Get("Traceparent")
 	if err != nil {
 		s.unavailable(w)
 		return
 	}
-	s.record(v, reqID, tp)
+	v.reqNum = s.reqs.Add(1)
+	s.record(v, r.Header.Get("Traceparent"))
 	if v.decided && !v.decision.Allowed {
 		s.deny(w, v)
 		return

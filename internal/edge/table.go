@@ -48,6 +48,7 @@ type entry struct {
 	// Convergence reads of full windows.
 	deniedSince bool
 	verified    int64 // ns
+	recheck     int64 // ns until the next read; doubles while the window stays full
 	lastCost    int64
 }
 

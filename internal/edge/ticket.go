@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"hash"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 // key:
 //
 //	version 1 | flags | shard | key digest (16) | cost | reset ms | start ms |
-//	policy name | [charge producer | charge seq]
+//	request number | policy name | [charge producer | charge seq]
 //
 // integers as uvarints, strings length-prefixed. Flags: 1 the window was
 // known (decided), 2 charged by an accounting event (else by a
@@ -52,6 +53,7 @@ func (s *Server) ticket(v verdict) string {
 	b = binary.AppendUvarint(b, uint64(v.cost))
 	b = binary.AppendUvarint(b, uint64(v.reset))
 	b = binary.AppendUvarint(b, uint64(v.now.UnixMilli()))
+	b = binary.AppendUvarint(b, v.reqNum)
 	b = append(b, byte(len(v.policy.Name)))
 	b = append(b, v.policy.Name...)
 	if v.chargeSeq != 0 {
@@ -67,11 +69,19 @@ func (s *Server) ticket(v verdict) string {
 	return string(out)
 }
 
+// mac is the ticket's signature: HMAC-SHA256 with the key secret, 128
+// bits. The keyed hashes are pooled: a ticket is made per allowed request.
 func (s *Server) mac(payload []byte) []byte {
-	m := hmac.New(sha256.New, s.o.TicketSecret)
+	m, _ := s.macs.Get().(hash.Hash)
+	if m == nil {
+		m = hmac.New(sha256.New, s.o.TicketSecret)
+	}
+	m.Reset()
 	m.Write([]byte("tally/ticket/v1|"))
 	m.Write(payload)
-	return m.Sum(nil)
+	sum := m.Sum(nil)
+	s.macs.Put(m)
+	return sum
 }
 
 // readTicket verifies a ticket and rebuilds the verdict its finish needs.
@@ -94,8 +104,9 @@ func (s *Server) readTicket(t string) (verdict, error) {
 	var dg limiter.Digest
 	copy(dg[:], r.bytes(16))
 	cost, reset, start := r.uvarint(), r.uvarint(), r.uvarint()
-	name := string(r.bytes(int(r.byte())))
 	var v verdict
+	v.reqNum = r.uvarint()
+	name := string(r.bytes(int(r.byte())))
 	if flags&flagEvent != 0 {
 		v.chargeProducer = string(r.bytes(int(r.byte())))
 		v.chargeSeq = r.uvarint()

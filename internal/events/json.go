@@ -14,6 +14,16 @@ const hexDigits = "0123456789abcdef"
 // appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
+	plain := true // most strings (digests, names, ids) need no escaping
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return append(append(b, s...), '"')
+	}
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {

@@ -1,0 +1,319 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/tallyhq/tally/internal/loadgen"
+)
+
+// report is everything one run measured; it is written as Markdown with the
+// raw figures as JSON and a latency chart (SVG) beside it.
+type report struct {
+	Date       string             `json:"date"`
+	Machine    map[string]string  `json:"machine"`
+	Command    string             `json:"command"`
+	Duration   time.Duration      `json:"duration_ns"`
+	Saturation []saturationResult `json:"saturation"`
+	Latency    []latencyResult    `json:"latency"`
+	Denied     []deniedResult     `json:"denied"`
+	Hot        []hotResult        `json:"hot_key"`
+	Accountant []accountantResult `json:"accountant"`
+	Lag        lagResult          `json:"lag"`
+}
+
+type runCost struct {
+	// CPUPerRequest is CPU time in µs per request, by process group.
+	CPUPerRequest        map[string]float64 `json:"cpu_us_per_request"`
+	RedisCallsPerRequest float64            `json:"redis_calls_per_request"`
+	MessagesPerRequest   float64            `json:"jetstream_messages_per_request"`
+}
+
+type saturationResult struct {
+	Target string    `json:"target"`
+	Median float64   `json:"median_rps"`
+	Min    float64   `json:"min_rps"`
+	Max    float64   `json:"max_rps"`
+	Runs   []float64 `json:"runs_rps"`
+	Cost   runCost   `json:"cost"`
+}
+
+type latencyResult struct {
+	Target   string  `json:"target"`
+	Label    string  `json:"load"`
+	Offered  float64 `json:"offered_rps"`
+	Achieved float64 `json:"achieved_rps"`
+	P50      float64 `json:"p50_ms"`
+	P99      float64 `json:"p99_ms"`
+	P999     float64 `json:"p999_ms"`
+	Errors   uint64  `json:"errors"`
+}
+
+type deniedResult struct {
+	Target               string  `json:"target"`
+	Throughput           float64 `json:"rps"`
+	Denied               uint64  `json:"denied"`
+	Completed            uint64  `json:"completed"`
+	RedisCallsPerRequest float64 `json:"redis_calls_per_request"`
+	Cost                 runCost `json:"cost"`
+}
+
+type hotResult struct {
+	Edges            int     `json:"edges"`
+	Limit            int     `json:"limit"`
+	Window           string  `json:"window"`
+	Offered          float64 `json:"offered_per_window"`
+	AllowedPerWindow []int   `json:"allowed_per_window"`
+	Denied           int     `json:"denied"`
+}
+
+type accountantResult struct {
+	Wait      bool    `json:"wait_for_replica"`
+	Events    int     `json:"events"`
+	PerSecond float64 `json:"events_per_second"`
+}
+
+type lagResult struct {
+	Saturation float64 `json:"scenario_saturation_rps"`
+	Offered    float64 `json:"offered_rps"`
+	Achieved   float64 `json:"achieved_rps"`
+	SideRate   float64 `json:"revalidations_per_second"`
+	Events     uint64  `json:"events"`
+	P50        float64 `json:"lag_p50_ms"`
+	P99        float64 `json:"lag_p99_ms"`
+	RequestP99 float64 `json:"request_p99_ms"`
+}
+
+func (r *report) write(out string, b *bench) error {
+	r.Date = time.Now().UTC().Format("2006-01-02 15:04 UTC")
+	r.Command = "make bench"
+	if b.short {
+		r.Command = "make bench BENCHFLAGS=-short"
+	}
+	r.Machine = machine(b.stack.Bin)
+	base := strings.TrimSuffix(out, filepath.Ext(out))
+	chart := base + "-latency.svg"
+	if err := r.chart(chart); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	var md strings.Builder
+	r.markdown(&md, filepath.Base(chart), string(raw))
+	if err := os.WriteFile(out, []byte(md.String()), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("\nWrote %s and %s (%v).\n", out, chart, r.Duration.Round(time.Second))
+	return nil
+}
+
+func machine(bin string) map[string]string {
+	m := map[string]string{"go": runtime.Version(), "cpus": fmt.Sprint(runtime.NumCPU())}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				m["cpu"] = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		m["memory"] = strings.TrimSpace(strings.TrimPrefix(strings.SplitN(string(b), "\n", 2)[0], "MemTotal:"))
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m["kernel"] = strings.TrimSpace(string(b))
+	}
+	if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
+		m["redis"] = strings.TrimSpace(string(out))
+	}
+	if out, err := exec.Command(filepath.Join(bin, "nats-server"), "--version").Output(); err == nil {
+		m["nats"] = strings.TrimSpace(string(out))
+	}
+	return m
+}
+
+func (r *report) chart(path string) error {
+	byTarget := map[string][]loadgen.Point{}
+	var order []string
+	for _, l := range r.Latency {
+		if _, ok := byTarget[l.Target]; !ok {
+			order = append(order, l.Target)
+		}
+		byTarget[l.Target] = append(byTarget[l.Target], loadgen.Point{X: l.Offered, Y: l.P99})
+	}
+	c := loadgen.Chart{Title: "p99 latency against offered load (open loop, decision API, 1,000 keys)",
+		XLabel: "offered load (requests/s)", YLabel: "p99 latency (ms)", LogY: true}
+	for _, t := range order {
+		pts := byTarget[t]
+		sort.Slice(pts, func(i, j int) bool { return pts[i].X < pts[j].X })
+		c.Series = append(c.Series, loadgen.Series{Name: t, Points: pts})
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return c.WriteSVG(f)
+}
+
+func (r *report) sat(name string) saturationResult {
+	for _, s := range r.Saturation {
+		if s.Target == name {
+			return s
+		}
+	}
+	return saturationResult{}
+}
+
+func (r *report) lat(target, label string) latencyResult {
+	for _, l := range r.Latency {
+		if l.Target == target && l.Label == label {
+			return l
+		}
+	}
+	return latencyResult{}
+}
+
+func (r *report) markdown(w *strings.Builder, chart, raw string) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	noop, exact, auto := r.sat("no-op net/http"), r.sat("tally mode: exact"), r.sat("tally mode: auto")
+	p("# Performance")
+	p("")
+	p("Measured by `%s` (cmd/bench) on %s, in %v. Every figure below comes from that one run, on one", r.Command, r.Date, r.Duration.Round(time.Second))
+	p("machine shared by every process: the load generator, the edge-checker(s), the accountant, NATS and four")
+	p("Redis servers (two shards, a primary and a replica each). Ratios compare targets driven by the same")
+	p("generator in the same run; absolute figures depend on the machine.")
+	p("")
+	p("Machine: %s, %s CPUs, %s; %s; %s; Go %s; Linux %s.", r.Machine["cpu"], r.Machine["cpus"], r.Machine["memory"],
+		r.Machine["redis"], r.Machine["nats"], strings.TrimPrefix(r.Machine["go"], "go"), r.Machine["kernel"])
+	p("")
+	p("## Targets")
+	p("")
+	p("| target | measured | |")
+	p("|---|---|---|")
+	check := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "**missed**"
+	}
+	rn, re := auto.Median/noop.Median, auto.Median/exact.Median
+	p("| decision API throughput ≥ 0.6× the no-op handler | %.2f× | %s |", rn, check(rn >= 0.6))
+	p("| decision API throughput ≥ 2× mode: exact | %.2f× | %s |", re, check(re >= 2))
+	a50, e50 := r.lat("tally mode: auto", "50%"), r.lat("tally mode: exact", "auto's 50%")
+	p("| p99 at half of saturation ≤ mode: exact's p99 at the same load | %.2f ms vs %.2f ms | %s |", a50.P99, e50.P99, check(a50.P99 <= e50.P99))
+	over, under := 0, 0
+	for _, h := range r.Hot {
+		for _, n := range h.AllowedPerWindow[:max(0, len(h.AllowedPerWindow)-1)] { // the last window is cut by the run's end
+			over = max(over, n-h.Limit)
+			under = max(under, h.Limit-n)
+		}
+	}
+	p("| allowed per window ≤ limit, 1 and 4 edges (hot key, 5× offered) | largest overshoot %d | %s |", over, check(over <= 0))
+	p("| undershoot ≤ 1%% of the limit | largest %d of 500 | %s |", under, check(under <= 5))
+	var denied float64
+	for _, d := range r.Denied {
+		if strings.HasSuffix(d.Target, "auto") {
+			denied = d.RedisCallsPerRequest
+		}
+	}
+	p("| zero Redis calls for keys answered from memory | %.4f per request far from the limit, %.4f per denied request | %s |",
+		auto.Cost.RedisCallsPerRequest, denied, check(auto.Cost.RedisCallsPerRequest < 0.01 && denied < 0.01))
+	p("| accounting lag p99 ≤ 10 ms at half load, bursts on one key included | %.2f ms (p50 %.2f ms) | %s |", r.Lag.P99, r.Lag.P50, check(r.Lag.P99 <= 10))
+	p("")
+	p("## Throughput at saturation")
+	p("")
+	p("Decision API (`POST /v1/check`), closed loop, %d connections, %d keys chosen uniformly, far from their", conns, keys)
+	p("limits. Median of the runs, and their range.")
+	p("")
+	p("| target | requests/s (median) | range | × no-op | × exact |")
+	p("|---|---|---|---|---|")
+	for _, s := range r.Saturation {
+		p("| %s | %.0f | %.0f – %.0f | %.2f | %.2f |", s.Target, s.Median, s.Min, s.Max, s.Median/noop.Median, s.Median/exact.Median)
+	}
+	p("")
+	p("## Latency against offered load")
+	p("")
+	p("Open loop (latency counted from each request's scheduled send time), at shares of each target's")
+	p("saturation, and mode exact at the loads auto was measured at.")
+	p("")
+	p("![p99 latency against offered load](%s)", chart)
+	p("")
+	p("| target | load | offered req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms |")
+	p("|---|---|---|---|---|---|---|")
+	for _, l := range r.Latency {
+		p("| %s | %s | %.0f | %.0f | %.2f | %.2f | %.2f |", l.Target, l.Label, l.Offered, l.Achieved, l.P50, l.P99, l.P999)
+	}
+	p("")
+	p("## What a request costs")
+	p("")
+	p("From the last saturation run of each target: CPU time per request of each process (µs), Redis script")
+	p("calls per request on all four nodes (background work included), and JetStream messages per request")
+	p("(accounting and decisions streams). The denied rows keep every window full.")
+	p("")
+	groups := []string{"load generator", "no-op", "edge-checker", "accountant", "nats-server", "redis (4)"}
+	p("| run | %s | Redis calls / request | JetStream messages / request |", strings.Join(groups, " | "))
+	p("|---|%s---|---|", strings.Repeat("---|", len(groups)))
+	row := func(name string, c runCost) {
+		var cells []string
+		for _, g := range groups {
+			if v, ok := c.CPUPerRequest[g]; ok {
+				cells = append(cells, fmt.Sprintf("%.1f", v))
+			} else {
+				cells = append(cells, "–")
+			}
+		}
+		p("| %s | %s | %.4f | %.4f |", name, strings.Join(cells, " | "), c.RedisCallsPerRequest, c.MessagesPerRequest)
+	}
+	for _, s := range r.Saturation {
+		row(s.Target+", allowed", s.Cost)
+	}
+	for _, d := range r.Denied {
+		row(d.Target+", denied", d.Cost)
+	}
+	p("")
+	p("## One hot key offered five times its limit")
+	p("")
+	p("Policy: %d per %s, mode auto; offered %.0f requests per window, open loop, split evenly over the edges.", 500, "5s", 2500.0)
+	p("Allowed requests counted per window from the responses' `X-RateLimit-Reset`; the last window is cut short")
+	p("by the end of the run.")
+	p("")
+	p("| edges | allowed per window | limit | denied |")
+	p("|---|---|---|---|")
+	for _, h := range r.Hot {
+		p("| %d | %v | %d | %d |", h.Edges, h.AllowedPerWindow, h.Limit, h.Denied)
+	}
+	p("")
+	p("## Accounting")
+	p("")
+	p("The accountant applying events published straight to the accounting stream (as a service would), in")
+	p("batches of 512 over both shards, with and without waiting for a replica (Redis `WAIT`) before it")
+	p("deletes applied events from the stream:")
+	p("")
+	p("| WAIT for a replica | events | applied per second |")
+	p("|---|---|---|")
+	for _, a := range r.Accountant {
+		p("| %v | %d | %.0f |", a.Wait, a.Events, a.PerSecond)
+	}
+	p("")
+	p("Accounting lag (an event's creation at the edge to its effect in Redis) at half load: the decision API at")
+	p("%.0f req/s (half of mode auto's saturation, %.0f), while %.0f revalidations per second go through the proxy", r.Lag.Offered, r.Lag.Saturation, r.Lag.SideRate)
+	p("in mode exact (each answered 304: each refund an event through the accountant) and one key sends a burst")
+	p("of 80 back-to-back revalidations every second: %d events, **p50 %.2f ms, p99 %.2f ms**; decision API p99 %.2f ms.",
+		r.Lag.Events, r.Lag.P50, r.Lag.P99, r.Lag.RequestP99)
+	p("")
+	p("## Raw figures")
+	p("")
+	p("```json")
+	p("%s", raw)
+	p("```")
+}

@@ -1,13 +1,19 @@
 -- apply.lua: apply a run of accounting events to windows, each at most once.
 -- Events come from producers (edge-checkers, or services that publish their
--- own), each numbering its events per shard 1, 2, 3, ... and publishing them
--- in that order. A producer hash remembers the highest sequence applied, so
--- a redelivered, republished or retried event changes nothing, and the
--- memory this takes does not grow with traffic.
+-- own), each numbering its events per shard 1, 2, 3, ... A producer hash
+-- remembers the highest sequence applied and the gaps below it (numbers not
+-- applied yet, when events arrive out of order: a batch an edge applied
+-- itself while an earlier one waits in the stream), so a redelivered,
+-- republished or retried event changes nothing, a late one is still applied,
+-- and the memory this takes does not grow with traffic.
 -- Runs on: the shard primary. lua.go prepends window.lua.
 --
 -- KEYS[1..P]  -> producer hashes (keys.go):
 --                  s        the highest sequence of the producer applied here
+--                  g        how many gaps there are (at most 64; beyond, the
+--                           oldest is forgotten and its numbers count as
+--                           applied)
+--                  g:<a>    "<b>": numbers a to b, below s, not applied yet
 --                  c        how many n:<seq> markers there are
 --                  n:<seq>  a refund that arrived before its charge <seq>:
 --                           the charge, when it comes, nets to zero
@@ -20,7 +26,7 @@
 --            have started up to this much before its window
 -- ARGV[5] -> producer hash lifetime, ms (1000 .. 1e12): longer than an event
 --            can wait in the stream
--- ARGV[6..] -> events, 10 arguments each, in stream order:
+-- ARGV[6..] -> events, 10 arguments each (a producer's usually in order):
 --   1 producer    index into KEYS (1 .. P)
 --   2 seq         the producer's sequence number (1 .. 999999999999999)
 --   3 kind        "c" charge units; "r" refund units of an earlier charge;
@@ -49,7 +55,8 @@
 -- Returns: a flat list, 4 values per event: outcome, used, reset_at, amount
 --   outcome 1 applied    used: the window's units after it, amount: added or
 --                        given back
---           2 duplicate  the producer's event was applied before
+--           2 duplicate  the producer's event was applied before (or its
+--                        number is older than every gap remembered)
 --           3 late       its window has ended or been replaced
 --           4 netted     a charge whose refund came first
 --           5 pending    a refund whose charge has not come yet
@@ -99,15 +106,91 @@ for i = 1, nev do
   evs[i] = e
 end
 
+local MAXGAPS = 64
 local prods = {}
 local function producer(i)
   local p = prods[i]
   if p == nil then
-    local f = redis.call("HMGET", KEYS[i], "s", "c")
-    p = { s = tonumber(f[1]) or 0, c = tonumber(f[2]) or 0 }
+    local f = redis.call("HMGET", KEYS[i], "s", "c", "g")
+    p = { i = i, s = tonumber(f[1]) or 0, c = tonumber(f[2]) or 0, g = tonumber(f[3]) or 0 }
     prods[i] = p
   end
   return p
+end
+
+-- gaps loads p's gaps ({from, to} pairs) once.
+local function gaps(p)
+  if p.gaps == nil then
+    p.gaps, p.orig = {}, {}
+    if p.g > 0 then
+      local all = redis.call("HGETALL", KEYS[p.i])
+      for j = 1, #all, 2 do
+        if string.sub(all[j], 1, 2) == "g:" then
+          local from, to = tonumber(string.sub(all[j], 3)), tonumber(all[j + 1])
+          if from ~= nil and to ~= nil then
+            table.insert(p.gaps, { from, to })
+          end
+          table.insert(p.orig, all[j])
+        end
+      end
+    end
+  end
+  return p.gaps
+end
+
+-- unapplied reports whether p's event seq has not been applied yet.
+local function unapplied(p, seq)
+  if seq > p.s then
+    return true
+  end
+  if p.g == 0 then
+    return false
+  end
+  for _, gp in ipairs(gaps(p)) do
+    if seq >= gp[1] and seq <= gp[2] then
+      return true
+    end
+  end
+  return false
+end
+
+-- mark records that p's event seq is applied.
+local function mark(p, seq)
+  p.dirty = true
+  local gs
+  if seq > p.s then
+    if seq > p.s + 1 then
+      gs = gaps(p)
+      table.insert(gs, { p.s + 1, seq - 1 })
+      if #gs > MAXGAPS then
+        local oldest = 1
+        for k = 2, #gs do
+          if gs[k][1] < gs[oldest][1] then oldest = k end
+        end
+        table.remove(gs, oldest)
+      end
+      p.g, p.gapsDirty = #gs, true
+    end
+    p.s = seq
+    return
+  end
+  gs = gaps(p)
+  for k, gp in ipairs(gs) do
+    if seq >= gp[1] and seq <= gp[2] then
+      if gp[1] == gp[2] then
+        table.remove(gs, k)
+      elseif seq == gp[1] then
+        gp[1] = seq + 1
+      elseif seq == gp[2] then
+        gp[2] = seq - 1
+      else
+        table.insert(gs, { seq + 1, gp[2] })
+        gp[2] = seq - 1
+      end
+      break
+    end
+  end
+  p.g, p.gapsDirty = #gs, true
 end
 
 local wins = {}
@@ -165,7 +248,7 @@ end
 local function giveback(e)
   if e.ref > 0 then
     local rp = producer(e.ref)
-    if e.refseq > rp.s then
+    if unapplied(rp, e.refseq) then
       redis.call("HSET", KEYS[e.ref], "n:" .. num(e.refseq), num(e.units))
       rp.c = rp.c + 1
       rp.dirty = true
@@ -187,14 +270,13 @@ for i = 1, nev do
   local e = evs[i]
   local p = producer(e.prod)
   local o, u, r, a = 2, 0, 0, 0
-  if e.seq > p.s then
+  if unapplied(p, e.seq) then
     if e.kind == "c" then
       o, u, r, a = charge(e, p)
     else
       o, u, r, a = giveback(e)
     end
-    p.s = e.seq
-    p.dirty = true
+    mark(p, e.seq)
   end
   local b = (i - 1) * 4
   out[b + 1], out[b + 2], out[b + 3], out[b + 4] = o, u, r, a
@@ -205,7 +287,17 @@ for i in pairs(touched) do
 end
 for i, p in pairs(prods) do
   if p.dirty then
-    redis.call("HSET", KEYS[i], "s", num(p.s), "c", num(p.c))
+    local fields = { "s", num(p.s), "c", num(p.c), "g", num(p.g) }
+    if p.gapsDirty then
+      for _, f in ipairs(p.orig) do
+        redis.call("HDEL", KEYS[i], f)
+      end
+      for _, gp in ipairs(p.gaps) do
+        table.insert(fields, "g:" .. num(gp[1]))
+        table.insert(fields, num(gp[2]))
+      end
+    end
+    redis.call("HSET", KEYS[i], unpack(fields))
     redis.call("PEXPIRE", KEYS[i], num(ttl))
   end
 end

@@ -663,10 +663,11 @@ func (b *bench) applyEvents(ctx context.Context, n int, producer string) (float6
 
 // lag: half of auto's saturation on the decision API, while 1,000
 // revalidations per second go through the proxy in mode exact (each answered
-// 304, each refund an accounting event through the accountant) and one key
-// sends a burst of 80 back-to-back revalidations every second. Lag: an
-// event's creation at the edge to its effect in Redis, from the
-// accountant's histogram.
+// 304, each refund an accounting event) and one key sends a burst of 80
+// back-to-back revalidations every second. Lag: an event's creation at the
+// edge to its effect in Redis. Measured on both routes of accounting events:
+// through JetStream and the accountant (the accountant's histogram), and
+// applied by the edge itself (the edge's).
 func (b *bench) lag(ctx context.Context) error {
 	auto := b.report.sat("tally mode: auto").Median
 	if auto == 0 { // run alone (-only): measure it
@@ -677,45 +678,74 @@ func (b *bench) lag(ctx context.Context) error {
 		auto = res.Throughput()
 		time.Sleep(3 * time.Second) // the credit of that run is given back (idle_release) before measuring
 	}
+	r, err := b.lagRun(ctx, auto, b.apiAddrs[0], b.proxyAddr, b.cfg.Accountant.AdminListen, "tally_accountant_lag_seconds")
+	if err != nil {
+		return err
+	}
+	r.Route = "stream"
+	b.report.Lag = append(b.report.Lag, r)
+
+	// The same on an edge that applies its events itself.
+	f := *b.cfg
+	f.Edge.APIListen, f.Edge.AdminListen, f.Edge.Listen = stack.FreeAddr(), stack.FreeAddr(), stack.FreeAddr()
+	f.Edge.Outbox.Route = "direct"
+	path, err := b.stack.WriteConfig("edge-direct", &f)
+	if err != nil {
+		return err
+	}
+	p, err := b.stack.Edge(ctx, "edge-direct", path, f.Edge.AdminListen)
+	if err != nil {
+		return err
+	}
+	defer p.Stop()
+	r, err = b.lagRun(ctx, auto, f.Edge.APIListen, f.Edge.Listen, f.Edge.AdminListen, "tally_edge_accounting_lag_seconds")
+	if err != nil {
+		return err
+	}
+	r.Route = "direct"
+	b.report.Lag = append(b.report.Lag, r)
+	return nil
+}
+
+func (b *bench) lagRun(ctx context.Context, auto float64, api, proxy, metricsAddr, histogram string) (lagResult, error) {
 	const sideRate = 1000.0
 	reval := make([][]byte, keys)
 	for i := range reval {
 		reval[i] = []byte("GET /repos/tally HTTP/1.1\r\nHost: bench\r\nAuthorization: client-" + strconv.Itoa(i) +
 			"\r\nIf-None-Match: \"v1\"\r\n\r\n")
 	}
-	side := loadgen.Target{Addr: b.proxyAddr, Request: func(conn int, i uint64) []byte { return reval[i%keys] }}
+	side := loadgen.Target{Addr: proxy, Request: func(conn int, i uint64) []byte { return reval[i%keys] }}
 	burst := []byte("GET /repos/tally HTTP/1.1\r\nHost: bench\r\nAuthorization: burst\r\nIf-None-Match: \"v1\"\r\n\r\n")
-	before := metricsText(b.cfg.Accountant.AdminListen)
+	main := b.loadTarget(target{"", api, "far"})
+	before := metricsText(metricsAddr)
 	dur := 2 * b.olDur
 	var wg sync.WaitGroup
 	var mainRes loadgen.Result
 	var mainErr, sideErr error
-	wg.Go(func() {
-		mainRes, mainErr = loadgen.OpenLoop(ctx, b.loadTarget(b.targets()[2]), auto/2, 256, time.Second, dur)
-	})
+	wg.Go(func() { mainRes, mainErr = loadgen.OpenLoop(ctx, main, auto/2, 256, time.Second, dur) })
 	wg.Go(func() { _, sideErr = loadgen.OpenLoop(ctx, side, sideRate, 64, time.Second, dur) })
 	wg.Go(func() {
 		end := time.Now().Add(dur + time.Second)
 		for time.Now().Before(end) && ctx.Err() == nil {
-			_, _ = loadgen.ClosedLoop(ctx, loadgen.Target{Addr: b.proxyAddr, Request: func(int, uint64) []byte { return burst }}, 1, 0, 80*time.Millisecond)
+			_, _ = loadgen.ClosedLoop(ctx, loadgen.Target{Addr: proxy, Request: func(int, uint64) []byte { return burst }}, 1, 0, 80*time.Millisecond)
 			time.Sleep(time.Second)
 		}
 	})
 	wg.Wait()
 	if mainErr != nil {
-		return mainErr
+		return lagResult{}, mainErr
 	}
 	if sideErr != nil {
-		return sideErr
+		return lagResult{}, sideErr
 	}
 	time.Sleep(200 * time.Millisecond)
-	after := metricsText(b.cfg.Accountant.AdminListen)
-	p50, p99, n := lagQuantiles(before, after)
-	b.report.Lag = lagResult{Saturation: auto, Offered: auto / 2, Achieved: mainRes.Throughput(), SideRate: sideRate, Events: n,
+	after := metricsText(metricsAddr)
+	p50, p99, n := lagQuantiles(histogram, before, after)
+	r := lagResult{Saturation: auto, Offered: auto / 2, Achieved: mainRes.Throughput(), SideRate: sideRate, Events: n,
 		P50: p50, P99: p99, RequestP99: ms(mainRes.Latency.Quantile(0.99))}
 	fmt.Printf("  decision API at %.0f req/s (half of auto's %.0f) + %.0f revalidations/s in mode exact + bursts: %d events, lag p50 %.2f ms, p99 %.2f ms\n",
 		auto/2, auto, sideRate, n, p50, p99)
-	return nil
+	return r, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -743,14 +773,14 @@ func metricsText(addr string) map[string]float64 {
 
 func metricValue(addr, name string) float64 { return metricsText(addr)[name] }
 
-// lagQuantiles estimates the median and 99th percentile (ms) of the lag
-// observed between two readings of the accountant's histogram, by linear
-// interpolation within buckets.
-func lagQuantiles(before, after map[string]float64) (p50, p99 float64, n uint64) {
+// lagQuantiles estimates the median and 99th percentile (ms) of what a
+// histogram observed between two readings, by linear interpolation within
+// buckets.
+func lagQuantiles(name string, before, after map[string]float64) (p50, p99 float64, n uint64) {
 	type bucket struct{ le, count float64 }
 	var bs []bucket
 	for k, v := range after {
-		le, ok := strings.CutPrefix(k, `tally_accountant_lag_seconds_bucket{le="`)
+		le, ok := strings.CutPrefix(k, name+`_bucket{le="`)
 		if !ok {
 			continue
 		}

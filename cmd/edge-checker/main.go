@@ -63,9 +63,7 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	if len(cfg.KeySecret) == 0 {
 		log.Warn("TALLY_KEY_SECRET is empty: identity digests are unkeyed and request ids unsigned")
 	}
-	opts := cfg.StoreOptions()
-	opts.WaitReplicas = -1 // the edge applies events only when NATS is away: nothing to hold back
-	store, err := limiter.NewStore(cfg.Redis.Shards, keys, opts)
+	store, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/metrics"
 )
 
 // Config tunes the accountant. Zero values take the defaults stated.
@@ -60,10 +61,9 @@ type Config struct {
 	// policy is unknown, or whose limit or window differ, is dead-lettered
 	// instead of opening a window on terms nobody configured.
 	Policies map[string]limiter.Policy
-	// BatchSize is the most events applied in one script call: a script
-	// holds its Redis node while it runs, so this bounds how long edges'
-	// reservations on that node can wait behind it. Default 128 (about
-	// 2 ms).
+	// BatchSize is the most events read and applied as one run (the store
+	// splits it into script calls of limiter.Options.ScriptEvents). Default
+	// 512.
 	BatchSize int
 	// BatchWait is how long a run waits for more messages after its first
 	// one, beyond those already received. Default 100µs: under load runs
@@ -89,7 +89,7 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	c.Streams = c.Streams.WithDefaults()
 	if c.BatchSize <= 0 || c.BatchSize > limiter.MaxApply {
-		c.BatchSize = 128
+		c.BatchSize = 512
 	}
 	if c.BatchWait <= 0 {
 		c.BatchWait = 100 * time.Microsecond
@@ -127,13 +127,13 @@ type Stats struct {
 	Ignored                     uint64 // finished events with nothing to refund
 	DeadLettered                uint64 // messages copied to the dead-letter stream
 	Retries                     uint64 // runs tried again after a failure
-	Unconfirmed                 uint64 // runs no replica confirmed in time
+	Unconfirmed                 uint64 // purges held back: no replica confirmed in time
 	Messages                    uint64 // stream messages processed
 	// OverLimit counts units charged beyond a window's limit: admissions
 	// made without a reservation (mode async over credit, or with Redis
 	// unreachable) that turned out to exceed it.
 	OverLimit uint64
-	Lag       Histogram
+	Lag       metrics.Snapshot // accounting lag: an event's creation to its effect in Redis
 }
 
 // ShardState is what one shard's worker is doing.
@@ -157,7 +157,7 @@ type Accountant struct {
 
 	charged, refunded, released, duplicates, late, netted, pending, ignored atomic.Uint64
 	dead, retries, unconfirmed, messages, overLimit                         atomic.Uint64
-	lag                                                                     histogram
+	lag                                                                     metrics.Histogram
 
 	mu     sync.Mutex
 	states []ShardState
@@ -267,14 +267,10 @@ func (a *Accountant) serveShard(ctx context.Context, i int) {
 }
 
 func (a *Accountant) hold(ctx context.Context, i int) (bool, error) {
-	l, err := a.holdLease(ctx, i)
-	return l.Held, err
-}
-
-func (a *Accountant) holdLease(ctx context.Context, i int) (limiter.Lease, error) {
 	c, cancel := context.WithTimeout(ctx, a.cfg.LeaseTTL/2)
 	defer cancel()
-	return a.store.HoldLease(c, i, a.cfg.Owner, a.cfg.LeaseTTL)
+	l, err := a.store.HoldLease(c, i, a.cfg.Owner, a.cfg.LeaseTTL)
+	return l.Held, err
 }
 
 // lead reads shard i while this process holds its lease: a renewal loop
@@ -342,19 +338,11 @@ func (a *Accountant) consume(ctx context.Context, i int) error {
 
 	w := &worker{a: a, shard: i, name: name, subject: subject, stream: stream, delay: a.cfg.RetryMin,
 		attempts: map[uint64]int{}}
-	defer func() {
-		if w.unconfirmed != 0 {
-			w.confirm(context.WithoutCancel(ctx))
-		}
-		w.purge(true)
-	}()
+	defer w.purge(true)
 	for {
 		msgs, err := w.collect(it)
 		if len(msgs) > 0 {
 			w.process(ctx, msgs)
-		}
-		if len(msgs) == 0 && w.unconfirmed != 0 {
-			w.confirm(ctx)
 		}
 		w.purge(false)
 		if err != nil {
@@ -382,14 +370,13 @@ type worker struct {
 	delay   time.Duration // before the next retry
 
 	// Stream sequences: the last message processed (applied or
-	// dead-lettered), the first whose run no replica confirmed yet (0: none),
-	// and the last deleted from the stream.
-	applied, unconfirmed, purged uint64
-	lastPurge                    time.Time
-	purging                      sync.WaitGroup // a purge in the background
-	purgeFailed                  atomic.Bool    // the last purge failed: do it again
-	attempts                     map[uint64]int // stream seq → permanent failures
-	notices                      []byte
+	// dead-lettered) and the last deleted from the stream.
+	applied, purged uint64
+	lastPurge       time.Time
+	purging         sync.WaitGroup // a purge in the background
+	purgeFailed     atomic.Bool    // the last purge failed: do it again
+	attempts        map[uint64]int // stream seq → permanent failures
+	notices         []byte
 }
 
 // collect waits up to PurgeEvery for one message, then takes more for up to
@@ -543,26 +530,15 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 	}
 }
 
-// apply applies ops in calls of at most BatchSize events: a script holds
-// its Redis node while it runs, and reservations on the request path wait
-// behind it. The run in hand finishes even when shutdown has begun.
+// apply applies ops (the store bounds each script call). The run in hand
+// finishes even when shutdown has begun.
 func (w *worker) apply(ctx context.Context, ops []limiter.Event) (limiter.ApplyResult, error) {
-	var out limiter.ApplyResult
-	for from := 0; from < len(ops); from += w.a.cfg.BatchSize {
-		call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		res, err := w.a.store.Apply(call, w.shard, w.a.now(), ops[from:min(from+w.a.cfg.BatchSize, len(ops))])
-		cancel()
-		if err != nil {
-			return out, err
-		}
-		out.Results = append(out.Results, res.Results...)
-		out.Replicated, out.Waited = res.Replicated, res.Waited // the last call's WAIT covers the earlier ones
-	}
-	return out, nil
+	call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return w.a.store.Apply(call, w.shard, w.a.now(), ops)
 }
 
-// record counts what a run did, notes the windows that have room again, and
-// tracks what is confirmed by a replica.
+// record counts what a run did and notes the windows that have room again.
 func (w *worker) record(items []item, res limiter.ApplyResult) {
 	a := w.a
 	now := a.now()
@@ -610,27 +586,6 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 			}
 		}
 	}
-	// Replication is in order: a confirmed run confirms every earlier one.
-	if res.Replicated >= res.Waited {
-		w.unconfirmed = 0
-	} else {
-		if w.unconfirmed == 0 {
-			w.unconfirmed = items[0].seq
-		}
-		a.unconfirmed.Add(1)
-		a.log.Warn("no replica confirmed applied events in time; they stay in the stream until one does",
-			"shard", w.name, "waited_for", res.Waited, "replicated", res.Replicated)
-	}
-}
-
-// confirm asks a replica to confirm, while the shard is idle, what earlier
-// runs applied: a renewal of the lease is a write whose confirmation covers
-// every write before it.
-func (w *worker) confirm(ctx context.Context) {
-	l, err := w.a.holdLease(ctx, w.shard)
-	if err == nil && l.Replicated >= l.Waited {
-		w.unconfirmed = 0
-	}
 }
 
 // flushNotices tells the edges which windows have room again.
@@ -645,14 +600,13 @@ func (w *worker) flushNotices() {
 	w.notices = w.notices[:0]
 }
 
-// purge deletes from the stream what is applied (or dead-lettered) and
-// confirmed by a replica, at most every PurgeEvery, in the background so
-// that reading goes on meanwhile; the final purge waits.
+// purge deletes from the stream what is applied (or dead-lettered), once a
+// replica has confirmed it, at most every PurgeEvery, in the background so
+// that reading goes on meanwhile (the final purge waits). The confirmation
+// is a renewal of the lease with a WAIT: replication keeps order, so it
+// covers every event applied before it.
 func (w *worker) purge(final bool) {
 	upTo := w.applied
-	if w.unconfirmed != 0 {
-		upTo = min(upTo, w.unconfirmed-1)
-	}
 	if (upTo <= w.purged && !w.purgeFailed.Load()) || upTo == 0 || (!final && time.Since(w.lastPurge) < w.a.cfg.PurgeEvery) {
 		return
 	}
@@ -662,6 +616,14 @@ func (w *worker) purge(final bool) {
 	w.purging.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		l, err := w.a.store.ConfirmApplied(ctx, w.shard, w.a.cfg.Owner, w.a.cfg.LeaseTTL)
+		if err != nil || l.Replicated < l.Waited {
+			w.purgeFailed.Store(true)
+			w.a.unconfirmed.Add(1)
+			w.a.log.Warn("no replica confirmed applied events in time; they stay in the stream until one does",
+				"shard", w.name, "waited_for", l.Waited, "replicated", l.Replicated, "err", err)
+			return
+		}
 		if err := w.stream.Purge(ctx, jetstream.WithPurgeSubject(w.subject), jetstream.WithPurgeSequence(upTo+1)); err != nil {
 			w.purgeFailed.Store(true)
 			w.a.log.Warn("deleting applied events from the stream failed; will retry", "shard", w.name, "err", err)

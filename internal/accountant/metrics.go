@@ -4,84 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 )
-
-// lagBounds are the upper bounds of the lag histogram's buckets, in seconds.
-var lagBounds = []float64{0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
-
-// Histogram is a snapshot of durations counted in fixed buckets: Counts[i]
-// counts those up to LagBounds[i] seconds, the last one those above.
-type Histogram struct {
-	Counts [20]uint64
-	Sum    time.Duration
-	Count  uint64
-}
-
-// LagBounds are the upper bounds of the lag histogram's buckets, in seconds.
-var LagBounds = lagBounds
-
-// histogram counts durations live; the zero value is ready and it is safe
-// for concurrent use.
-type histogram struct {
-	live [20]atomic.Uint64 // len(lagBounds)+1
-	sum  atomic.Int64
-	n    atomic.Uint64
-}
-
-// Observe records d.
-func (h *histogram) Observe(d time.Duration) {
-	d = max(0, d)
-	s := d.Seconds()
-	i := 0
-	for i < len(lagBounds) && s > lagBounds[i] {
-		i++
-	}
-	h.live[i].Add(1)
-	h.sum.Add(int64(d))
-	h.n.Add(1)
-}
-
-// Snapshot copies the counts.
-func (h *histogram) Snapshot() Histogram {
-	var s Histogram
-	for i := range h.live {
-		s.Counts[i] = h.live[i].Load()
-	}
-	s.Sum, s.Count = time.Duration(h.sum.Load()), h.n.Load()
-	return s
-}
-
-// Quantile estimates the q-quantile (0 to 1) of a snapshot by linear
-// interpolation within its bucket; 0 when empty.
-func (h Histogram) Quantile(q float64) time.Duration {
-	var total uint64
-	for _, c := range h.Counts {
-		total += c
-	}
-	if total == 0 {
-		return 0
-	}
-	rank := q * float64(total)
-	var seen float64
-	for i, c := range h.Counts {
-		if seen+float64(c) >= rank && c > 0 {
-			lo := 0.0
-			if i > 0 {
-				lo = lagBounds[i-1]
-			}
-			hi := lo * 2
-			if i < len(lagBounds) {
-				hi = lagBounds[i]
-			}
-			s := lo + (hi-lo)*(rank-seen)/float64(c)
-			return time.Duration(s * float64(time.Second))
-		}
-		seen += float64(c)
-	}
-	return time.Duration(lagBounds[len(lagBounds)-1] * float64(time.Second))
-}
 
 // AdminHandler serves /healthz, /readyz and /metrics (Prometheus text).
 // Ready means ready(ctx) returns nil (NATS connected) and no shard has been
@@ -114,17 +38,7 @@ func (a *Accountant) AdminHandler(ready func(context.Context) error) http.Handle
 		fmt.Fprintf(w, "# HELP tally_accountant_retries_total Runs tried again after a failure.\n# TYPE tally_accountant_retries_total counter\ntally_accountant_retries_total %d\n", s.Retries)
 		fmt.Fprintf(w, "# HELP tally_accountant_over_limit_units_total Units charged beyond a window's limit (admitted without a reservation).\n# TYPE tally_accountant_over_limit_units_total counter\ntally_accountant_over_limit_units_total %d\n", s.OverLimit)
 		fmt.Fprintf(w, "# HELP tally_accountant_unconfirmed_total Runs no replica confirmed in time.\n# TYPE tally_accountant_unconfirmed_total counter\ntally_accountant_unconfirmed_total %d\n", s.Unconfirmed)
-		fmt.Fprintf(w, "# HELP tally_accountant_lag_seconds Time from an event's creation to its effect in Redis.\n# TYPE tally_accountant_lag_seconds histogram\n")
-		var cum uint64
-		for i, c := range s.Lag.Counts {
-			cum += c
-			le := "+Inf"
-			if i < len(lagBounds) {
-				le = fmt.Sprint(lagBounds[i])
-			}
-			fmt.Fprintf(w, "tally_accountant_lag_seconds_bucket{le=%q} %d\n", le, cum)
-		}
-		fmt.Fprintf(w, "tally_accountant_lag_seconds_sum %g\ntally_accountant_lag_seconds_count %d\n", s.Lag.Sum.Seconds(), s.Lag.Count)
+		s.Lag.WritePrometheus(w, "tally_accountant_lag_seconds", "Time from an event's creation to its effect in Redis.")
 		fmt.Fprintf(w, "# HELP tally_accountant_shard_active Whether this process serves the shard.\n# TYPE tally_accountant_shard_active gauge\n")
 		for _, st := range a.Shards() {
 			v := 0

@@ -358,6 +358,12 @@ func (f *File) validateEdge() error {
 			return fieldErr(fmt.Sprintf("edge.identity.trusted_proxies[%d]", i), "%q: want an address or CIDR", c)
 		}
 	}
+	if err := e.Outbox.Validate(); err != nil {
+		return fieldErr("edge.outbox.route", "%q: want stream or direct", e.Outbox.Route)
+	}
+	if s := e.Decisions.SampleAllowed; s > 1 {
+		return fieldErr("edge.decisions.sample_allowed", "%v: want 0 to 1 (negative: none)", s)
+	}
 	if len(f.Policies) == 0 && (e.Listen != "" || e.APIListen != "") {
 		return fieldErr("policies", "the edge needs at least one policy")
 	}

@@ -100,6 +100,8 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	value("tally_edge_accounting_messages_total", "", o.Messages)
 	help("tally_edge_accounting_queued", "gauge", "Accounting events waiting to be delivered.")
 	value("tally_edge_accounting_queued", "", uint64(o.Queued))
+	s.outbox.lag.Snapshot().WritePrometheus(&b, "tally_edge_accounting_lag_seconds",
+		"Time from an accounting event's creation to its effect in Redis, for the events the edge applied itself.")
 	if s.batcher != nil {
 		bs := s.batcher.Stats()
 		help("tally_edge_decision_records_total", "counter", "Decision records: published to the decisions stream, dropped.")

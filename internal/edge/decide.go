@@ -130,8 +130,12 @@ type decider struct {
 	table    *table
 
 	// suspect[i] holds until when (ns) shard i's primary is presumed down:
-	// requests then do not wait for reservations.
-	suspect []atomic.Int64
+	// requests then do not wait for reservations. failures[i] counts
+	// reservations that failed in a row; probing[i] is set while one
+	// request finds out whether a suspected primary is back.
+	suspect  []atomic.Int64
+	failures []atomic.Int64
+	probing  []atomic.Bool
 
 	byPath               [len(pathNames)][2]atomic.Uint64 // [path][allowed]
 	takes, takeErrors    atomic.Uint64
@@ -146,7 +150,8 @@ func newDecider(cfg CreditConfig, store Store, keys *limiter.KeySpace, ob *outbo
 	notify func(int, events.Notice)) *decider {
 	cfg = cfg.withDefaults()
 	return &decider{cfg: cfg, store: store, keys: keys, outbox: ob, notify: notify, producer: producer, failOpen: failOpen,
-		log: log, table: newTable(cfg.Keys), suspect: make([]atomic.Int64, store.Shards())}
+		log: log, table: newTable(cfg.Keys), suspect: make([]atomic.Int64, store.Shards()),
+		failures: make([]atomic.Int64, store.Shards()), probing: make([]atomic.Bool, store.Shards())}
 }
 
 // entry returns the table entry of a key under policy p.
@@ -241,7 +246,12 @@ func (d *decider) wait(ctx context.Context, e *entry, ch chan struct{}, deadline
 // made by the request itself.
 func (d *decider) reserveNow(ctx context.Context, v verdict, e *entry, p limiter.Policy, cost int64, now, deadline time.Time) (verdict, error) {
 	if d.suspected(e.shard, now.UnixNano()) {
-		return d.fallback(v, e, cost)
+		// One request at a time finds out whether the primary is back; the
+		// others do not wait for it.
+		if !d.probing[e.shard].CompareAndSwap(false, true) {
+			return d.fallback(v, e, cost)
+		}
+		defer d.probing[e.shard].Store(false)
 	}
 	e.mu.Unlock()
 	c, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
@@ -253,6 +263,7 @@ func (d *decider) reserveNow(ctx context.Context, v verdict, e *entry, p limiter
 		d.takeFailed(e, err)
 		return d.fallback(v, e, cost)
 	}
+	d.takeOK(e.shard)
 	full := d.grant(e, g, now)
 	if g.Granted == 0 {
 		e.deniedSince, e.lastCost = true, cost
@@ -286,7 +297,7 @@ func (d *decider) startTake(e *entry, p limiter.Policy, cost int64, now time.Tim
 			d.takeFailed(e, err)
 		} else {
 			e.failed = 0
-			d.suspect[e.shard].Store(0)
+			d.takeOK(e.shard)
 			if d.grant(e, g, now) {
 				d.publishFull(e)
 			}
@@ -348,14 +359,27 @@ func (d *decider) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	return g.Used >= e.limit
 }
 
+// takeFailed notes a reservation that failed. After failures in a row on
+// a shard, the request path marks its primary down: for a second requests do
+// not wait for it, and the first reservation that succeeds (the background
+// ones, or one probing request at a time in mode exact) clears the mark.
 func (d *decider) takeFailed(e *entry, err error) {
 	d.takeErrors.Add(1)
 	now := time.Now().UnixNano()
 	e.failed = now
-	// The request path marks the primary down: for a moment, requests do
-	// not wait for it; the next reservation in flight tells when it is back.
-	d.suspect[e.shard].Store(now + int64(time.Second))
+	if d.failures[e.shard].Add(1) >= suspectAfter {
+		d.suspect[e.shard].Store(now + int64(time.Second))
+	}
 	d.log.Warn("reserving on the primary failed; deciding without it", "shard", d.store.ShardName(e.shard), "err", err)
+}
+
+// suspectAfter is how many reservations in a row must fail before the
+// request path stops waiting for a primary.
+const suspectAfter = 3
+
+func (d *decider) takeOK(shard int) {
+	d.failures[shard].Store(0)
+	d.suspect[shard].Store(0)
 }
 
 func (d *decider) suspected(shard int, nowNs int64) bool {
@@ -369,7 +393,10 @@ func (d *decider) borrow(v verdict, e *entry, cost int64, path Path) (verdict, b
 	if e.limit-e.used-e.debtUnits()+e.credit < cost {
 		return v, false
 	}
-	units := cost - e.credit
+	units := cost - e.credit // > 0: callers use credit when it suffices
+	if units <= 0 {
+		return v, false
+	}
 	seq := d.outbox.add(e.shard, events.Accounting{Kind: events.Started, Time: time.Now(), Key: e.key.Digest().String(),
 		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Units: units,
 		ResetAt: time.UnixMilli(e.reset), StartedAt: v.now})
@@ -387,19 +414,26 @@ func (d *decider) borrow(v verdict, e *entry, cost int64, path Path) (verdict, b
 // knows of the window when it knows it, else by the on_redis_error rule.
 // Callers hold e.mu.
 func (d *decider) fallback(v verdict, e *entry, cost int64) (verdict, error) {
-	if e.reset != 0 && v.now.UnixMilli() < e.reset {
-		if e.full && e.limit-e.used-e.debtUnits() < cost {
+	known := e.reset != 0 && v.now.UnixMilli() < e.reset
+	if known {
+		if e.credit >= cost && v.policy.Mode.OrDefault() != limiter.ModeExact { // a reservation came in meanwhile
+			e.credit -= cost
+			e.admitted += cost
+			return d.allow(v, e, PathCredit), nil
+		}
+		if e.limit-e.used-e.debtUnits()+e.credit < cost { // full, as far as anyone knows: no Redis needed
+			e.deniedSince, e.lastCost = true, cost
 			return d.deny(v, e, PathCache), nil
 		}
-		if v, ok := d.borrow(v, e, cost, PathBorrow); ok {
-			return v, nil
-		}
-		e.full = true
-		return d.deny(v, e, PathCache), nil
 	}
 	if !d.failOpen {
 		d.unavailable.Add(1)
 		return v, errUnavailable
+	}
+	if known {
+		if v, ok := d.borrow(v, e, cost, PathBorrow); ok {
+			return v, nil
+		}
 	}
 	// Nothing known: admit, and charge by the request's start.
 	p := v.policy

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
@@ -413,4 +414,68 @@ func TestKeysAreBounded(t *testing.T) {
 	}
 	require.LessOrEqual(t, metric(t, e, "tally_edge_keys"), 512.0)
 	require.GreaterOrEqual(t, metric(t, e, "tally_edge_keys_evicted_total"), 1488.0)
+}
+
+// The accounting stream fills up (no accountant to empty it): the edge
+// notices publishes failing and applies its events itself; once an
+// accountant empties the stream nothing was lost and nothing doubled.
+func TestFullStreamEdgeAppliesItself(t *testing.T) {
+	pl := newPipeline(t)
+	pl.stopAcc()
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute, Mode: limiter.ModeExact}
+	// A stream of 2 KiB: a couple of batches fill it.
+	small := events.Streams{Accounting: events.StreamConfig{MaxBytes: 2048}}
+	_, js := pl.nats.Connect()
+	require.NoError(t, events.EnsureStreams(context.Background(), js, small))
+	e := pl.edge(func(o *edge.Options) { o.Streams = small })
+	k := pl.keys.Key("core", "h:full")
+	for range 30 {
+		require.Equal(t, 304, get(t, e.proxy.URL, "full", "If-None-Match", `"v1"`).StatusCode)
+	}
+	waitFor(t, "events applied by the edge", func() bool {
+		return metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`) > 0
+	})
+	waitFor(t, "every event delivered", func() bool { return metric(t, e, "tally_edge_accounting_queued") == 0 })
+	require.Zero(t, metric(t, e, `tally_edge_accounting_events_total{outcome="dropped"}`))
+	published := metric(t, e, `tally_edge_accounting_events_total{outcome="published"}`)
+	require.Greater(t, published, 0.0, "the first batches went to the stream")
+	pl.startAccountant(small)
+	pl.waitUsed(k, 0) // 30 charges, 30 refunds: once each, whichever way they went
+	waitFor(t, "the stream's events applied", func() bool { return pl.acc.Stats().Refunded == uint64(published) })
+}
+
+// The direct route: the edge applies its events on the primary, and hands
+// them to JetStream only when the primary does not take them.
+func TestDirectRoute(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute, Mode: limiter.ModeExact}
+	e := pl.edge(func(o *edge.Options) { o.Outbox.Route = edge.RouteDirect })
+	k := pl.keys.Key("core", "h:direct")
+	for range 5 {
+		require.Equal(t, 304, get(t, e.proxy.URL, "direct", "If-None-Match", `"v1"`).StatusCode)
+	}
+	pl.waitUsed(k, 0)
+	waitFor(t, "5 events applied by the edge", func() bool {
+		return metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`) == 5
+	})
+	require.Zero(t, pl.acc.Stats().Messages, "nothing went through the stream")
+
+	// The primary hangs: a refund goes to JetStream and waits there; the
+	// accountant applies it when the primary is back.
+	resp, m := check(t, e, "direct")
+	require.Equal(t, 200, resp.StatusCode)
+	pl.waitUsed(k, 1)
+	pl.primary.Pause()
+	resp, _ = post(t, e.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304}`, m["request_id"]))
+	require.Equal(t, 202, resp.StatusCode)
+	waitFor(t, "the refund handed to JetStream", func() bool {
+		return metric(t, e, `tally_edge_accounting_events_total{outcome="published"}`) == 1
+	})
+	pl.primary.Resume()
+	pl.waitUsed(k, 0)
+	// The edge's attempt may have reached the hung primary and been applied
+	// when it came back; then the JetStream copy is a duplicate. Once.
+	waitFor(t, "the accountant read it", func() bool { return pl.acc.Stats().Messages == 1 })
+	s := pl.acc.Stats()
+	require.EqualValues(t, 1, s.Refunded+s.Duplicates)
 }

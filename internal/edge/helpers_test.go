@@ -67,9 +67,15 @@ func newPipeline(t *testing.T) *pipeline {
 	return pl
 }
 
-func (pl *pipeline) startAccountant() {
+// startAccountant runs an accountant until the test ends (or stopAcc),
+// with the streams' configuration when given.
+func (pl *pipeline) startAccountant(streams ...events.Streams) {
 	_, js := pl.nats.Connect()
-	pl.acc = accountant.New(js, pl.newStore(), pl.keys, accountant.Config{LeaseTTL: time.Second, PurgeEvery: 20 * time.Millisecond}, quiet)
+	cfg := accountant.Config{LeaseTTL: time.Second, PurgeEvery: 20 * time.Millisecond}
+	if len(streams) > 0 {
+		cfg.Streams = streams[0]
+	}
+	pl.acc = accountant.New(js, pl.newStore(), pl.keys, cfg, quiet)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	acc := pl.acc
@@ -228,5 +234,3 @@ func (pl *pipeline) redisCalls() int64 {
 	}
 	return n
 }
-
-var _ = events.Notice{}

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/metrics"
 )
 
 // OutboxConfig bounds the accounting events an edge holds. Zero values take
@@ -23,12 +23,28 @@ type OutboxConfig struct {
 	// the shard's primary are unreachable; beyond it new events are dropped,
 	// counted and logged. Default 100000.
 	Capacity int `yaml:"capacity"`
-	// PublishTimeout is how long a batch waits for JetStream's ack before
-	// the edge applies it on the primary itself. Default 500ms.
+	// PublishTimeout is how long a batch may take on its route (JetStream's
+	// acknowledgement, or the primary's answer) before the other route is
+	// tried. Default 500ms.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// MaxBatch is the most events in one message. Default 512.
 	MaxBatch int `yaml:"max_batch"`
+	// InFlight is how many batches per shard may await JetStream's
+	// acknowledgement at once. Default 4.
+	InFlight int `yaml:"in_flight"`
+	// Route is "stream" (default: events go to JetStream, and the edge
+	// applies a batch itself when JetStream does not take it in time) or
+	// "direct" (the edge applies events on the primary, and hands a batch
+	// to JetStream when the primary does not answer in time). See
+	// docs/architecture.md for what each costs.
+	Route string `yaml:"route"`
 }
+
+// Routes of accounting events.
+const (
+	RouteStream = "stream"
+	RouteDirect = "direct"
+)
 
 func (c OutboxConfig) withDefaults() OutboxConfig {
 	if c.Capacity <= 0 {
@@ -40,7 +56,21 @@ func (c OutboxConfig) withDefaults() OutboxConfig {
 	if c.MaxBatch <= 0 || c.MaxBatch > events.MaxBatch {
 		c.MaxBatch = 512
 	}
+	if c.InFlight <= 0 {
+		c.InFlight = 4
+	}
+	if c.Route == "" {
+		c.Route = RouteStream
+	}
 	return c
+}
+
+// Validate reports whether c's route is known.
+func (c OutboxConfig) Validate() error {
+	if c.Route != "" && c.Route != RouteStream && c.Route != RouteDirect {
+		return fmt.Errorf("edge: outbox route %q: want stream or direct", c.Route)
+	}
+	return nil
 }
 
 // OutboxStats counts what an outbox did.
@@ -48,17 +78,19 @@ type OutboxStats struct {
 	Published uint64 // events in batches JetStream acknowledged
 	Messages  uint64 // those batches
 	Direct    uint64 // events the edge applied on a primary itself
-	Dropped   uint64 // events dropped: NATS and the primary unreachable and the queue full, or unsent at Close
-	Queued    int    // events waiting now
+	Dropped   uint64 // events dropped: NATS and the primary unreachable and the queue full, or undelivered at close
+	Queued    int    // events not delivered yet
 }
 
-// outbox sends an edge's accounting events: per shard, in the order of their
-// sequence numbers, one batch at a time. A batch goes to JetStream; when
+// outbox sends an edge's accounting events, numbered per shard, in batches.
+// On the stream route a batch goes to JetStream (several in flight); when
 // JetStream does not acknowledge it within PublishTimeout (NATS slow or
 // down, the stream full), the edge applies the batch on the shard's primary
 // itself with the same idempotent script, and a copy that reaches the stream
-// later is a duplicate. Only when neither works do events wait, up to
-// Capacity per shard.
+// later is a duplicate. The direct route tries the primary first and
+// JetStream second. Only when neither works do events wait, up to Capacity
+// per shard; the order in which batches land does not matter (apply.lua
+// remembers the numbers a producer skipped).
 type outbox struct {
 	cfg      OutboxConfig
 	producer string
@@ -71,24 +103,46 @@ type outbox struct {
 	queues   []*queue
 
 	published, messages, direct, dropped atomic.Uint64
-	wg                                   sync.WaitGroup
-	stop                                 chan struct{}
+	// lag of the events the edge applied itself: creation to effect.
+	lag  metrics.Histogram
+	wg   sync.WaitGroup
+	stop chan struct{}
 }
 
 type queue struct {
-	shard int
-	name  string
-	mu    sync.Mutex
-	seq   uint64
-	evs   []events.Accounting
-	wake  chan struct{}
+	shard   int
+	name    string
+	mu      sync.Mutex
+	seq     uint64
+	evs     []events.Accounting // not sent yet
+	pending atomic.Int64        // not delivered yet: queued and in flight
+	wake    chan struct{}
+}
+
+// take removes up to n events from the queue.
+func (q *queue) take(n int) []events.Accounting {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n = min(n, len(q.evs))
+	if n == 0 {
+		return nil
+	}
+	batch := append([]events.Accounting(nil), q.evs[:n]...)
+	q.evs = q.evs[n:]
+	if len(q.evs) == 0 {
+		q.evs = nil // let a large backlog's array go
+	}
+	return batch
 }
 
 func newOutbox(cfg OutboxConfig, producer, source, prefix string, store Store, keys *limiter.KeySpace, nc *nats.Conn, logger *rateLog) (*outbox, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	o := &outbox{cfg: cfg.withDefaults(), producer: producer, source: source, prefix: prefix, store: store, keys: keys,
 		logger: logger, stop: make(chan struct{})}
 	if nc != nil {
-		js, err := jetstream.New(nc)
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(o.cfg.InFlight*store.Shards()*2))
 		if err != nil {
 			return nil, fmt.Errorf("edge: outbox: %w", err)
 		}
@@ -106,18 +160,18 @@ func newOutbox(cfg OutboxConfig, producer, source, prefix string, store Store, k
 // returns its sequence, or 0 when it was dropped.
 func (o *outbox) add(i int, e events.Accounting) uint64 {
 	q := o.queues[i]
-	q.mu.Lock()
-	if len(q.evs) >= o.cfg.Capacity {
-		q.mu.Unlock()
+	if q.pending.Load() >= int64(o.cfg.Capacity) {
 		o.dropped.Add(1)
 		o.logger.Error("accounting event dropped: NATS and the primary are unreachable and the queue is full",
 			"shard", q.name, "capacity", o.cfg.Capacity)
 		return 0
 	}
+	q.mu.Lock()
 	q.seq++
 	e.Producer, e.Seq, e.Source = o.producer, q.seq, o.source
 	q.evs = append(q.evs, e)
 	q.mu.Unlock()
+	q.pending.Add(1)
 	select {
 	case q.wake <- struct{}{}:
 	default:
@@ -125,14 +179,40 @@ func (o *outbox) add(i int, e events.Accounting) uint64 {
 	return e.Seq
 }
 
+// flight is a batch awaiting JetStream's acknowledgement.
+type flight struct {
+	batch    []events.Accounting
+	ack      jetstream.PubAckFuture // nil: the publish failed at once
+	deadline time.Time
+}
+
 func (o *outbox) run(q *queue) {
-	delay := 10 * time.Millisecond
+	var flying []flight
 	for {
-		q.mu.Lock()
-		n := min(len(q.evs), o.cfg.MaxBatch)
-		batch := append([]events.Accounting(nil), q.evs[:n]...)
-		q.mu.Unlock()
-		if n == 0 {
+		stopping := false
+		select {
+		case <-o.stop:
+			stopping = true
+		default:
+		}
+		if stopping && len(flying) == 0 {
+			return
+		}
+		// Send what is queued while there is room in flight.
+		for !stopping && len(flying) < o.cfg.InFlight {
+			batch := q.take(o.cfg.MaxBatch)
+			if batch == nil {
+				break
+			}
+			if o.cfg.Route == RouteDirect || o.js == nil {
+				if !o.deliver(q, batch) {
+					return // stopping
+				}
+				continue
+			}
+			flying = append(flying, o.publish(q, batch))
+		}
+		if len(flying) == 0 {
 			select {
 			case <-q.wake:
 				continue
@@ -140,69 +220,120 @@ func (o *outbox) run(q *queue) {
 				return
 			}
 		}
-		if o.send(q, batch) {
-			q.mu.Lock()
-			q.evs = q.evs[n:]
-			if len(q.evs) == 0 {
-				q.evs = nil // let a large backlog's array go
+		// Wait for the oldest batch in flight, or for more to send.
+		head := &flying[0]
+		var wake <-chan struct{}
+		if len(flying) < o.cfg.InFlight {
+			wake = q.wake
+		}
+		var okc <-chan *jetstream.PubAck
+		var errc <-chan error
+		if head.ack != nil {
+			okc, errc = head.ack.Ok(), head.ack.Err()
+		}
+		t := time.NewTimer(time.Until(head.deadline))
+		delivered := false
+		failed := head.ack == nil
+		if !failed {
+			select {
+			case <-okc:
+				delivered = true
+			case err := <-errc:
+				failed = true
+				o.logger.Warn("publishing accounting events failed; applying them on the primary", "shard", q.name, "err", err)
+			case <-t.C:
+				failed = true
+				o.logger.Warn("JetStream did not acknowledge accounting events in time; applying them on the primary", "shard", q.name)
+			case <-wake:
+			case <-o.stop:
+				// Give in-flight batches their time before giving up.
+				select {
+				case <-okc:
+					delivered = true
+				case <-errc:
+					failed = true
+				case <-t.C:
+					failed = true
+				}
 			}
-			q.mu.Unlock()
-			delay = 10 * time.Millisecond
+		}
+		t.Stop()
+		switch {
+		case delivered:
+			o.published.Add(uint64(len(head.batch)))
+			o.messages.Add(1)
+			q.pending.Add(-int64(len(head.batch)))
+		case failed:
+			if !o.deliver(q, head.batch) {
+				return
+			}
+		default: // woken to send more
 			continue
 		}
-		select { // neither NATS nor the primary: wait, keep the order
+		flying = flying[1:]
+	}
+}
+
+// deliver delivers one batch on the primary, or else to JetStream, retrying
+// both until one works or the outbox stops. It reports false when the
+// outbox stopped first.
+func (o *outbox) deliver(q *queue, batch []events.Accounting) bool {
+	delay := 10 * time.Millisecond
+	for {
+		err := o.apply(q, batch, o.cfg.PublishTimeout)
+		if err == nil {
+			o.direct.Add(uint64(len(batch)))
+			q.pending.Add(-int64(len(batch)))
+			return true
+		}
+		if o.js != nil {
+			f := o.publish(q, batch)
+			if f.ack != nil {
+				t := time.NewTimer(o.cfg.PublishTimeout)
+				select {
+				case <-f.ack.Ok():
+					t.Stop()
+					o.published.Add(uint64(len(batch)))
+					o.messages.Add(1)
+					q.pending.Add(-int64(len(batch)))
+					return true
+				case <-f.ack.Err():
+				case <-t.C:
+				}
+				t.Stop()
+			}
+		}
+		o.logger.Error("accounting events wait: neither the primary nor JetStream takes them", "shard", q.name,
+			"events", len(batch), "err", err)
+		select {
 		case <-time.After(delay):
 		case <-o.stop:
-			return
+			return false
 		}
 		delay = min(2*delay, time.Second)
 	}
 }
 
-// send delivers one batch: to JetStream, or else on the primary. It reports
-// whether the batch is delivered.
-func (o *outbox) send(q *queue, batch []events.Accounting) bool {
-	if o.js != nil {
-		err := o.publish(q, batch)
-		if err == nil {
-			o.published.Add(uint64(len(batch)))
-			o.messages.Add(1)
-			return true
-		}
-		o.logger.Warn("publishing accounting events failed; applying them on the primary", "shard", q.name, "err", err)
-	}
-	if err := o.apply(q, batch); err != nil {
-		o.logger.Error("applying accounting events on the primary failed; they wait", "shard", q.name,
-			"events", len(batch), "err", err)
-		return false
-	}
-	o.direct.Add(uint64(len(batch)))
-	return true
-}
-
-func (o *outbox) publish(q *queue, batch []events.Accounting) error {
+// publish hands a batch to JetStream without waiting.
+func (o *outbox) publish(q *queue, batch []events.Accounting) flight {
+	f := flight{batch: batch, deadline: time.Now().Add(o.cfg.PublishTimeout)}
 	m, err := events.AccountingMsg(o.prefix, q.name, batch, nil)
 	if err != nil {
-		return err // a defect: events are validated when built
+		o.logger.Error("an accounting batch could not be encoded", "shard", q.name, "err", err) // a defect
+		return f
 	}
-	fut, err := o.js.PublishMsgAsync(m, jetstream.WithMsgID(m.Header.Get(events.HeaderMsgID)))
+	ack, err := o.js.PublishMsgAsync(m, jetstream.WithMsgID(m.Header.Get(events.HeaderMsgID)))
 	if err != nil {
-		return err
+		o.logger.Warn("publishing accounting events failed", "shard", q.name, "err", err)
+		return f
 	}
-	t := time.NewTimer(o.cfg.PublishTimeout)
-	defer t.Stop()
-	select {
-	case <-fut.Ok():
-		return nil
-	case err := <-fut.Err():
-		return err
-	case <-t.C:
-		return errors.New("no acknowledgement within the publish timeout")
-	}
+	f.ack = ack
+	return f
 }
 
-// apply applies a batch on the shard's primary, as the accountant would.
-func (o *outbox) apply(q *queue, batch []events.Accounting) error {
+// apply applies a batch on the shard's primary, as the accountant would,
+// within timeout.
+func (o *outbox) apply(q *queue, batch []events.Accounting, timeout time.Duration) error {
 	evs := make([]limiter.Event, 0, len(batch))
 	for i := range batch {
 		ev, ok, err := batch[i].Op(o.keys)
@@ -216,11 +347,15 @@ func (o *outbox) apply(q *queue, batch []events.Accounting) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	res, err := o.store.Apply(ctx, q.shard, time.Now(), evs)
 	if err != nil {
 		return err
+	}
+	done := time.Now()
+	for i := range batch {
+		o.lag.Observe(done.Sub(batch[i].Time))
 	}
 	for _, r := range res.Results {
 		if r.Err != nil {
@@ -233,9 +368,7 @@ func (o *outbox) apply(q *queue, batch []events.Accounting) error {
 func (o *outbox) stats() OutboxStats {
 	s := OutboxStats{Published: o.published.Load(), Messages: o.messages.Load(), Direct: o.direct.Load(), Dropped: o.dropped.Load()}
 	for _, q := range o.queues {
-		q.mu.Lock()
-		s.Queued += len(q.evs)
-		q.mu.Unlock()
+		s.Queued += int(q.pending.Load())
 	}
 	return s
 }
@@ -243,16 +376,11 @@ func (o *outbox) stats() OutboxStats {
 // close delivers what is queued until ctx ends, then stops; what is left
 // is counted as dropped.
 func (o *outbox) close(ctx context.Context) error {
-	for {
-		if o.stats().Queued == 0 {
-			break
-		}
+	for o.stats().Queued > 0 && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
 		case <-time.After(5 * time.Millisecond):
-			continue
 		}
-		break
 	}
 	close(o.stop)
 	o.wg.Wait()

@@ -42,6 +42,9 @@ func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
 			if st, ok := r.Context().Value(stateKey{}).(*proxyState); ok {
 				st.status = http.StatusBadGateway
 			}
+			if r.Context().Err() != nil { // the client went away: nothing to answer
+				return
+			}
 			s.log.Warn("upstream failed", "err", err)
 			problem(w, http.StatusBadGateway, "upstream-unavailable", "Bad Gateway", "the upstream API did not answer")
 		},

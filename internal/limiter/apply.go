@@ -109,10 +109,6 @@ type Result struct {
 // ApplyResult is what Apply did.
 type ApplyResult struct {
 	Results []Result
-	// Replicated is how many replicas confirmed the call (Redis WAIT), and
-	// Waited how many Apply asked for (Options.WaitReplicas). Replicated <
-	// Waited means a failover now could lose what the call applied.
-	Replicated, Waited int
 }
 
 func (e *Event) validate() error {
@@ -150,21 +146,36 @@ func (e *Event) validate() error {
 const MaxApply = 4096
 
 // Apply applies events on the primary of shard i (see ShardOf) at time now,
-// in one atomic script call (lua/apply.lua), and waits for replicas as
-// Options.WaitReplicas says. Every event's key must belong to shard i, and
-// each producer's events must come in the order of their sequence numbers.
+// in atomic script calls (lua/apply.lua) of at most Options.ScriptEvents
+// events each. Every event's key must belong to shard i. A producer's events
+// may come in any order (numbers skipped are remembered as gaps, up to 64),
+// usually in the order of their numbers. Apply does not wait for replicas:
+// HoldLease confirms everything applied before it (see Lease).
 //
 // An event refused for its fields gets Result.Err and the others still run.
 // Any other failure (connection loss, READONLY after a failover, a
-// restarting primary) returns an error: nothing was applied, or all of it,
-// and running the same events again is always safe. NOSCRIPT (an empty
-// script cache after a restart, SCRIPT FLUSH or a promotion) is handled here.
+// restarting primary) returns an error: the events of some calls may have
+// been applied, none twice, and running the same events again is always
+// safe. NOSCRIPT (an empty script cache after a restart, SCRIPT FLUSH or a
+// promotion) is handled here.
 func (s *Store) Apply(ctx context.Context, i int, now time.Time, evs []Event) (ApplyResult, error) {
-	n := s.shards[i]
-	out := ApplyResult{Results: make([]Result, len(evs)), Waited: n.wait}
+	out := ApplyResult{Results: make([]Result, len(evs))}
 	if len(evs) > MaxApply {
 		return out, fmt.Errorf("%w: %d events: at most %d per call", ErrInvalidArgument, len(evs), MaxApply)
 	}
+	for from := 0; from < len(evs); from += s.opts.ScriptEvents {
+		to := min(from+s.opts.ScriptEvents, len(evs))
+		if err := s.apply(ctx, i, now, evs[from:to], out.Results[from:to]); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// apply applies evs in one script call, filling results.
+func (s *Store) apply(ctx context.Context, i int, now time.Time, evs []Event, results []Result) error {
+	n := s.shards[i]
+	out := ApplyResult{Results: results}
 	keys := make([]string, 0, 16)
 	idx := make(map[string]int, 16)
 	index := func(k string) int {
@@ -194,7 +205,7 @@ func (s *Store) Apply(ctx context.Context, i int, now time.Time, evs []Event) (A
 		}
 	}
 	if len(valid) == 0 {
-		return out, nil
+		return nil
 	}
 	np := len(keys)
 	args := make([]any, 0, 5+10*len(valid))
@@ -214,25 +225,18 @@ func (s *Store) Apply(ctx context.Context, i int, now time.Time, evs []Event) (A
 	}
 
 	for attempt := 0; ; attempt++ {
-		pipe := n.primary.Pipeline()
-		cmd := pipe.EvalSha(ctx, applyScript.Hash(), keys, args...)
-		var wait *redis.Cmd
-		if n.wait > 0 {
-			wait = pipe.Do(ctx, "WAIT", n.wait, s.opts.WaitTimeout.Milliseconds())
-		}
-		_, _ = pipe.Exec(ctx) // errors are read per command below
-		v, err := cmd.Int64Slice()
+		v, err := n.primary.EvalSha(ctx, applyScript.Hash(), keys, args...).Int64Slice()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
 			if err := applyScript.Load(ctx, n.primary).Err(); err != nil {
-				return out, fmt.Errorf("limiter: apply on shard %s: loading the script: %w", n.name, err)
+				return fmt.Errorf("limiter: apply on shard %s: loading the script: %w", n.name, err)
 			}
 			continue
 		}
 		if err != nil {
-			return out, fmt.Errorf("limiter: apply on shard %s: %w", n.name, scriptErr(err))
+			return fmt.Errorf("limiter: apply on shard %s: %w", n.name, scriptErr(err))
 		}
 		if len(v) != 4*len(valid) {
-			return out, fmt.Errorf("limiter: apply on shard %s: %d values for %d events", n.name, len(v), len(valid))
+			return fmt.Errorf("limiter: apply on shard %s: %d values for %d events", n.name, len(v), len(valid))
 		}
 		for k, j := range valid {
 			r := &out.Results[j]
@@ -241,38 +245,50 @@ func (s *Store) Apply(ctx context.Context, i int, now time.Time, evs []Event) (A
 				r.ResetAt = fromMS(v[4*k+2])
 			}
 		}
-		if wait != nil {
-			r, _ := wait.Int()
-			out.Replicated = r
-		}
-		return out, nil
+		return nil
 	}
 }
 
 var kindArg = [...]string{Charge: "c", Refund: "r", Release: "x"}
 
-// Lease is what HoldLease found.
+// Lease is what HoldLease or ConfirmApplied found.
 type Lease struct {
 	// Held reports that the caller holds the lease.
 	Held bool
-	// Replicated and Waited are as in ApplyResult: the renewal is a write,
-	// so a replica's confirmation of it confirms everything the primary
-	// applied before it.
+	// Replicated is how many replicas confirmed the renewal (ConfirmApplied
+	// only), and Waited how many it asked for (Options.WaitReplicas; 0 for
+	// HoldLease). Replicated < Waited means a failover now could lose some
+	// of what the primary applied.
 	Replicated, Waited int
 }
 
 // HoldLease takes or extends the lease that makes owner the active
-// accountant of shard i, for ttl, and waits for replicas as Apply does.
-// Lease.Held is false when another owner holds it. The lease only saves
-// duplicate work; Apply is exactly-once without it.
+// accountant of shard i, for ttl. Lease.Held is false when another owner
+// holds it. The lease only saves duplicate work; Apply is exactly-once
+// without it.
 func (s *Store) HoldLease(ctx context.Context, i int, owner string, ttl time.Duration) (Lease, error) {
+	return s.holdLease(ctx, i, owner, ttl, false)
+}
+
+// ConfirmApplied is HoldLease followed, on the same connection, by a wait
+// for replicas (Redis WAIT, Options.WaitReplicas): replication keeps order,
+// so when Lease.Replicated reaches Lease.Waited everything the primary
+// applied before the call is on a replica, and a failover cannot lose it.
+func (s *Store) ConfirmApplied(ctx context.Context, i int, owner string, ttl time.Duration) (Lease, error) {
+	return s.holdLease(ctx, i, owner, ttl, true)
+}
+
+func (s *Store) holdLease(ctx context.Context, i int, owner string, ttl time.Duration, confirm bool) (Lease, error) {
 	n := s.shards[i]
-	out := Lease{Waited: n.wait}
+	out := Lease{}
+	if confirm {
+		out.Waited = n.wait
+	}
 	for attempt := 0; ; attempt++ {
 		pipe := n.primary.Pipeline()
 		cmd := pipe.EvalSha(ctx, leaseScript.Hash(), []string{s.keys.LeaseKey(n.name)}, "hold", owner, ttl.Milliseconds())
 		var wait *redis.Cmd
-		if n.wait > 0 {
+		if out.Waited > 0 {
 			wait = pipe.Do(ctx, "WAIT", n.wait, s.opts.WaitTimeout.Milliseconds())
 		}
 		_, _ = pipe.Exec(ctx)

@@ -52,11 +52,49 @@ func TestExactlyOnce(t *testing.T) {
 			charge(p1, 1, k, reset, t0, 1), charge(p2, 1, k, reset, t0, 1), charge(p1, 1, k, reset, t0, 1))))
 		require.EqualValues(t, 2, e.used(t, k))
 	})
-	t.Run("an event older than what was applied is a duplicate", func(t *testing.T) {
+	t.Run("events out of order are applied once each", func(t *testing.T) {
+		// Batch 3-4 arrives before 1-2 (an edge applied a batch itself while
+		// an earlier one waited in the stream): the numbers it skipped are
+		// remembered as a gap and still applied when they come.
 		k, p := e.keys.Key("core", t.Name()), producer()
-		e.apply(t, charge(p, 7, k, reset, t0, 1))
-		require.Equal(t, D, e.apply(t, charge(p, 6, k, reset, t0, 1))[0].Outcome,
-			"producers send in order; an older number has been applied or given up")
+		require.Equal(t, []limiter.Outcome{A, A}, outcomes(e.apply(t, charge(p, 3, k, reset, t0, 1), charge(p, 4, k, reset, t0, 1))))
+		require.Equal(t, []limiter.Outcome{A, A, D}, outcomes(e.apply(t,
+			charge(p, 1, k, reset, t0, 1), charge(p, 2, k, reset, t0, 1), charge(p, 3, k, reset, t0, 1))))
+		require.Equal(t, []limiter.Outcome{D, D, D, D, A}, outcomes(e.apply(t,
+			charge(p, 1, k, reset, t0, 1), charge(p, 2, k, reset, t0, 1), charge(p, 3, k, reset, t0, 1), charge(p, 4, k, reset, t0, 1),
+			charge(p, 5, k, reset, t0, 1))))
+		require.EqualValues(t, 5, e.used(t, k))
+		// A gap in the middle: 7 and 9 first, then 8 and 6.
+		require.Equal(t, []limiter.Outcome{A, A, A, A}, outcomes(e.apply(t,
+			charge(p, 7, k, reset, t0, 1), charge(p, 9, k, reset, t0, 1), charge(p, 8, k, reset, t0, 1), charge(p, 6, k, reset, t0, 1))))
+		require.Equal(t, []limiter.Outcome{D, D, D, D}, outcomes(e.apply(t,
+			charge(p, 6, k, reset, t0, 1), charge(p, 7, k, reset, t0, 1), charge(p, 8, k, reset, t0, 1), charge(p, 9, k, reset, t0, 1))))
+		require.EqualValues(t, 9, e.used(t, k))
+		g, err := rdb.HGet(ctx, e.keys.ProducerKey(p), "g").Result()
+		require.NoError(t, err)
+		require.Equal(t, "0", g, "every gap filled and forgotten")
+	})
+	t.Run("a refund of a charge still in a gap waits for it", func(t *testing.T) {
+		k, charger, refunder := e.keys.Key("core", t.Name()), producer(), producer()
+		e.apply(t, charge(charger, 2, k, reset, t0, 3)) // 1 is a gap
+		require.Equal(t, P, e.apply(t, refund(refunder, 1, k, reset, t0, 3, charger, 1))[0].Outcome)
+		require.EqualValues(t, 3, e.used(t, k))
+		require.Equal(t, N, e.apply(t, charge(charger, 1, k, reset, t0, 3))[0].Outcome)
+		require.EqualValues(t, 3, e.used(t, k))
+	})
+	t.Run("gaps are bounded", func(t *testing.T) {
+		k, p := e.keys.Key("core", t.Name()), producer()
+		for i := range uint64(70) { // 70 gaps of one number each
+			e.apply(t, charge(p, 2*i+2, k, reset, t0, 1))
+		}
+		g, err := rdb.HGet(ctx, e.keys.ProducerKey(p), "g").Result()
+		require.NoError(t, err)
+		require.Equal(t, "64", g)
+		// The oldest six were forgotten: their numbers count as applied.
+		require.Equal(t, []limiter.Outcome{D, A}, outcomes(e.apply(t, charge(p, 1, k, reset, t0, 1), charge(p, 139, k, reset, t0, 1))))
+		n, err := rdb.HLen(ctx, e.keys.ProducerKey(p)).Result()
+		require.NoError(t, err)
+		require.LessOrEqual(t, n, int64(3+64))
 	})
 	t.Run("the refund of a reservation: its window only, while live, never below zero", func(t *testing.T) {
 		defer e.clock.Set(t0)
@@ -208,7 +246,7 @@ func TestExactlyOnce(t *testing.T) {
 		for _, pk := range keys {
 			n, err := rdb.HLen(ctx, pk).Result()
 			require.NoError(t, err)
-			require.LessOrEqual(t, n, int64(3), "a producer hash holds its sequence and pending markers")
+			require.LessOrEqual(t, n, int64(3+64), "a producer hash holds its sequence, its gaps and pending markers")
 			ttl, err := rdb.PTTL(ctx, pk).Result()
 			require.NoError(t, err)
 			require.Greater(t, ttl, 24*time.Hour, "producer hashes expire")

@@ -370,7 +370,7 @@ func TestLease(t *testing.T) {
 	hold := func(owner string, ttl time.Duration) bool {
 		l, err := e.store.HoldLease(ctx, 0, owner, ttl)
 		require.NoError(t, err)
-		require.Equal(t, 1, l.Waited, "a renewal waits for the replica")
+		require.Zero(t, l.Waited, "a plain renewal does not wait for replicas")
 		return l.Held
 	}
 	require.True(t, hold("a", time.Second))
@@ -384,37 +384,41 @@ func TestLease(t *testing.T) {
 	require.True(t, hold("a", time.Second), "freed at once")
 }
 
-// Apply waits for a replica on the connection that applied (Redis WAIT),
-// and says so when none confirmed in time.
-func TestApplyWaitsForReplicas(t *testing.T) {
+// ConfirmApplied renews the lease and waits for a replica on the same
+// connection (Redis WAIT), which confirms everything applied before it, and
+// says so when none confirmed in time.
+func TestLeaseConfirmsWhatWasApplied(t *testing.T) {
 	e := newEnv(t, limiter.Options{WaitTimeout: 200 * time.Millisecond})
 	ctx := context.Background()
 	k := e.keys.Key("core", "alice")
 	// Right after a sync a replica may take a moment to acknowledge; once it
-	// does, every run is confirmed.
-	var res limiter.ApplyResult
+	// does, every renewal is confirmed.
+	var l limiter.Lease
 	for seq := uint64(1); seq <= 20; seq++ {
+		e.apply(t, charge("p", seq, k, time.Time{}, t0, 1))
 		var err error
-		res, err = e.store.Apply(ctx, 0, t0, []limiter.Event{charge("p", seq, k, time.Time{}, t0, 1)})
+		l, err = e.store.ConfirmApplied(ctx, 0, "acc", time.Second)
 		require.NoError(t, err)
-		require.Equal(t, 1, res.Waited)
-		if res.Replicated == 1 {
+		require.True(t, l.Held)
+		require.Equal(t, 1, l.Waited)
+		if l.Replicated == 1 {
 			break
 		}
 	}
-	require.Equal(t, 1, res.Replicated)
+	require.Equal(t, 1, l.Replicated)
+	e.replica.WaitSynced(e.primary)
 
 	e.replica.Stop()
+	e.apply(t, charge("p", 100, k, time.Time{}, t0, 1))
 	start := time.Now()
-	res, err := e.store.Apply(ctx, 0, t0, []limiter.Event{charge("p", 100, k, time.Time{}, t0, 1)})
+	l, err := e.store.ConfirmApplied(ctx, 0, "acc", time.Second)
 	require.NoError(t, err)
-	require.Equal(t, limiter.Applied, res.Results[0].Outcome)
-	require.Equal(t, 1, res.Waited)
-	require.Zero(t, res.Replicated, "no replica confirmed")
+	require.Equal(t, 1, l.Waited)
+	require.Zero(t, l.Replicated, "no replica confirmed")
 	require.Less(t, time.Since(start), 5*time.Second, "the wait is bounded")
 
 	off := newStore(t, e.config(), e.keys, limiter.Options{Clock: e.clock, WaitReplicas: -1})
-	res, err = off.Apply(ctx, 0, t0, []limiter.Event{charge("p", 101, k, time.Time{}, t0, 1)})
+	l, err = off.ConfirmApplied(ctx, 0, "acc", time.Second)
 	require.NoError(t, err)
-	require.Zero(t, res.Waited)
+	require.Zero(t, l.Waited)
 }

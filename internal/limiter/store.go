@@ -67,15 +67,17 @@ type Options struct {
 	// producer after its last event. It must exceed the longest an event can
 	// wait in the accounting stream. Default 25h.
 	ProducerTTL time.Duration
-	// WaitReplicas is how many replicas Apply waits for (Redis WAIT, on the
-	// connection that applied) before it returns, so that a failover cannot
-	// lose an applied event that the caller then drops from the stream.
-	// Default (0): 1 when the shard has replicas; at most the shard's
-	// replicas; -1 never waits.
+	// WaitReplicas is how many replicas ConfirmApplied waits for, so that an
+	// accountant deletes applied events from the stream only once a
+	// failover can no longer lose them. Default (0): 1 when the shard has replicas; at most the
+	// shard's replicas; -1 never waits.
 	WaitReplicas int
-	// WaitTimeout bounds that wait. Default 100ms; a run whose replicas did
-	// not confirm in time reports it (Applied.Replicated) and is not retried.
+	// WaitTimeout bounds that wait. Default 100ms.
 	WaitTimeout time.Duration
+	// ScriptEvents is the most events Apply sends in one script call: a
+	// script holds its Redis node while it runs, and reservations on the
+	// request path wait behind it. Default 128 (a couple of milliseconds).
+	ScriptEvents int
 }
 
 func (o *Options) setDefaults() error {
@@ -112,6 +114,9 @@ func (o *Options) setDefaults() error {
 	if o.WaitTimeout <= 0 {
 		o.WaitTimeout = 100 * time.Millisecond
 	}
+	if o.ScriptEvents <= 0 {
+		o.ScriptEvents = 128
+	}
 	return nil
 }
 
@@ -130,7 +135,7 @@ type shardNodes struct {
 	primary  *redis.Client
 	replicas []*redis.Client
 	health   *shard.Replicas
-	wait     int // replicas Apply waits for
+	wait     int // replicas ConfirmApplied waits for
 }
 
 // NewStore connects (lazily) to every node of every shard; keys names the

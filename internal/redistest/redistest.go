@@ -135,6 +135,13 @@ func (s *Server) client() *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1})
 }
 
+// Pause stops the server's process (SIGSTOP) without closing its
+// connections: a node that hangs. Resume continues it.
+func (s *Server) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+
 // Stop kills the server and waits for it to exit. It is safe to call twice.
 func (s *Server) Stop() { s.kill() }
 
@@ -147,6 +154,7 @@ func (s *Server) kill() {
 		return
 	default:
 	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies too
 	_ = s.cmd.Process.Kill()
 	<-s.exited
 }

@@ -61,7 +61,7 @@ func run(ctx context.Context, st *stack.Stack) error {
 	done := func() { fmt.Println("ok") }
 	fmt.Println("Starting the pipeline:")
 
-	step("redis shards s0, s1 (primary + replica each)")
+	step("redis shards s0, s1 (primary + replica)")
 	shards, _, err := st.Shards(ctx, 2, 1)
 	if err != nil {
 		return err
@@ -137,10 +137,11 @@ func run(ctx context.Context, st *stack.Stack) error {
 	deniedReserve := em[`tally_edge_decisions_total{result="denied",path="reserve"}`]
 	fmt.Printf(`
 Summary:
-  edge-checker   allowed %v (%v from credit, %v after a reservation), denied %v (%v from memory)
-                 reservations on the primaries %v, 304s taken back into credit %v
-                 accounting events to JetStream %v, applied by the edge itself %v, dropped %v
-  accountant     refunded %v, released %v, charged %v, duplicates %v, late %v, dead-lettered %v
+  edge-checker   allowed %v (%v from credit, %v after waiting for a reservation), denied %v (%v from memory)
+                 reservations on the primaries %v; 304s taken back into its own credit %v
+                 accounting events while serving: to JetStream %v, applied by the edge itself %v, dropped %v
+  accountant     refunded %v, released %v (unused credit the edge gave back when it stopped), charged %v,
+                 duplicates %v, late %v, dead-lettered %v
                  accounting lag %s
 `,
 		fromCredit+reserved, fromCredit, reserved, cached+deniedReserve, cached,

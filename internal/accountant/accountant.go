@@ -1,34 +1,3 @@
-// Package accountant applies accounting events to the windows in Redis. For
-// each shard, one accountant process at a time (the holder of the shard's
-// lease) reads the shard's subject of the accounting stream in order, applies
-// the events in runs of one atomic script call on the shard's primary, waits
-// for a replica, and then deletes what it applied from the stream.
-//
-// # Guarantees
-//
-// Every event the stream accepted is applied eventually, at most once:
-//   - the primary remembers, per producer, the highest event sequence it
-//     applied (lua/apply.lua), so a message read again after a crash, a
-//     hand-over, a republish or a retry changes nothing;
-//   - messages are read in stream order from the oldest one still in the
-//     stream, and deleted only once applied and confirmed by a replica, so
-//     nothing is skipped and nothing waits for an ack timeout;
-//   - transient failures (connection loss, READONLY after a failover, a
-//     restarting primary, OOM) are retried with a growing delay, holding the
-//     shard's place; a message that can never be applied (undecodable, terms
-//     that differ from the configured policy, a key of another shard, a
-//     Redis error that persists) is copied to the dead-letter stream with
-//     its reason, and the shard moves on.
-//
-// Several accountants can run at once for availability: each shard's lease
-// (limiter.Store.HoldLease) picks one; when it stops (or dies), another takes
-// the shard within the lease's lifetime, at once after a graceful stop.
-//
-// # Shutdown
-//
-// When the context ends, each shard stops reading, finishes the run in hand,
-// deletes what it confirmed from the stream, and gives up its lease. Close
-// the Redis store and the NATS connection after Run returns.
 package accountant
 
 import (

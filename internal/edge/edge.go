@@ -12,7 +12,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -281,12 +280,6 @@ func (s *Server) check(ctx context.Context, p limiter.Policy, identity string, n
 	return s.dec.decide(ctx, p, p.CostOrDefault(), dg, now)
 }
 
-// requestID names a request in decision records and events:
-// "<producer>-<number>".
-func (s *Server) requestID(n uint64) string {
-	return s.o.Producer + "-" + strconv.FormatUint(n, 10)
-}
-
 // record publishes a decision to the decisions stream (allowed ones
 // sampled).
 func (s *Server) record(v verdict, traceparent string) {
@@ -304,7 +297,7 @@ func (s *Server) record(v verdict, traceparent string) {
 		traceparent = ""
 	}
 	d := events.Decision{Time: v.now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
-		Shard: s.o.Store.ShardName(v.shard), RequestID: s.requestID(v.reqNum), TraceParent: traceparent, Key: v.key.Digest().String(),
+		Shard: s.o.Store.ShardName(v.shard), RequestNum: v.reqNum, TraceParent: traceparent, Key: v.key.Digest(),
 		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Cost: v.cost,
 		Allowed: allowed, Path: v.path.String()}
 	if v.decided {

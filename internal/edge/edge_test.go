@@ -479,3 +479,99 @@ func TestDirectRoute(t *testing.T) {
 	s := pl.acc.Stats()
 	require.EqualValues(t, 1, s.Refunded+s.Duplicates)
 }
+
+// observed wraps the real store and records, per window (by its reset),
+// the units reserved and the units given back: what the window was charged.
+type observed struct {
+	edge.Store
+	mu      sync.Mutex
+	charged map[int64]int64
+}
+
+func (o *observed) Take(ctx context.Context, k limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error) {
+	g, err := o.Store.Take(ctx, k, now, a)
+	if err == nil && g.Granted > 0 {
+		o.mu.Lock()
+		o.charged[g.ResetAt.Unix()] += g.Granted
+		o.mu.Unlock()
+	}
+	return g, err
+}
+
+func (o *observed) Apply(ctx context.Context, shard int, now time.Time, evs []limiter.Event) (limiter.ApplyResult, error) {
+	res, err := o.Store.Apply(ctx, shard, now, evs)
+	if err == nil {
+		o.mu.Lock()
+		for i, r := range res.Results {
+			if r.Outcome != limiter.Applied {
+				continue
+			}
+			switch evs[i].Kind {
+			case limiter.Charge:
+				o.charged[r.ResetAt.Unix()] += r.Amount
+			default:
+				o.charged[r.ResetAt.Unix()] -= r.Amount
+			}
+		}
+		o.mu.Unlock()
+	}
+	return res, err
+}
+
+// Windows roll over while two edges are under load: every allowed request
+// is charged in the window its response showed, and no window admits more
+// than its limit.
+func TestRolloverUnderLoadChargesEveryRequest(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 40, Window: 2 * time.Second}
+	var stores []*observed
+	var edges []*edgeUnderTest
+	for range 2 {
+		o := &observed{charged: map[int64]int64{}}
+		edges = append(edges, pl.edge(func(opts *edge.Options) {
+			o.Store = opts.Store
+			opts.Store = o
+			opts.Outbox.Route = edge.RouteDirect // so that releases go through the observed store
+		}))
+		stores = append(stores, o)
+	}
+	var mu sync.Mutex
+	allowed := map[int64]int64{}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(7 * time.Second) // windows of 2 to 3 s: at least two rollovers
+	for _, e := range edges {
+		for range 8 {
+			wg.Go(func() {
+				for time.Now().Before(deadline) {
+					resp, m := check(t, e, "rolling")
+					if resp.StatusCode == 200 {
+						mu.Lock()
+						allowed[int64(m["reset"].(float64))]++
+						mu.Unlock()
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	// Unused credit of the current window is given back when the edges stop.
+	for _, e := range edges {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		require.NoError(t, e.srv.Close(ctx))
+		cancel()
+	}
+	require.GreaterOrEqual(t, len(allowed), 3, "the run spans several windows: %v", allowed)
+	charged := map[int64]int64{}
+	for _, o := range stores {
+		for r, n := range o.charged {
+			charged[r] += n
+		}
+	}
+	for r, n := range allowed {
+		require.LessOrEqual(t, n, int64(40), "window %d", r)
+		require.GreaterOrEqual(t, charged[r], n, "window %d: every allowed request charged in the window its response showed", r)
+		require.LessOrEqual(t, charged[r], int64(40), "window %d: charges within the limit", r)
+	}
+	t.Logf("allowed per window %v, charged %v", allowed, charged)
+}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/tallyhq/tally/internal/limiter"
 )
 
 // TypeDecision is the CloudEvents type of a decision record.
@@ -20,11 +22,13 @@ type Decision struct {
 	Source, Edge string
 	Seq          uint64
 	Shard        string
-	RequestID    string
-	TraceParent  string
+	// RequestNum numbers the request at its edge: its request id is
+	// "<Edge>-<RequestNum>".
+	RequestNum  uint64
+	TraceParent string
 	// Key is the window key's digest; Policy, Limit, WindowSeconds and Cost
 	// the terms applied.
-	Key           string
+	Key           limiter.Digest
 	Policy        string
 	Limit         int64
 	WindowSeconds int64
@@ -53,13 +57,15 @@ func AppendDecision(b []byte, d *Decision) []byte {
 	b = appendStringField(b, "source", d.Source)
 	b = appendStringField(b, "type", TypeDecision)
 	b = appendTimeField(b, "time", d.Time)
-	b = appendStringField(b, "subject", d.Key)
+	b = append(appendField(b, "subject"), '"')
+	b = append(d.Key.AppendHex(b), '"')
 	b = appendStringField(b, "datacontenttype", "application/json")
 	if d.TraceParent != "" {
 		b = appendStringField(b, "traceparent", d.TraceParent)
 	}
 	b = append(appendField(b, "data"), '{')
-	b = appendStringField(b, "key", d.Key)
+	b = append(appendField(b, "key"), '"')
+	b = append(d.Key.AppendHex(b), '"')
 	b = appendStringField(b, "policy", d.Policy)
 	b = appendIntField(b, "limit", d.Limit)
 	b = appendIntField(b, "window_s", d.WindowSeconds)
@@ -70,8 +76,10 @@ func AppendDecision(b []byte, d *Decision) []byte {
 	if !d.ResetAt.IsZero() {
 		b = appendTimeField(b, "reset_at", d.ResetAt)
 	}
-	if d.RequestID != "" {
-		b = appendStringField(b, "request_id", d.RequestID)
+	if d.RequestNum != 0 {
+		b = appendStringField(b, "request_id", d.Edge)
+		b = strconv.AppendUint(append(b[:len(b)-1], '-'), d.RequestNum, 10)
+		b = append(b, '"')
 	}
 	b = appendStringField(b, "edge", d.Edge)
 	b = appendStringField(b, "shard", d.Shard)

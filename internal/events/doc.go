@@ -1,25 +1,34 @@
-// Package events is Tally's wire: request events as CloudEvents 1.0 in
-// binary mode on NATS JetStream, the streams and consumers that carry them,
-// and the edge's bounded asynchronous publisher.
+// Package events is Tally's wire on NATS: accounting events, decision
+// records and notices, the streams that carry them, and the batcher that
+// publishes decisions.
 //
-// # The contract
+// # Accounting events
 //
-// Three versioned types, all with the same JSON data (Request):
-// dev.tally.request.started.v1 (charge), dev.tally.request.finished.v1
-// (with the response status: 304 refunds) and dev.tally.request.rejected.v1
-// (telemetry only). Attributes travel as exact lower-case ce-* NATS headers,
-// the data as the body. The event id is "<request id>.<kind>" and is also the
-// Nats-Msg-Id, so JetStream drops repeated publishes within its duplicate
-// window and a request's start and finish never collide. docs/events.md is
-// the public description, for services that publish events themselves.
+// What is left to account for after an edge answered (a 304 refund it could
+// not take back into its own credit, units it reserved and did not use, an
+// overdraft) and what services publish themselves: CloudEvents 1.0 of types
+// dev.tally.request.started.v2, dev.tally.request.finished.v2 and
+// dev.tally.credit.released.v1, several per message in CloudEvents' JSON
+// batch format, on <prefix>.<shard>. Each producer numbers its events per
+// shard (extension attributes tallyproducer and tallyseq): that is what
+// makes applying them exactly once possible. They are encoded by hand, with
+// no reflection, and validated without regular expressions. docs/events.md
+// is the public contract.
 //
-// # Subjects and streams
+// # Decisions and notices
 //
-// Events go to <prefix>.<shard>.<kind> (default prefix tally.events): the
-// publisher knows the key's shard, and each shard has one durable consumer
-// that filters on its own subjects. EnsureStreams and EnsureConsumer create
-// or update the streams and consumers idempotently at start-up. Events that
-// can never be applied go to the dead-letter stream (<dead-letter prefix>.<shard>).
+// Every decision can be recorded as a dev.tally.decision.v1 CloudEvent on
+// the decisions stream, for analytics (Batcher: bounded, never blocks a
+// request). Notices ("full" and "room") tell edges on core NATS which
+// windows are full, so that they answer 429 without Redis.
 //
-// This package knows nothing of Redis: applying events is the accountant's.
+// # Streams
+//
+// Streams are by purpose, so that none takes another's capacity: accounting
+// (what is not yet applied; accountants delete what they applied),
+// decisions (oldest dropped first) and dead letters. EnsureStreams creates
+// or updates them idempotently at start-up.
+//
+// This package uses package limiter's names and limits (policy names,
+// producer ids, key digests, Op), never its store: it does no Redis I/O.
 package events

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
 )
 
 var (
@@ -163,8 +164,10 @@ func TestNotices(t *testing.T) {
 }
 
 func TestDecisionRecord(t *testing.T) {
-	d := events.Decision{Time: at, Source: "edge-checker/h", Edge: "edge-7f3a", Seq: 9, Shard: "s0", RequestID: "r-1",
-		TraceParent: tp, Key: key, Policy: "core", Limit: 100, WindowSeconds: 60, Cost: 1, Allowed: false, Path: "cache",
+	dg, err := limiter.ParseDigest(key)
+	require.NoError(t, err)
+	d := events.Decision{Time: at, Source: "edge-checker/h", Edge: "edge-7f3a", Seq: 9, Shard: "s0", RequestNum: 17,
+		TraceParent: tp, Key: dg, Policy: "core", Limit: 100, WindowSeconds: 60, Cost: 1, Allowed: false, Path: "cache",
 		Used: 100, ResetAt: reset}
 	body := append(events.AppendDecision([]byte("["), &d), ']')
 	var ces []event.Event
@@ -172,7 +175,7 @@ func TestDecisionRecord(t *testing.T) {
 	require.NoError(t, ces[0].Validate())
 	require.Equal(t, events.TypeDecision, ces[0].Type())
 	require.JSONEq(t, `{"key":"`+key+`","policy":"core","limit":100,"window_s":60,"cost":1,"allowed":false,"path":"cache",
-		"used":100,"reset_at":"2026-11-21T10:01:01.000Z","request_id":"r-1","edge":"edge-7f3a","shard":"s0"}`, string(ces[0].Data()))
+		"used":100,"reset_at":"2026-11-21T10:01:01.000Z","request_id":"edge-7f3a-17","edge":"edge-7f3a","shard":"s0"}`, string(ces[0].Data()))
 	// Strings from outside are escaped.
 	d.Source = "edge \"quoted\"\n\x01ü\xff"
 	body = events.AppendDecision(nil, &d)

@@ -279,6 +279,9 @@ type sample struct {
 	self      time.Duration
 	calls     int64
 	streamSeq map[string]uint64
+	// decisions of the edges, by path: "credit" and "cache" (from memory),
+	// and every path.
+	fromMemory, decided float64
 }
 
 func (b *bench) sample(ctx context.Context, procs map[string][]*stack.Proc) sample {
@@ -289,6 +292,17 @@ func (b *bench) sample(ctx context.Context, procs map[string][]*stack.Proc) samp
 		}
 	}
 	s.calls = b.redisCalls(ctx)
+	for _, e := range procs["edge-checker"] {
+		for k, v := range metricsText(e.AdminAddr) {
+			if !strings.HasPrefix(k, "tally_edge_decisions_total{") {
+				continue
+			}
+			s.decided += v
+			if strings.Contains(k, `path="credit"`) || strings.Contains(k, `path="cache"`) {
+				s.fromMemory += v
+			}
+		}
+	}
 	st := events.Streams{}.WithDefaults()
 	for _, name := range []string{st.Accounting.Name, st.Decisions.Name} {
 		if str, err := b.js.Stream(ctx, name); err == nil {
@@ -331,6 +345,9 @@ func cost(before, after sample, requests uint64) runCost {
 	}
 	c.CPUPerRequest["load generator"] = float64(after.self-before.self) / float64(time.Microsecond) / float64(requests)
 	c.RedisCallsPerRequest = float64(after.calls-before.calls) / float64(requests)
+	if n := after.decided - before.decided; n > 0 {
+		c.FromMemory = (after.fromMemory - before.fromMemory) / n
+	}
 	for name, seq := range after.streamSeq {
 		c.MessagesPerRequest += float64(seq-before.streamSeq[name]) / float64(requests)
 	}

@@ -17,14 +17,15 @@ type CreditConfig struct {
 	// Horizon is how long a reservation aims to last at the key's rate of
 	// requests at this edge. Longer means fewer reservations; the units an
 	// edge holds show as used on the other edges until it uses or releases
-	// them. Default 1s.
+	// them. Near the limit Share caps reservations anyway. Default 5s.
 	Horizon time.Duration `yaml:"horizon"`
 	// Share: a reservation takes at most 1/Share of what is left in the
 	// window, so that near the limit reservations shrink to one request and
 	// every edge keeps getting its part. Default 8.
 	Share int `yaml:"share"`
 	// IdleRelease is how long reserved units may sit unused before the edge
-	// gives them back. Default 1s.
+	// gives them back (or three of the key's intervals between requests, if
+	// longer). Default 1s.
 	IdleRelease time.Duration `yaml:"idle_release"`
 	// Keys is the most keys an edge remembers; the least recently used go
 	// first (their credit given back). Default 100000.
@@ -42,7 +43,7 @@ type CreditConfig struct {
 
 func (c CreditConfig) withDefaults() CreditConfig {
 	if c.Horizon <= 0 {
-		c.Horizon = time.Second
+		c.Horizon = 5 * time.Second
 	}
 	if c.Share <= 0 {
 		c.Share = 8
@@ -541,7 +542,14 @@ func (d *decider) sweep(ctx context.Context, now time.Time) {
 		if e.reset != 0 && now.UnixMilli() >= e.reset {
 			e.expire()
 		}
-		if e.credit > 0 && last < idle && e.refill == nil {
+		// Credit unused for idle_release, or for three of the key's own
+		// intervals between requests if that is longer (a key that comes
+		// every two seconds keeps its credit between requests), goes back.
+		quiet := last < idle
+		if e.rate > 0 {
+			quiet = quiet && now.UnixNano()-last > int64(3e9/e.rate)
+		}
+		if e.credit > 0 && quiet && e.refill == nil {
 			d.release(e, now)
 		}
 		switch {

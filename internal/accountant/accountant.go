@@ -34,9 +34,12 @@ type Config struct {
 	// splits it into script calls of limiter.Options.ScriptEvents). Default
 	// 512.
 	BatchSize int
-	// BatchWait is how long a run waits for more messages after its first
-	// one, beyond those already received. Default 100µs: under load runs
-	// fill from what is buffered; alone, an event does not wait.
+	// BatchWait is how long a run waits for more messages after taking
+	// those already received. Default 0: a run takes what has arrived, so
+	// runs grow with load on their own (messages arrive while the previous
+	// run is applied) and a lone event never waits. A wait below a
+	// millisecond costs about a millisecond on an idle process (Go's timers
+	// sleep in whole milliseconds there).
 	BatchWait time.Duration
 	// LeaseTTL is how long a shard's lease outlives its holder's last
 	// renewal: the hand-over time after a crash. Default 3s.
@@ -60,9 +63,7 @@ func (c Config) withDefaults() Config {
 	if c.BatchSize <= 0 || c.BatchSize > limiter.MaxApply {
 		c.BatchSize = 512
 	}
-	if c.BatchWait <= 0 {
-		c.BatchWait = 100 * time.Microsecond
-	}
+	c.BatchWait = max(c.BatchWait, 0)
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = 3 * time.Second
 	}
@@ -301,15 +302,36 @@ func (a *Accountant) consume(ctx context.Context, i int) error {
 	if err != nil {
 		return nilOnDone(ctx, fmt.Errorf("accountant: shard %s: %w", name, err))
 	}
-	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 
+	// One goroutine reads, so that a run can take what has arrived without
+	// a timer.
+	in := make(chan received, 2*a.cfg.BatchSize)
+	done := make(chan struct{})
+	var reader sync.WaitGroup
+	reader.Go(func() {
+		for {
+			m, err := it.Next()
+			select {
+			case in <- received{m, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	defer reader.Wait()
+	defer close(done)
+	defer it.Stop()
+
 	w := &worker{a: a, shard: i, name: name, subject: subject, stream: stream, delay: a.cfg.RetryMin,
-		attempts: map[uint64]int{}}
+		attempts: map[uint64]int{}, idle: time.NewTimer(a.cfg.PurgeEvery)}
 	defer w.purge(true)
 	for {
-		msgs, err := w.collect(it)
+		msgs, err := w.collect(in)
 		if len(msgs) > 0 {
 			w.process(ctx, msgs)
 		}
@@ -342,32 +364,62 @@ type worker struct {
 	// dead-lettered) and the last deleted from the stream.
 	applied, purged uint64
 	lastPurge       time.Time
+	idle            *time.Timer    // collect's timer
 	purging         sync.WaitGroup // a purge in the background
 	purgeFailed     atomic.Bool    // the last purge failed: do it again
 	attempts        map[uint64]int // stream seq → permanent failures
 	notices         []byte
 }
 
-// collect waits up to PurgeEvery for one message, then takes more for up to
-// BatchWait, up to BatchSize messages. No message is no error.
-func (w *worker) collect(it jetstream.MessagesContext) ([]jetstream.Msg, error) {
-	m, err := it.Next(jetstream.NextMaxWait(w.a.cfg.PurgeEvery))
-	if errors.Is(err, nats.ErrTimeout) {
+// received is one message read from the stream, or the error that ended
+// reading.
+type received struct {
+	msg jetstream.Msg
+	err error
+}
+
+// collect waits up to PurgeEvery for one message, then takes those that
+// have arrived since (waiting up to BatchWait for more when it is set), up
+// to BatchSize messages. No message is no error.
+func (w *worker) collect(in <-chan received) ([]jetstream.Msg, error) {
+	w.idle.Reset(w.a.cfg.PurgeEvery)
+	var r received
+	select {
+	case r = <-in:
+	case <-w.idle.C:
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
+	if r.err != nil {
+		return nil, r.err
 	}
-	batch := []jetstream.Msg{m}
+	batch := []jetstream.Msg{r.msg}
+	var wait <-chan time.Time
 	for len(batch) < w.a.cfg.BatchSize {
-		m, err := it.Next(jetstream.NextMaxWait(w.a.cfg.BatchWait))
-		if err != nil {
-			if errors.Is(err, nats.ErrTimeout) {
-				return batch, nil
+		select {
+		case r = <-in:
+			if r.err != nil {
+				return batch, r.err
 			}
-			return batch, err
+			batch = append(batch, r.msg)
+			continue
+		default:
 		}
-		batch = append(batch, m)
+		if w.a.cfg.BatchWait == 0 {
+			break
+		}
+		if wait == nil {
+			w.idle.Reset(w.a.cfg.BatchWait)
+			wait = w.idle.C
+		}
+		select {
+		case r = <-in:
+			if r.err != nil {
+				return batch, r.err
+			}
+			batch = append(batch, r.msg)
+		case <-wait:
+			return batch, nil
+		}
 	}
 	return batch, nil
 }
@@ -575,6 +627,12 @@ func (w *worker) flushNotices() {
 // is a renewal of the lease with a WAIT: replication keeps order, so it
 // covers every event applied before it.
 func (w *worker) purge(final bool) {
+	if final {
+		// The last purge also waits for one still in flight: it holds the
+		// lease while it confirms, and must not take it back after the
+		// shard's lease is freed.
+		defer w.purging.Wait()
+	}
 	upTo := w.applied
 	if (upTo <= w.purged && !w.purgeFailed.Load()) || upTo == 0 || (!final && time.Since(w.lastPurge) < w.a.cfg.PurgeEvery) {
 		return
@@ -598,9 +656,6 @@ func (w *worker) purge(final bool) {
 			w.a.log.Warn("deleting applied events from the stream failed; will retry", "shard", w.name, "err", err)
 		}
 	})
-	if final {
-		w.purging.Wait()
-	}
 }
 
 // Dead-letter headers, added to a copy of the original message.

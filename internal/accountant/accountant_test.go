@@ -381,6 +381,7 @@ func TestTransientFailuresWaitThenApply(t *testing.T) {
 	f.replica.WaitLinkUp()
 	f.waitUsed(k, 10)
 	require.Zero(t, a.Stats().DeadLettered, "READONLY is transient, never poison")
+	waitFor(t, "the applied events purged", func() bool { return f.streamMsgs() == 0 })
 
 	f.primary.Stop()
 	for i := range uint64(10) {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/tallyhq/tally/internal/metrics"
 )
 
 // AdminHandler serves /healthz, /readyz and /metrics (Prometheus text).
@@ -39,6 +41,7 @@ func (a *Accountant) AdminHandler(ready func(context.Context) error) http.Handle
 		fmt.Fprintf(w, "# HELP tally_accountant_over_limit_units_total Units charged beyond a window's limit (admitted without a reservation).\n# TYPE tally_accountant_over_limit_units_total counter\ntally_accountant_over_limit_units_total %d\n", s.OverLimit)
 		fmt.Fprintf(w, "# HELP tally_accountant_unconfirmed_total Runs no replica confirmed in time.\n# TYPE tally_accountant_unconfirmed_total counter\ntally_accountant_unconfirmed_total %d\n", s.Unconfirmed)
 		s.Lag.WritePrometheus(w, "tally_accountant_lag_seconds", "Time from an event's creation to its effect in Redis.")
+		metrics.WriteSchedLatency(w)
 		fmt.Fprintf(w, "# HELP tally_accountant_shard_active Whether this process serves the shard.\n# TYPE tally_accountant_shard_active gauge\n")
 		for _, st := range a.Shards() {
 			v := 0

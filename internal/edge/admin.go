@@ -6,6 +6,8 @@ import (
 	"net/http/pprof"
 	"strconv"
 	"strings"
+
+	"github.com/tallyhq/tally/internal/metrics"
 )
 
 // AdminHandler serves /healthz (the process is up), /readyz and /metrics
@@ -100,6 +102,7 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	value("tally_edge_accounting_messages_total", "", o.Messages)
 	help("tally_edge_accounting_queued", "gauge", "Accounting events waiting to be delivered.")
 	value("tally_edge_accounting_queued", "", uint64(o.Queued))
+	metrics.WriteSchedLatency(&b)
 	s.outbox.lag.Snapshot().WritePrometheus(&b, "tally_edge_accounting_lag_seconds",
 		"Time from an accounting event's creation to its effect in Redis, for the events the edge applied itself.")
 	if s.batcher != nil {

@@ -69,7 +69,7 @@ func TestAccountingRoundTrip(t *testing.T) {
 	}
 	require.Equal(t, tp, ces[0].Extensions()["traceparent"])
 	require.JSONEq(t, `{"key":"`+key+`","policy":"core","limit":100,"window_s":60,"units":2,
-		"started_at":"2026-11-21T10:00:00.122Z","reset_at":"2026-11-21T10:01:01.000Z","request_id":"edge-7f3a-42"}`, string(ces[0].Data()))
+		"started_at":"2026-11-21T10:00:00.122000Z","reset_at":"2026-11-21T10:01:01.000000Z","request_id":"edge-7f3a-42"}`, string(ces[0].Data()))
 
 	// One structured event (not a batch) decodes too.
 	one := events.AppendAccounting(nil, "s0", &batch[0])
@@ -175,7 +175,7 @@ func TestDecisionRecord(t *testing.T) {
 	require.NoError(t, ces[0].Validate())
 	require.Equal(t, events.TypeDecision, ces[0].Type())
 	require.JSONEq(t, `{"key":"`+key+`","policy":"core","limit":100,"window_s":60,"cost":1,"allowed":false,"path":"cache",
-		"used":100,"reset_at":"2026-11-21T10:01:01.000Z","request_id":"edge-7f3a-17","edge":"edge-7f3a","shard":"s0"}`, string(ces[0].Data()))
+		"used":100,"reset_at":"2026-11-21T10:01:01.000000Z","request_id":"edge-7f3a-17","edge":"edge-7f3a","shard":"s0"}`, string(ces[0].Data()))
 	// Strings from outside are escaped.
 	d.Source = "edge \"quoted\"\n\x01ü\xff"
 	body = events.AppendDecision(nil, &d)

@@ -80,9 +80,9 @@ func appendUintField(b []byte, name string, v uint64) []byte {
 	return strconv.AppendUint(appendField(b, name), v, 10)
 }
 
-// appendTimeField appends a time in RFC 3339 with milliseconds, UTC.
+// appendTimeField appends a time in RFC 3339 with microseconds, UTC.
 func appendTimeField(b []byte, name string, t time.Time) []byte {
 	b = append(appendField(b, name), '"')
-	b = t.UTC().AppendFormat(b, "2006-01-02T15:04:05.000Z07:00")
+	b = t.UTC().AppendFormat(b, "2006-01-02T15:04:05.000000Z07:00")
 	return append(b, '"')
 }

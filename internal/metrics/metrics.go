@@ -1,11 +1,14 @@
 // Package metrics holds the small pieces Tally's processes share to expose
 // measurements in the Prometheus text format: a duration histogram with
-// second-scale buckets, safe for concurrent use.
+// second-scale buckets, safe for concurrent use, and the Go runtime's
+// scheduling latency in the same buckets.
 package metrics
 
 import (
 	"fmt"
 	"io"
+	"math"
+	rtmetrics "runtime/metrics"
 	"sync/atomic"
 	"time"
 )
@@ -95,4 +98,43 @@ func (s Snapshot) WritePrometheus(w io.Writer, name, help string) {
 		fmt.Fprintf(w, "%s_bucket{le=%q} %d\n", name, le, cum)
 	}
 	fmt.Fprintf(w, "%s_sum %g\n%s_count %d\n", name, s.Sum.Seconds(), name, s.Count)
+}
+
+// SchedLatency reads the Go runtime's scheduling latency histogram (how long
+// goroutines stayed runnable before they ran, since the process started),
+// moved into the Bounds buckets: each runtime bucket is counted in the first
+// bucket whose bound is at or above its upper edge. Sum is estimated from
+// the runtime buckets' midpoints.
+func SchedLatency() Snapshot {
+	var s Snapshot
+	sample := []rtmetrics.Sample{{Name: "/sched/latencies:seconds"}}
+	rtmetrics.Read(sample)
+	if sample[0].Value.Kind() != rtmetrics.KindFloat64Histogram {
+		return s
+	}
+	h := sample[0].Value.Float64Histogram()
+	var sum float64
+	for i, c := range h.Counts {
+		if c == 0 {
+			continue
+		}
+		lo, hi := h.Buckets[i], h.Buckets[i+1]
+		j := 0
+		for j < len(Bounds) && hi > Bounds[j] {
+			j++
+		}
+		s.Counts[j] += c
+		s.Count += c
+		if !math.IsInf(hi, 1) && !math.IsInf(lo, -1) {
+			sum += float64(c) * (lo + hi) / 2
+		}
+	}
+	s.Sum = time.Duration(sum * float64(time.Second))
+	return s
+}
+
+// WriteSchedLatency writes SchedLatency as go_sched_latencies_seconds.
+func WriteSchedLatency(w io.Writer) {
+	SchedLatency().WritePrometheus(w, "go_sched_latencies_seconds",
+		"Time goroutines spent runnable before running: how long work waits for a CPU inside this process.")
 }

@@ -45,6 +45,8 @@ type bench struct {
 	nats           *stack.Proc
 	acc            *stack.Proc
 	edges          []*stack.Proc
+	sampled        *stack.Proc // an edge that records 10% of allowed decisions
+	sampledAPI     string
 	noopProc       *stack.Proc
 	cfg            *config.File
 	cfgPath        string
@@ -67,7 +69,7 @@ func newBench(bin string, short bool) (*bench, error) {
 		return nil, err
 	}
 	b := &bench{stack: stack.New(dir, bin, "TALLY_KEY_SECRET=bench-secret"), short: short,
-		reps: 3, satDur: 8 * time.Second, olDur: 6 * time.Second, warm: 2 * time.Second, report: &report{}}
+		reps: 5, satDur: 6 * time.Second, olDur: 6 * time.Second, warm: 2 * time.Second, report: &report{}}
 	if short {
 		b.reps, b.satDur, b.olDur, b.warm = 1, 3*time.Second, 2*time.Second, time.Second
 	}
@@ -124,6 +126,17 @@ func (b *bench) run(ctx context.Context, out string) error {
 	if err := b.startEdges(ctx, 1); err != nil {
 		return err
 	}
+	sf := *b.cfg
+	sf.Edge.APIListen, sf.Edge.AdminListen = stack.FreeAddr(), stack.FreeAddr()
+	sf.Edge.Decisions.SampleAllowed = 0.1
+	path, err := b.stack.WriteConfig("edge-sampled", &sf)
+	if err != nil {
+		return err
+	}
+	if b.sampled, err = b.stack.Edge(ctx, "edge-sampled", path, sf.Edge.AdminListen); err != nil {
+		return err
+	}
+	b.sampledAPI = sf.Edge.APIListen
 	noopAddr := stack.FreeAddr()
 	self, _ := os.Executable()
 	if b.noopProc, err = b.stack.Start(ctx, "noop", self, "noop", "-listen", noopAddr); err != nil {
@@ -139,6 +152,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 		name string
 		f    func(context.Context) error
 	}{
+		{"round trips on the idle machine", b.roundTrips},
 		{"saturation, closed loop (no-op, exact, auto)", b.saturation},
 		{"latency, open loop at 25/50/75/90% of saturation", b.latency},
 		{"the denied path (windows full)", b.denied},
@@ -246,13 +260,18 @@ func checkRequest(policy, identity string) []byte {
 // API under a policy.
 type target struct {
 	name, addr, policy string
+	edge               *stack.Proc // nil: the no-op reference
 }
 
+// targets are the no-op reference, mode exact and mode auto (the first
+// edge, the default configuration), and mode auto on an edge that records
+// a tenth of allowed decisions.
 func (b *bench) targets() []target {
 	return []target{
-		{"no-op net/http", b.noopProc.Addr, "far"},
-		{"tally mode: exact", b.apiAddrs[0], "far-exact"},
-		{"tally mode: auto", b.apiAddrs[0], "far"},
+		{"no-op net/http", b.noopProc.Addr, "far", nil},
+		{"tally mode: exact", b.apiAddrs[0], "far-exact", b.edges[0]},
+		{"tally mode: auto", b.apiAddrs[0], "far", b.edges[0]},
+		{"tally mode: auto, 10% of allowed decisions recorded", b.sampledAPI, "far", b.sampled},
 	}
 }
 
@@ -265,10 +284,10 @@ func (b *bench) loadTarget(t target) loadgen.Target {
 
 // processes are the processes whose CPU a run accounts for.
 func (b *bench) processes(t target) map[string][]*stack.Proc {
-	if t.addr == b.noopProc.Addr {
+	if t.edge == nil {
 		return map[string][]*stack.Proc{"no-op": {b.noopProc}}
 	}
-	return map[string][]*stack.Proc{"edge-checker": b.edges, "accountant": {b.acc}, "nats-server": {b.nats}, "redis (4)": b.redis}
+	return map[string][]*stack.Proc{"edge-checker": {t.edge}, "accountant": {b.acc}, "nats-server": {b.nats}, "redis (4)": b.redis}
 }
 
 // sample is what a run cost: CPU per process group, Redis script calls and
@@ -386,9 +405,15 @@ func (b *bench) saturation(ctx context.Context) error {
 	costs := make([]runCost, len(ts))
 	for rep := range b.reps {
 		for i, t := range ts {
+			// Warm up apart from the measured run, so that the costs below
+			// are those of the steady state: a key's first reservation (and
+			// the one after an idle key gave its credit back) is not in them.
+			if _, err := loadgen.ClosedLoop(ctx, b.loadTarget(t), conns, 0, b.warm); err != nil {
+				return err
+			}
 			before := b.sample(ctx, b.processes(t))
 			stopProfile := b.startProfile(t, rep)
-			res, err := loadgen.ClosedLoop(ctx, b.loadTarget(t), conns, b.warm, b.satDur)
+			res, err := loadgen.ClosedLoop(ctx, b.loadTarget(t), conns, 0, b.satDur)
 			stopProfile()
 			if err != nil {
 				return err
@@ -398,8 +423,7 @@ func (b *bench) saturation(ctx context.Context) error {
 				return fmt.Errorf("%s: %d of %d responses were not 200 (%v)", t.name, res.Completed-res.Statuses[200], res.Completed, res.Statuses)
 			}
 			tputs[i] = append(tputs[i], res.Throughput())
-			// The warm-up's requests are in the samples too: count them.
-			c := cost(before, after, res.Completed+uint64(res.Throughput()*b.warm.Seconds()))
+			c := cost(before, after, res.Completed)
 			if rep == b.reps-1 {
 				costs[i] = c
 			}
@@ -418,7 +442,7 @@ func (b *bench) saturation(ctx context.Context) error {
 // latency: open loop at shares of each target's saturation, and mode exact
 // at the offered loads where auto was measured.
 func (b *bench) latency(ctx context.Context) error {
-	ts := b.targets()
+	ts := b.targets()[:3]
 	shares := []float64{0.25, 0.5, 0.75, 0.9}
 	run := func(t target, rate float64, label string) error {
 		res, err := loadgen.OpenLoop(ctx, b.loadTarget(t), rate, 256, time.Second, b.olDur)
@@ -451,7 +475,7 @@ func (b *bench) latency(ctx context.Context) error {
 
 // denied: every window full; Redis calls per denied request.
 func (b *bench) denied(ctx context.Context) error {
-	for _, t := range []target{{"tally mode: exact", b.apiAddrs[0], "tight-exact"}, {"tally mode: auto", b.apiAddrs[0], "tight"}} {
+	for _, t := range []target{{"tally mode: exact", b.apiAddrs[0], "tight-exact", b.edges[0]}, {"tally mode: auto", b.apiAddrs[0], "tight", b.edges[0]}} {
 		// Fill every window.
 		if _, err := loadgen.ClosedLoop(ctx, b.loadTarget(t), conns, 0, time.Second); err != nil {
 			return err
@@ -532,7 +556,7 @@ func (b *bench) hotKey(ctx context.Context) error {
 // load generator during the last run of a Tally target; the returned
 // function waits for them.
 func (b *bench) startProfile(t target, rep int) func() {
-	if b.profile == "" || rep != b.reps-1 || t.addr == b.noopProc.Addr {
+	if b.profile == "" || rep != b.reps-1 || t.edge == nil {
 		return func() {}
 	}
 	name := strings.ReplaceAll(strings.TrimPrefix(t.name, "tally mode: "), " ", "-")
@@ -540,7 +564,7 @@ func (b *bench) startProfile(t target, rep int) func() {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		time.Sleep(b.warm)
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", b.cfgEdgeAdmin(), secs))
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", t.edge.AdminAddr, secs))
 		if err != nil {
 			fmt.Println("  profile:", err)
 			return
@@ -566,8 +590,46 @@ func (b *bench) startProfile(t target, rep int) func() {
 	return wg.Wait
 }
 
-// cfgEdgeAdmin is the first edge's admin address.
-func (b *bench) cfgEdgeAdmin() string { return b.edges[0].AdminAddr }
+// roundTrips measures, on the idle machine, one JetStream publish to its
+// acknowledgement and one reservation on a primary: the floor under every
+// hop of the accounting path.
+func (b *bench) roundTrips(ctx context.Context) error {
+	const n = 2000
+	st, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RTT", Subjects: []string{"bench.rtt"},
+		Storage: jetstream.FileStorage, MaxMsgs: 10000})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = b.js.DeleteStream(ctx, st.CachedInfo().Config.Name) }()
+	js := loadgen.NewHistogram()
+	for range n {
+		start := time.Now()
+		if _, err := b.js.Publish(ctx, "bench.rtt", []byte(`[{}]`)); err != nil {
+			return err
+		}
+		js.Record(time.Since(start))
+	}
+	ks, _ := limiter.NewKeySpace("tally", []byte("bench-secret"))
+	store, err := limiter.NewStore(b.shards, ks, limiter.Options{})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	rd := loadgen.NewHistogram()
+	k := ks.Key("far", "round-trip")
+	for range n {
+		start := time.Now()
+		if _, err := store.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench"}); err != nil {
+			return err
+		}
+		rd.Record(time.Since(start))
+	}
+	b.report.RoundTrips = roundTrips{JetStreamP50: ms(js.Quantile(0.5)), JetStreamP99: ms(js.Quantile(0.99)),
+		RedisP50: ms(rd.Quantile(0.5)), RedisP99: ms(rd.Quantile(0.99))}
+	fmt.Printf("  JetStream publish to ack: p50 %.3f ms, p99 %.3f ms; a reservation on a primary: p50 %.3f ms, p99 %.3f ms\n",
+		b.report.RoundTrips.JetStreamP50, b.report.RoundTrips.JetStreamP99, b.report.RoundTrips.RedisP50, b.report.RoundTrips.RedisP99)
+	return nil
+}
 
 // headerInt finds a header's integer value in a raw header block.
 func headerInt(block []byte, name string) int64 {
@@ -695,12 +757,17 @@ func (b *bench) lag(ctx context.Context) error {
 		auto = res.Throughput()
 		time.Sleep(3 * time.Second) // the credit of that run is given back (idle_release) before measuring
 	}
-	r, err := b.lagRun(ctx, auto, b.apiAddrs[0], b.proxyAddr, b.cfg.Accountant.AdminListen, "tally_accountant_lag_seconds")
-	if err != nil {
-		return err
+	// Each route at half load, then with no decision API load: the second
+	// run separates the pipeline's own latency from the wait for a core.
+	for _, share := range []float64{0.5, 0} {
+		r, err := b.lagRun(ctx, auto, share, b.apiAddrs[0], b.proxyAddr, b.cfg.Accountant.AdminListen, "tally_accountant_lag_seconds",
+			b.edges[0].AdminAddr, b.cfg.Accountant.AdminListen)
+		if err != nil {
+			return err
+		}
+		r.Route = "stream"
+		b.report.Lag = append(b.report.Lag, r)
 	}
-	r.Route = "stream"
-	b.report.Lag = append(b.report.Lag, r)
 
 	// The same on an edge that applies its events itself.
 	f := *b.cfg
@@ -715,16 +782,24 @@ func (b *bench) lag(ctx context.Context) error {
 		return err
 	}
 	defer p.Stop()
-	r, err = b.lagRun(ctx, auto, f.Edge.APIListen, f.Edge.Listen, f.Edge.AdminListen, "tally_edge_accounting_lag_seconds")
-	if err != nil {
-		return err
+	for _, share := range []float64{0.5, 0} {
+		r, err := b.lagRun(ctx, auto, share, f.Edge.APIListen, f.Edge.Listen, f.Edge.AdminListen, "tally_edge_accounting_lag_seconds",
+			f.Edge.AdminListen, "")
+		if err != nil {
+			return err
+		}
+		r.Route = "direct"
+		b.report.Lag = append(b.report.Lag, r)
 	}
-	r.Route = "direct"
-	b.report.Lag = append(b.report.Lag, r)
 	return nil
 }
 
-func (b *bench) lagRun(ctx context.Context, auto float64, api, proxy, metricsAddr, histogram string) (lagResult, error) {
+// lagRun measures accounting lag while the decision API takes share of
+// auto's saturation (none when share is 0), 1,000 revalidations per second
+// go through the proxy in mode exact and one key bursts every second.
+// It also reads how long goroutines waited for a CPU in the edge and the
+// accountant (when there is one on the route) meanwhile.
+func (b *bench) lagRun(ctx context.Context, auto, share float64, api, proxy, metricsAddr, histogram, edgeAdmin, accAdmin string) (lagResult, error) {
 	const sideRate = 1000.0
 	reval := make([][]byte, keys)
 	for i := range reval {
@@ -733,13 +808,15 @@ func (b *bench) lagRun(ctx context.Context, auto float64, api, proxy, metricsAdd
 	}
 	side := loadgen.Target{Addr: proxy, Request: func(conn int, i uint64) []byte { return reval[i%keys] }}
 	burst := []byte("GET /repos/tally HTTP/1.1\r\nHost: bench\r\nAuthorization: burst\r\nIf-None-Match: \"v1\"\r\n\r\n")
-	main := b.loadTarget(target{"", api, "far"})
-	before := metricsText(metricsAddr)
+	main := b.loadTarget(target{"", api, "far", nil})
+	before, edgeBefore, accBefore := metricsText(metricsAddr), metricsText(edgeAdmin), metricsText(accAdmin)
 	dur := 2 * b.olDur
 	var wg sync.WaitGroup
 	var mainRes loadgen.Result
 	var mainErr, sideErr error
-	wg.Go(func() { mainRes, mainErr = loadgen.OpenLoop(ctx, main, auto/2, 256, time.Second, dur) })
+	if share > 0 {
+		wg.Go(func() { mainRes, mainErr = loadgen.OpenLoop(ctx, main, auto*share, 256, time.Second, dur) })
+	}
 	wg.Go(func() { _, sideErr = loadgen.OpenLoop(ctx, side, sideRate, 64, time.Second, dur) })
 	wg.Go(func() {
 		end := time.Now().Add(dur + time.Second)
@@ -758,10 +835,17 @@ func (b *bench) lagRun(ctx context.Context, auto float64, api, proxy, metricsAdd
 	time.Sleep(200 * time.Millisecond)
 	after := metricsText(metricsAddr)
 	p50, p99, n := lagQuantiles(histogram, before, after)
-	r := lagResult{Saturation: auto, Offered: auto / 2, Achieved: mainRes.Throughput(), SideRate: sideRate, Events: n,
-		P50: p50, P99: p99, RequestP99: ms(mainRes.Latency.Quantile(0.99))}
-	fmt.Printf("  decision API at %.0f req/s (half of auto's %.0f) + %.0f revalidations/s in mode exact + bursts: %d events, lag p50 %.2f ms, p99 %.2f ms\n",
-		auto/2, auto, sideRate, n, p50, p99)
+	r := lagResult{Saturation: auto, Share: share, Offered: auto * share, SideRate: sideRate, Events: n, P50: p50, P99: p99}
+	const sched = "go_sched_latencies_seconds"
+	_, r.EdgeSchedP99, _ = lagQuantiles(sched, edgeBefore, metricsText(edgeAdmin))
+	if accAdmin != "" {
+		_, r.AccountantSchedP99, _ = lagQuantiles(sched, accBefore, metricsText(accAdmin))
+	}
+	if share > 0 {
+		r.Achieved, r.RequestP99 = mainRes.Throughput(), ms(mainRes.Latency.Quantile(0.99))
+	}
+	fmt.Printf("  decision API at %.0f req/s (%.0f%% of auto's %.0f) + %.0f revalidations/s in mode exact + bursts: %d events, lag p50 %.2f ms, p99 %.2f ms; goroutines waited for a CPU p99 %.2f ms (edge), %.2f ms (accountant)\n",
+		auto*share, 100*share, auto, sideRate, n, p50, p99, r.EdgeSchedP99, r.AccountantSchedP99)
 	return r, nil
 }
 

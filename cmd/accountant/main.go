@@ -28,12 +28,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/service"
 )
 
 func main() {
@@ -62,12 +62,12 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		return err
 	}
 	defer store.Close()
-	nc, err := nats.Connect(cfg.NATS.URL, nats.Name("tally-accountant"),
-		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }))
+	if err := service.CheckRedis(ctx, store, log); err != nil {
+		return err
+	}
+	nc, err := service.ConnectNATS(cfg, "tally-accountant", "shards stop reading until it is back", log)
 	if err != nil {
-		return fmt.Errorf("nats: %w", err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -87,12 +87,12 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		admin := &http.Server{Handler: acc.AdminHandler(func(ctx context.Context) error {
+		admin := &http.Server{Handler: service.GuardAdmin(cfg.AdminToken, acc.AdminHandler(func(ctx context.Context) error {
 			if !nc.IsConnected() {
 				return fmt.Errorf("nats %s", nc.Status())
 			}
 			return nil
-		}), ReadHeaderTimeout: 5 * time.Second}
+		})), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := admin.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				errc <- err

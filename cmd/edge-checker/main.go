@@ -30,13 +30,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/service"
 )
 
 func main() {
@@ -68,26 +68,23 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		return err
 	}
 	defer store.Close()
+	if err := service.CheckRedis(ctx, store, log); err != nil {
+		return err
+	}
 	probeCtx, stopProbes := context.WithCancel(context.Background())
 	defer stopProbes()
 	go store.RunProbes(probeCtx, time.Second)
 
-	nc, err := nats.Connect(cfg.NATS.URL, nats.Name("tally-edge-checker"),
-		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn("NATS disconnected: accounting events are applied on the primaries until it is back", "err", err)
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "url", nc.ConnectedUrlRedacted()) }))
+	nc, err := service.ConnectNATS(cfg, "tally-edge-checker", "accounting events are applied on the primaries until it is back", log)
 	if err != nil {
-		return fmt.Errorf("nats: %w", err)
+		return err
 	}
 	defer nc.Close()
 	// Decisions (bulk telemetry) travel on a connection of their own, so that
 	// accounting events never queue behind them.
-	dnc, err := nats.Connect(cfg.NATS.URL, nats.Name("tally-edge-checker-decisions"),
-		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+	dnc, err := service.ConnectNATS(cfg, "tally-edge-checker-decisions", "decision records are dropped until it is back", log)
 	if err != nil {
-		return fmt.Errorf("nats: %w", err)
+		return err
 	}
 	defer dnc.Close()
 	js, err := jetstream.New(nc)
@@ -111,12 +108,13 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	}
 	routes := make([]edge.Route, len(cfg.Routes))
 	for i, r := range cfg.Routes {
-		routes[i] = edge.Route{Path: r.Path, Policy: r.Policy, Cost: r.Cost}
+		routes[i] = edge.Route{Path: r.Path, Policies: r.Names(), Cost: r.Cost}
 	}
 	srv, err := edge.New(edge.Options{
 		Store: store, Keys: keys, NATS: nc, DecisionsNATS: dnc, Streams: cfg.NATS.Streams,
 		Outbox: cfg.Edge.Outbox, Decisions: cfg.Edge.Decisions, Credit: cfg.Edge.Credit,
 		Policies: cfg.PolicyMap(), Routes: routes, DefaultPolicy: cfg.Edge.DefaultPolicy,
+		GlobalPolicies: cfg.Edge.GlobalPolicies, AddressKeyed: cfg.AddressKeyed(),
 		Identity: edge.Identifier{Header: cfg.Edge.Identity.Header, Trusted: cfg.Edge.Identity.Trusted(),
 			IPv4Prefix: cfg.Edge.Identity.IPv4Prefix, IPv6Prefix: cfg.Edge.Identity.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
@@ -145,14 +143,15 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		}()
 		return nil
 	}
-	admin := &http.Server{Addr: cfg.Edge.AdminListen, Handler: srv.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+	admin := &http.Server{Addr: cfg.Edge.AdminListen, Handler: service.GuardAdmin(cfg.AdminToken, srv.AdminHandler()),
+		ReadHeaderTimeout: 5 * time.Second}
 	if cfg.Edge.Listen != "" {
 		if err := serve(cfg.Edge.Listen, srv.ProxyHandler()); err != nil {
 			return err
 		}
 	}
 	if cfg.Edge.APIListen != "" {
-		if err := serve(cfg.Edge.APIListen, srv.APIHandler()); err != nil {
+		if err := serve(cfg.Edge.APIListen, service.RequireToken(cfg.APIToken, srv.APIHandler())); err != nil {
 			return err
 		}
 	}

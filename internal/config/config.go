@@ -9,16 +9,22 @@ package config
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
+	pathpkg "path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tallyhq/tally/internal/edge"
@@ -42,6 +48,14 @@ type File struct {
 
 	// KeySecret keys the identity hash (TALLY_KEY_SECRET). Never in the file.
 	KeySecret []byte `yaml:"-"`
+	// APIToken is the bearer token the decision API requires
+	// (TALLY_API_TOKEN); AdminToken the one /metrics and /debug/pprof/
+	// require on both binaries (TALLY_ADMIN_TOKEN). Never in the file.
+	APIToken   string `yaml:"-"`
+	AdminToken string `yaml:"-"`
+
+	redisTLS *tls.Config // built from Redis.TLS by validate
+	natsOpts []nats.Option
 }
 
 // Redis is the shard map and the window settings.
@@ -56,12 +70,37 @@ type Redis struct {
 	// deletes applied events from the stream.
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
+	// TLS secures every connection to every node.
+	TLS TLS `yaml:"tls"`
+}
+
+// TLS configures a client's TLS: on when Enabled or any file is set.
+type TLS struct {
+	Enabled bool `yaml:"enabled"`
+	// CAFile holds the certificates that sign the servers' (PEM); default
+	// the system's roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are a client certificate and its key (PEM), for
+	// servers that require one.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName overrides the name checked in the servers' certificates.
+	ServerName string `yaml:"server_name"`
 }
 
 // NATS is the connection and the streams.
 type NATS struct {
 	URL     string         `yaml:"url"`
 	Streams events.Streams `yaml:"streams"`
+	TLS     TLS            `yaml:"tls"`
+	// CredentialsFile is a NATS credentials file (a user JWT and its nkey
+	// seed); NKeyFile a file holding an nkey seed. At most one of them.
+	// User and password go in the URL or TALLY_NATS_USER and
+	// TALLY_NATS_PASSWORD.
+	CredentialsFile string `yaml:"credentials_file"`
+	NKeyFile        string `yaml:"nkey_file"`
+	User            string `yaml:"-"`
+	Password        string `yaml:"-"`
 }
 
 // Edge configures the edge-checker.
@@ -81,8 +120,11 @@ type Edge struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	Identity        Identity      `yaml:"identity"`
 	// DefaultPolicy applies to paths no route matches. Empty: such requests
-	// are passed through unlimited.
+	// are passed through unlimited (global policies still apply).
 	DefaultPolicy string `yaml:"default_policy"`
+	// GlobalPolicies hold every proxied request beside its route's
+	// policies (e.g. a limit per address, with key: address).
+	GlobalPolicies []string `yaml:"global_policies"`
 	// Source is the CloudEvents source. Default edge-checker/<hostname>.
 	Source string `yaml:"source"`
 	// Pprof serves Go's profiles on the admin listener (/debug/pprof/).
@@ -125,16 +167,38 @@ type Policy struct {
 	Cost   int64         `yaml:"cost"`
 	// Mode is auto (default), exact or async (docs/accuracy.md).
 	Mode limiter.Mode `yaml:"mode"`
+	// Key is what a proxied request's window is keyed by: identity (the
+	// default: the identity header, or the client address without one) or
+	// address (the client address always).
+	Key string `yaml:"key"`
 }
 
-// Route maps a path prefix to a policy and a cost.
+// Policy keys.
+const (
+	KeyIdentity = "identity"
+	KeyAddress  = "address"
+)
+
+// Route maps a path prefix to the policies its requests are held to.
 type Route struct {
 	// Path is a prefix: "/search" matches /search and /search/code. The
-	// longest matching prefix wins.
-	Path   string `yaml:"path"`
-	Policy string `yaml:"policy"`
-	// Cost overrides the policy's cost for this route.
+	// longest matching prefix wins. Request paths are cleaned (//search,
+	// /x/../search → /search) before matching.
+	Path string `yaml:"path"`
+	// Policy is the route's limit; Policies lists several, all of which
+	// must allow a request. One of the two.
+	Policy   string   `yaml:"policy"`
+	Policies []string `yaml:"policies"`
+	// Cost overrides the route's policies' cost.
 	Cost int64 `yaml:"cost"`
+}
+
+// Names is the route's policies.
+func (r Route) Names() []string {
+	if r.Policy != "" {
+		return append([]string{r.Policy}, r.Policies...)
+	}
+	return r.Policies
 }
 
 // Load reads, overrides from env and validates the file at path. env is
@@ -180,6 +244,10 @@ const (
 	EnvUpstream      = "TALLY_UPSTREAM"
 	EnvRedisUsername = "TALLY_REDIS_USERNAME"
 	EnvRedisPassword = "TALLY_REDIS_PASSWORD"
+	EnvNATSUser      = "TALLY_NATS_USER"
+	EnvNATSPassword  = "TALLY_NATS_PASSWORD"
+	EnvAPIToken      = "TALLY_API_TOKEN"
+	EnvAdminToken    = "TALLY_ADMIN_TOKEN"
 	// TALLY_SHARD_<NAME>_PRIMARY and TALLY_SHARD_<NAME>_REPLICAS (comma
 	// separated) replace a shard's addresses; NAME is upper-cased, - → _.
 	envShardPrefix = "TALLY_SHARD_"
@@ -190,6 +258,8 @@ func (f *File) applyEnv(env func(string) string) error {
 		env = func(string) string { return "" }
 	}
 	f.KeySecret = []byte(env(EnvKeySecret))
+	f.APIToken, f.AdminToken = env(EnvAPIToken), env(EnvAdminToken)
+	f.NATS.User, f.NATS.Password = env(EnvNATSUser), env(EnvNATSPassword)
 	if v := env(EnvNATSURL); v != "" {
 		f.NATS.URL = v
 	}
@@ -286,6 +356,9 @@ func (f *File) validate() error {
 		if seen[p.Name] {
 			return fieldErr(path+".name", "duplicate policy %q", p.Name)
 		}
+		if p.Key != "" && p.Key != KeyIdentity && p.Key != KeyAddress {
+			return fieldErr(path+".key", "%q: want identity or address", p.Key)
+		}
 		seen[p.Name] = true
 	}
 	byName := f.PolicyMap()
@@ -295,20 +368,40 @@ func (f *File) validate() error {
 		if !strings.HasPrefix(r.Path, "/") {
 			return fieldErr(path+".path", "%q: want a path starting with /", r.Path)
 		}
-		if paths[r.Path] {
+		if clean := pathpkg.Clean(r.Path); paths[clean] {
 			return fieldErr(path+".path", "duplicate route %q", r.Path)
+		} else {
+			paths[clean] = true
 		}
-		paths[r.Path] = true
-		p, ok := byName[r.Policy]
-		if !ok {
-			return fieldErr(path+".policy", "unknown policy %q (known: %s)", r.Policy, strings.Join(sortedKeys(byName), ", "))
+		field := path + ".policy"
+		switch {
+		case r.Policy != "" && len(r.Policies) > 0:
+			return fieldErr(path, "set policy or policies, not both")
+		case len(r.Policies) > 0:
+			field = path + ".policies"
+		case r.Policy == "":
+			return fieldErr(field, "missing: the route's policy")
 		}
-		if r.Cost < 0 || r.Cost > p.Limit {
-			return fieldErr(path+".cost", "%d: want 1 to the policy's limit (%d)", r.Cost, p.Limit)
+		for _, name := range r.Names() {
+			p, ok := byName[name]
+			if !ok {
+				return fieldErr(field, "unknown policy %q (known: %s)", name, strings.Join(sortedKeys(byName), ", "))
+			}
+			if r.Cost < 0 || r.Cost > p.Limit {
+				return fieldErr(path+".cost", "%d: want 1 to the limit of policy %q (%d)", r.Cost, name, p.Limit)
+			}
 		}
 	}
 	if d := f.Edge.DefaultPolicy; d != "" && !seen[d] {
 		return fieldErr("edge.default_policy", "unknown policy %q", d)
+	}
+	for i, name := range f.Edge.GlobalPolicies {
+		if !seen[name] {
+			return fieldErr(fmt.Sprintf("edge.global_policies[%d]", i), "unknown policy %q", name)
+		}
+	}
+	if err := f.validateSecurity(); err != nil {
+		return err
 	}
 	return f.validateEdge()
 }
@@ -320,9 +413,6 @@ func (f *File) validateEdge() error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fieldErr("edge.upstream", "%q: proxy mode (edge.listen) needs an http(s) upstream URL", e.Upstream)
 		}
-	}
-	if e.AdminListen == "" {
-		e.AdminListen = "127.0.0.1:9090"
 	}
 	switch e.OnRedisError {
 	case "":
@@ -370,6 +460,127 @@ func (f *File) validateEdge() error {
 	return nil
 }
 
+// validateSecurity refuses what would expose Tally or its data: a decision
+// API whose request ids cannot be signed, APIs reachable beyond loopback
+// without a token, TLS settings that cannot be loaded.
+func (f *File) validateSecurity() error {
+	e := &f.Edge
+	if e.AdminListen == "" {
+		e.AdminListen = "127.0.0.1:9090"
+	}
+	if e.APIListen != "" {
+		if len(f.KeySecret) == 0 {
+			return fieldErr("edge.api_listen", "the decision API needs %s (its request ids are signed with it)", EnvKeySecret)
+		}
+		if f.APIToken == "" && !Loopback(e.APIListen) {
+			return fieldErr("edge.api_listen", "%q is reachable beyond loopback: set %s, the bearer token the API then requires",
+				e.APIListen, EnvAPIToken)
+		}
+	}
+	for _, l := range []struct{ field, addr string }{{"edge.admin_listen", e.AdminListen}, {"accountant.admin_listen", f.Accountant.AdminListen}} {
+		if l.addr != "" && f.AdminToken == "" && !Loopback(l.addr) {
+			return fieldErr(l.field, "%q is reachable beyond loopback: set %s, the bearer token /metrics then requires",
+				l.addr, EnvAdminToken)
+		}
+	}
+	var err error
+	if f.redisTLS, err = f.Redis.TLS.Config(); err != nil {
+		return fieldErr("redis.tls", "%v", err)
+	}
+	if f.natsOpts, err = f.NATS.options(); err != nil {
+		return fieldErr("nats", "%v", err)
+	}
+	return nil
+}
+
+// Loopback reports whether a listen address (host:port) accepts
+// connections from this machine only.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}
+
+// Config builds the TLS configuration; nil when TLS is off.
+func (t TLS) Config() (*tls.Config, error) {
+	if !t.Enabled && t.CAFile == "" && t.CertFile == "" && t.KeyFile == "" && t.ServerName == "" {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca_file: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca_file %s: no PEM certificate in it", t.CAFile)
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("cert_file and key_file go together")
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("cert_file, key_file: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+func (n NATS) options() ([]nats.Option, error) {
+	var opts []nats.Option
+	tc, err := n.TLS.Config()
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	switch {
+	case n.CredentialsFile != "" && n.NKeyFile != "":
+		return nil, errors.New("credentials_file and nkey_file: set one")
+	case n.CredentialsFile != "":
+		if _, err := os.Stat(n.CredentialsFile); err != nil {
+			return nil, fmt.Errorf("credentials_file: %w", err)
+		}
+		opts = append(opts, nats.UserCredentials(n.CredentialsFile))
+	case n.NKeyFile != "":
+		o, err := nats.NkeyOptionFromSeed(n.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nkey_file: %w", err)
+		}
+		opts = append(opts, o)
+	}
+	if n.User != "" {
+		opts = append(opts, nats.UserInfo(n.User, n.Password))
+	}
+	return opts, nil
+}
+
+// NATSOptions are the connection options the file sets: TLS and
+// credentials.
+func (f *File) NATSOptions() []nats.Option { return slices.Clip(f.natsOpts) }
+
+// AddressKeyed is the set of policies keyed by the client address.
+func (f *File) AddressKeyed() map[string]bool {
+	m := map[string]bool{}
+	for _, p := range f.Policies {
+		if p.Key == KeyAddress {
+			m[p.Name] = true
+		}
+	}
+	return m
+}
+
 // Limiter is the policy as the limiter takes it.
 func (p Policy) Limiter() limiter.Policy {
 	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode}
@@ -389,7 +600,7 @@ func (f *File) StoreOptions() limiter.Options {
 	return limiter.Options{
 		Grace: f.Redis.Grace, SkewTolerance: f.Redis.SkewTolerance, ReadPolicy: f.Redis.ReadPolicy,
 		DialTimeout: f.Redis.Timeout, ReadTimeout: f.Redis.Timeout, WriteTimeout: f.Redis.Timeout,
-		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout,
+		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout, TLS: f.redisTLS,
 		// Ample for a stream that keeps events up to its max age.
 		ProducerTTL: max(25*time.Hour, f.NATS.Streams.WithDefaults().Accounting.MaxAge+time.Hour),
 	}

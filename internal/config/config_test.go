@@ -54,6 +54,42 @@ func TestParseGood(t *testing.T) {
 	require.Len(t, f.Edge.Identity.Trusted(), 2)
 }
 
+// The decision API beyond loopback needs its token; with it (and the key
+// secret) the file loads, and the tokens come from the environment only.
+func TestAPIsBeyondLoopbackNeedTokens(t *testing.T) {
+	src := strings.Replace(good, "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  api_listen: 0.0.0.0:8081\n  admin_listen: 10.1.2.3:9090", 1)
+	env := map[string]string{EnvKeySecret: "s3cret"}
+	get := func(k string) string { return env[k] }
+	_, err := Parse([]byte(src), get)
+	require.ErrorContains(t, err, "edge.api_listen: \"0.0.0.0:8081\" is reachable beyond loopback: set TALLY_API_TOKEN")
+	env[EnvAPIToken] = "api-token"
+	_, err = Parse([]byte(src), get)
+	require.ErrorContains(t, err, "edge.admin_listen")
+	env[EnvAdminToken] = "admin-token"
+	f, err := Parse([]byte(src), get)
+	require.NoError(t, err)
+	require.Equal(t, "api-token", f.APIToken)
+	require.Equal(t, "admin-token", f.AdminToken)
+
+	for addr, want := range map[string]bool{"127.0.0.1:1": true, "[::1]:1": true, "localhost:1": true,
+		":1": false, "0.0.0.0:1": false, "[::]:1": false, "10.0.0.1:1": false, "example.com:1": false, "nonsense": false} {
+		require.Equal(t, want, Loopback(addr), addr)
+	}
+}
+
+// A route may hold its requests to several policies, and global and
+// address-keyed policies reach the edge.
+func TestSeveralPolicies(t *testing.T) {
+	src := strings.Replace(good, "    policy: search\n", "    policies: [search, core]\n", 1)
+	src = strings.Replace(src, "  identity:", "  global_policies: [per-address]\n  identity:", 1)
+	src = strings.Replace(src, "routes:", "  - name: per-address\n    limit: 1000\n    window: 1h\n    key: address\nroutes:", 1)
+	f, err := Parse([]byte(src), nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"search", "core"}, f.Routes[0].Names())
+	require.Equal(t, []string{"per-address"}, f.Edge.GlobalPolicies)
+	require.Equal(t, map[string]bool{"per-address": true}, f.AddressKeyed())
+}
+
 func TestParseErrorsNameLineAndField(t *testing.T) {
 	cases := []struct{ name, from, to, want string }{
 		{"unknown field", "    window: 1m\n  - name: search", "    window: 1m\n    windw: 2m\n  - name: search", "line 21: field windw not found"},
@@ -69,6 +105,17 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"bad mode", "    limit: 100", "    limit: 100\n    mode: fast", "line 20: policies[0].mode"},
 		{"bad stream", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  streams: {storage: tape}", "nats.streams: storage"},
 		{"bad on_redis_error", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  on_redis_error: maybe", "line 13: edge.on_redis_error"},
+		{"decision API without a key secret", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  api_listen: 127.0.0.1:8081", "line 13: edge.api_listen: the decision API needs TALLY_KEY_SECRET"},
+		{"admin beyond loopback without a token", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  admin_listen: :9090", "line 13: edge.admin_listen: \":9090\" is reachable beyond loopback: set TALLY_ADMIN_TOKEN"},
+		{"policy and policies", "    policy: search", "    policy: search\n    policies: [core]", "routes[0]: set policy or policies, not both"},
+		{"unknown policy in a list", "    policy: search", "    policies: [search, nope]", "line 26: routes[0].policies: unknown policy \"nope\""},
+		{"route without a policy", "    policy: search\n", "", "routes[0].policy: missing"},
+		{"duplicate cleaned route", "    cost: 2\n", "    cost: 2\n  - path: /search/\n    policy: core\n", "routes[1].path: duplicate route \"/search/\""},
+		{"bad policy key", "    limit: 100", "    limit: 100\n    key: cookie", "line 20: policies[0].key: \"cookie\": want identity or address"},
+		{"unknown global policy", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  global_policies: [nope]", "edge.global_policies[0]: unknown policy"},
+		{"client certificate without key", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  tls: {cert_file: /x.pem}", "nats: tls: cert_file and key_file go together"},
+		{"missing CA file", "redis:\n", "redis:\n  tls: {ca_file: /nonexistent/ca.pem}\n", "redis.tls: ca_file"},
+		{"two NATS credentials", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  credentials_file: a\n  nkey_file: b", "credentials_file and nkey_file: set one"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

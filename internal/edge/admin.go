@@ -72,6 +72,13 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 			}
 		}
 	}
+	help("tally_edge_nats_connected", "gauge", "Whether the edge is connected to NATS (0: accounting events go to the primaries).")
+	value("tally_edge_nats_connected", "", boolValue(s.o.NATS != nil && s.o.NATS.IsConnected()))
+	help("tally_edge_primary_reachable", "gauge", "Whether the shard's primary answers reservations (0: requests are decided without waiting for it).")
+	now := s.o.Clock.Now().UnixNano()
+	for i := range s.o.Store.Shards() {
+		value("tally_edge_primary_reachable", `shard="`+s.o.Store.ShardName(i)+`"`, boolValue(!d.suspected(i, now)))
+	}
 	help("tally_edge_unavailable_total", "counter", "Requests answered 503: Redis unreachable in time and on_redis_error deny.")
 	value("tally_edge_unavailable_total", "", d.unavailable.Load())
 	help("tally_edge_reservations_total", "counter", "Reservations made on the primaries.")
@@ -115,4 +122,11 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	_, _ = w.Write([]byte(b.String()))
+}
+
+func boolValue(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
 }

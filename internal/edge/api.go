@@ -147,7 +147,7 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 		s.badRequest(w, "request_id: "+err.Error())
 		return
 	}
-	s.finish(v, req.Status)
+	s.finish([]verdict{v}, req.Status)
 	w.WriteHeader(http.StatusAccepted)
 }
 

@@ -380,7 +380,9 @@ const suspectAfter = 3
 
 func (d *decider) takeOK(shard int) {
 	d.failures[shard].Store(0)
-	d.suspect[shard].Store(0)
+	if d.suspect[shard].Load() != 0 && d.suspect[shard].Swap(0) != 0 {
+		d.log.Info("the primary answers again; reservations resume", "shard", d.store.ShardName(shard))
+	}
 }
 
 func (d *decider) suspected(shard int, nowNs int64) bool {

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -35,17 +37,33 @@ type Store interface {
 
 var _ Store = (*limiter.Store)(nil)
 
-// Route maps a path prefix to a policy, with an optional cost override.
+// Route maps a path prefix to the policies its requests are held to, with
+// an optional cost override.
 type Route struct {
-	Path   string
-	Policy string
-	Cost   int64
+	// Path is a prefix: "/search" matches /search and /search/code. It is
+	// cleaned like request paths (path.Clean) before matching.
+	Path string
+	// Policies are the limits a request to the path is held to; it is
+	// allowed only if every one allows it.
+	Policies []string
+	// Cost, when positive, overrides the cost of the route's policies.
+	Cost int64
 }
 
-// route is a Route with its subtree prefix ("/search" → "/search/").
+// limit is one policy a request is held to, resolved: its cost overridden
+// by the route, and whether it is keyed by the client's address whatever
+// identity the request carries.
+type limit struct {
+	policy    limiter.Policy
+	byAddress bool
+}
+
+// route is a Route resolved: its subtree prefix ("/search" → "/search/")
+// and its limits, the global ones included.
 type route struct {
 	Route
-	under string
+	under  string
+	limits []limit
 }
 
 // DecisionsConfig says which decisions go to the decisions stream.
@@ -76,9 +94,17 @@ type Options struct {
 	Policies      map[string]limiter.Policy
 	Routes        []Route
 	// DefaultPolicy applies to paths no route matches; empty passes them
-	// through unlimited.
+	// through unlimited (global policies still apply).
 	DefaultPolicy string
-	Identity      Identifier
+	// GlobalPolicies hold every proxied request beside its route's
+	// policies: e.g. a limit per client address that a client rotating
+	// its tokens cannot escape.
+	GlobalPolicies []string
+	// AddressKeyed names the policies whose windows are keyed by the
+	// client's address (Identifier.Address) even when the request carries
+	// an identity header.
+	AddressKeyed map[string]bool
+	Identity     Identifier
 	// DenyOnRedisError answers 503 when Redis cannot be reached in time and
 	// the edge knows nothing of the window; otherwise such requests are
 	// allowed (fail open) and charged once Redis is back.
@@ -104,6 +130,7 @@ type Options struct {
 type Server struct {
 	o        Options
 	routes   []route // longest path first
+	fallback []limit // for paths no route matches
 	proxy    *httputil.ReverseProxy
 	dec      *decider
 	outbox   *outbox
@@ -154,19 +181,8 @@ func New(o Options) (*Server, error) {
 		}
 	}
 	s := &Server{o: o, log: newRateLog(o.Log, 5*time.Second), stop: make(chan struct{})}
-	for _, r := range o.Routes {
-		s.routes = append(s.routes, route{Route: r, under: strings.TrimSuffix(r.Path, "/") + "/"})
-	}
-	sort.SliceStable(s.routes, func(i, j int) bool { return len(s.routes[i].Path) > len(s.routes[j].Path) })
-	for _, r := range s.routes {
-		if _, ok := o.Policies[r.Policy]; !ok {
-			return nil, fmt.Errorf("edge: route %s: unknown policy %q", r.Path, r.Policy)
-		}
-	}
-	if o.DefaultPolicy != "" {
-		if _, ok := o.Policies[o.DefaultPolicy]; !ok {
-			return nil, fmt.Errorf("edge: unknown default policy %q", o.DefaultPolicy)
-		}
+	if err := s.resolveRoutes(); err != nil {
+		return nil, err
 	}
 	var err error
 	s.outbox, err = newOutbox(o.Outbox, o.Producer, o.Source, o.Streams.Accounting.SubjectPrefix, o.Store, o.Keys, o.NATS, s.log)
@@ -256,22 +272,78 @@ func (s *Server) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// policyFor returns the policy and cost for a path, ok=false for paths that
-// are not limited.
-func (s *Server) policyFor(path string) (limiter.Policy, bool) {
-	for _, r := range s.routes {
-		if path == r.Path || strings.HasPrefix(path, r.under) {
-			p := s.o.Policies[r.Policy]
-			if r.Cost > 0 {
-				p.Cost = r.Cost
+// resolveRoutes turns Options.Routes, DefaultPolicy and GlobalPolicies
+// into each route's limits, longest path first.
+func (s *Server) resolveRoutes() error {
+	o := s.o
+	resolve := func(names []string, cost int64) ([]limit, error) {
+		out := make([]limit, 0, len(names)+len(o.GlobalPolicies))
+		seen := map[string]bool{}
+		for i, name := range append(slices.Clip(names), o.GlobalPolicies...) {
+			p, ok := o.Policies[name]
+			if !ok {
+				return nil, fmt.Errorf("unknown policy %q", name)
 			}
-			return p, true
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			if cost > 0 && i < len(names) {
+				if cost > p.Limit {
+					return nil, fmt.Errorf("cost %d above policy %q's limit %d", cost, name, p.Limit)
+				}
+				p.Cost = cost
+			}
+			out = append(out, limit{policy: p, byAddress: o.AddressKeyed[name]})
+		}
+		return out, nil
+	}
+	for _, r := range o.Routes {
+		r.Path = cleanPath(r.Path)
+		if len(r.Policies) == 0 {
+			return fmt.Errorf("edge: route %s: no policy", r.Path)
+		}
+		limits, err := resolve(r.Policies, r.Cost)
+		if err != nil {
+			return fmt.Errorf("edge: route %s: %w", r.Path, err)
+		}
+		s.routes = append(s.routes, route{Route: r, under: strings.TrimSuffix(r.Path, "/") + "/", limits: limits})
+	}
+	sort.SliceStable(s.routes, func(i, j int) bool { return len(s.routes[i].Path) > len(s.routes[j].Path) })
+	var def []string
+	if o.DefaultPolicy != "" {
+		def = []string{o.DefaultPolicy}
+	}
+	var err error
+	if s.fallback, err = resolve(def, 0); err != nil {
+		return fmt.Errorf("edge: default and global policies: %w", err)
+	}
+	return nil
+}
+
+// limitsFor returns the limits a request path is held to (none: not
+// limited). The path is cleaned first, so that //search, /./search and
+// /x/../search are held to the limits of /search.
+func (s *Server) limitsFor(p string) []limit {
+	p = cleanPath(p)
+	for i := range s.routes {
+		r := &s.routes[i]
+		if p == r.Path || strings.HasPrefix(p, r.under) {
+			return r.limits
 		}
 	}
-	if s.o.DefaultPolicy != "" {
-		return s.o.Policies[s.o.DefaultPolicy], true
+	return s.fallback
+}
+
+// cleanPath is path.Clean of a request path, rooted.
+func cleanPath(p string) string {
+	if p == "/" {
+		return p
 	}
-	return limiter.Policy{}, false
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
+	}
+	return path.Clean(p)
 }
 
 // check decides one request for identity under p.
@@ -306,10 +378,20 @@ func (s *Server) record(v verdict, traceparent string) {
 	s.batcher.Add(d)
 }
 
-// finish handles a request's end: a 304 gives its charge back.
-func (s *Server) finish(v verdict, status int) {
+// finish handles a request's end: a 304 gives its charges back.
+func (s *Server) finish(vs []verdict, status int) {
 	s.finished.Add(1)
-	if status == http.StatusNotModified && (!v.decided || v.decision.Allowed) {
-		s.dec.refund(v)
+	if status == http.StatusNotModified {
+		s.giveBack(vs)
+	}
+}
+
+// giveBack gives back what the allowed verdicts vs charged: a 304, or a
+// request another of its limits denied.
+func (s *Server) giveBack(vs []verdict) {
+	for _, v := range vs {
+		if !v.decided || v.decision.Allowed {
+			s.dec.refund(v)
+		}
 	}
 }

@@ -35,7 +35,14 @@ func (id Identifier) Identity(r *http.Request) (string, error) {
 			return "h:" + v, nil
 		}
 	}
-	return "ip:" + id.group(id.ClientIP(r)).String(), nil
+	return id.Address(r), nil
+}
+
+// Address is the request's client address as an identity, grouped by the
+// configured prefixes: the same string Identity returns for a request
+// without an identity header.
+func (id Identifier) Address(r *http.Request) string {
+	return "ip:" + id.group(id.ClientIP(r)).String()
 }
 
 // ClientIP is the address of the client: the peer, unless the peer is a

@@ -11,9 +11,13 @@ import (
 
 type stateKey struct{}
 
+// proxyState is what a proxied request's decisions and response leave for
+// its finish.
 type proxyState struct {
-	v      verdict
+	vs     []verdict // the allowed verdicts, one per limit
+	shown  int       // the one whose headers the response carries
 	status int
+	buf    [2]verdict
 }
 
 func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
@@ -32,8 +36,8 @@ func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
 		ModifyResponse: func(resp *http.Response) error {
 			if st, ok := resp.Request.Context().Value(stateKey{}).(*proxyState); ok {
 				st.status = resp.StatusCode
-				if st.v.decided {
-					st.v.decision.SetHeaders(resp.Header)
+				if v := &st.vs[st.shown]; v.decided {
+					v.decision.SetHeaders(resp.Header)
 				}
 			}
 			return nil
@@ -61,36 +65,80 @@ func (s *Server) ProxyHandler() http.Handler {
 }
 
 func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
-	p, limited := s.policyFor(r.URL.Path)
-	if !limited {
+	limits := s.limitsFor(r.URL.Path)
+	if len(limits) == 0 {
 		s.proxy.ServeHTTP(w, r)
 		return
 	}
-	identity, err := s.o.Identity.Identity(r)
-	if err != nil {
-		s.badRequests.Add(1)
-		problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
-		return
-	}
+	var identity, address string
 	now := s.o.Clock.Now()
-	v, err := s.check(r.Context(), p, identity, now)
-	if err != nil {
-		s.unavailable(w)
-		return
+	reqNum := s.reqs.Add(1)
+	traceparent := r.Header.Get("Traceparent")
+	st := &proxyState{}
+	st.vs = st.buf[:0]
+	for _, l := range limits {
+		id := &identity
+		if l.byAddress {
+			id = &address
+		}
+		if *id == "" {
+			var err error
+			if *id, err = s.identity(r, l.byAddress); err != nil {
+				s.giveBack(st.vs)
+				s.badRequests.Add(1)
+				problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
+				return
+			}
+		}
+		v, err := s.check(r.Context(), l.policy, *id, now)
+		if err != nil {
+			s.giveBack(st.vs)
+			s.unavailable(w)
+			return
+		}
+		v.reqNum = reqNum
+		s.record(v, traceparent)
+		if v.decided && !v.decision.Allowed {
+			// Denied by one limit: what the others charged goes back.
+			s.giveBack(st.vs)
+			s.deny(w, v)
+			return
+		}
+		st.vs = append(st.vs, v)
 	}
-	v.reqNum = s.reqs.Add(1)
-	s.record(v, r.Header.Get("Traceparent"))
-	if v.decided && !v.decision.Allowed {
-		s.deny(w, v)
-		return
-	}
-	st := &proxyState{v: v}
+	st.shown = tightest(st.vs)
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
 	status := st.status
 	if status == 0 {
 		status = http.StatusBadGateway
 	}
-	s.finish(v, status)
+	s.finish(st.vs, status)
+}
+
+// identity is whose window a request counts against: its identity header
+// (or its address without one), or always its address for byAddress.
+func (s *Server) identity(r *http.Request, byAddress bool) (string, error) {
+	if byAddress {
+		return s.o.Identity.Address(r), nil
+	}
+	return s.o.Identity.Identity(r)
+}
+
+// tightest picks the verdict whose headers a response shows when several
+// limits allowed it: the one with the least room left, the soonest reset
+// among equals (what a client must respect first).
+func tightest(vs []verdict) int {
+	best := 0
+	for i := 1; i < len(vs); i++ {
+		a, b := &vs[i].decision, &vs[best].decision
+		if !vs[i].decided {
+			continue
+		}
+		if !vs[best].decided || a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAt.Before(b.ResetAt)) {
+			best = i
+		}
+	}
+	return best
 }
 
 // unavailable answers a request the edge cannot decide (fail closed).

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -74,6 +75,9 @@ type Options struct {
 	WaitReplicas int
 	// WaitTimeout bounds that wait. Default 100ms.
 	WaitTimeout time.Duration
+	// TLS, when set, is used for every connection to every node (CA,
+	// client certificate, server name).
+	TLS *tls.Config
 	// ScriptEvents is the most events Apply sends in one script call: a
 	// script holds its Redis node while it runs, and reservations on the
 	// request path wait behind it. Default 128 (a couple of milliseconds).
@@ -191,6 +195,7 @@ func (o *Options) client(n shard.Node, retries int) *redis.Options {
 		MaxRetries:            retries,
 		ContextTimeoutEnabled: true,
 		DisableIdentity:       true,
+		TLSConfig:             o.TLS,
 	}
 }
 
@@ -289,6 +294,48 @@ func (s *Store) Ping(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// ErrEvictingPolicy is returned by CheckEviction for a primary that may
+// evict keys when it runs out of memory.
+var ErrEvictingPolicy = errors.New("limiter: evicting maxmemory-policy")
+
+// CheckEviction reads every primary's maxmemory-policy (INFO memory, which
+// managed services allow where CONFIG is renamed) and refuses any policy
+// but noeviction: an evicted window lets its key start over (more than the
+// limit), and an evicted producer record makes a redelivered event count
+// twice. Every Tally key has a TTL, so volatile-* policies evict them too.
+// A primary that cannot be read is reported as such (not ErrEvictingPolicy)
+// so that the caller may start degraded and say so.
+func (s *Store) CheckEviction(ctx context.Context) error {
+	var errs []error
+	for _, n := range s.shards {
+		info, err := n.primary.Info(ctx, "memory").Result()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("limiter: shard %s primary: reading maxmemory-policy: %w", n.name, err))
+			continue
+		}
+		policy := infoField(info, "maxmemory_policy")
+		if policy == "" {
+			errs = append(errs, fmt.Errorf("limiter: shard %s primary: INFO memory has no maxmemory_policy", n.name))
+			continue
+		}
+		if policy != "noeviction" {
+			errs = append(errs, fmt.Errorf("%w: shard %s primary has maxmemory-policy %s; Tally needs noeviction (docs/operations.md)",
+				ErrEvictingPolicy, n.name, policy))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// infoField returns a field of an INFO reply ("name:value" lines).
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func parseCheck(cmd *redis.Cmd) (Window, error) {

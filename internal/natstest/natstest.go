@@ -21,10 +21,20 @@ type Server struct {
 // Start starts a JetStream-enabled server.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{
+	return StartWith(t, nil)
+}
+
+// StartWith is Start with options changed by mut (TLS, authentication).
+func StartWith(t testing.TB, mut func(*server.Options)) *Server {
+	t.Helper()
+	o := &server.Options{
 		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
 		JetStream: true, StoreDir: t.TempDir(),
-	})
+	}
+	if mut != nil {
+		mut(o)
+	}
+	s, err := server.NewServer(o)
 	if err != nil {
 		t.Fatalf("natstest: %v", err)
 	}

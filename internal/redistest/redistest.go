@@ -7,6 +7,7 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -28,6 +29,7 @@ type Server struct {
 	Addr      string
 	dir       string
 	replicaOf string
+	tls       *TLS
 	cmd       *exec.Cmd
 	exited    chan struct{}
 }
@@ -64,13 +66,33 @@ func (s *Server) StartReplica(t testing.TB) *Server {
 	return r
 }
 
+// TLS is what StartTLS needs: the server's certificate and key, the CA
+// that signs client certificates (which the server then requires), and the
+// client configuration the test uses to reach it.
+type TLS struct {
+	CertFile, KeyFile, CAFile string
+	Client                    *tls.Config
+}
+
+// StartTLS starts a primary that accepts TLS connections only, on a free
+// port, and requires client certificates signed by c.CAFile.
+func StartTLS(t testing.TB, c TLS) *Server {
+	t.Helper()
+	return startWith(t, "", &c)
+}
+
 func start(t testing.TB, replicaOf string) *Server {
+	t.Helper()
+	return startWith(t, replicaOf, nil)
+}
+
+func startWith(t testing.TB, replicaOf string, c *TLS) *Server {
 	t.Helper()
 	bin := binary(t)
 	dir := t.TempDir()
 	var lastErr error
 	for range 5 {
-		s := &Server{t: t, Port: freePort(t), dir: dir, replicaOf: replicaOf}
+		s := &Server{t: t, Port: freePort(t), dir: dir, replicaOf: replicaOf, tls: c}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
 		if lastErr = s.launch(bin); lastErr == nil {
 			t.Cleanup(s.Stop)
@@ -82,13 +104,19 @@ func start(t testing.TB, replicaOf string) *Server {
 }
 
 func (s *Server) launch(bin string) error {
+	port := []string{"--port", strconv.Itoa(s.Port)}
+	if s.tls != nil {
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.Port), "--tls-cert-file", s.tls.CertFile,
+			"--tls-key-file", s.tls.KeyFile, "--tls-ca-cert-file", s.tls.CAFile, "--tls-auth-clients", "yes"}
+	}
 	args := []string{
-		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+		"--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, "redis-"+strconv.Itoa(s.Port)+".log"),
 		"--daemonize", "no", "--protected-mode", "yes",
 		"--repl-diskless-sync-delay", "0",
 	}
+	args = append(port, args...)
 	if s.replicaOf != "" {
 		host, port, _ := net.SplitHostPort(s.replicaOf)
 		args = append(args, "--replicaof", host, port)
@@ -132,7 +160,11 @@ func (s *Server) Client() *redis.Client {
 }
 
 func (s *Server) client() *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1})
+	o := &redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1}
+	if s.tls != nil {
+		o.TLSConfig = s.tls.Client
+	}
+	return redis.NewClient(o)
 }
 
 // Pause stops the server's process (SIGSTOP) without closing its

@@ -1,0 +1,151 @@
+package edge_test
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// getPath is get on a raw request path (sent as is, not cleaned).
+func getPath(t *testing.T, base, path, token string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest("GET", base, nil)
+	require.NoError(t, err)
+	req.URL.Path, req.URL.RawPath = path, ""
+	req.Header.Set("Authorization", token)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp
+}
+
+// Paths that clean to a route's path are held to its limit: //search,
+// /./search and /x/../search do not slip past /search's policy.
+func TestRoutesMatchCleanedPaths(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["search"] = limiter.Policy{Name: "search", Limit: 10, Window: time.Minute, Mode: limiter.ModeExact}
+	e := pl.edge(func(o *edge.Options) { o.Routes = []edge.Route{{Path: "/search/", Policies: []string{"search"}}} })
+	for i, p := range []string{"/search", "//search", "/./search", "/x/../search", "/search/./code", "/a/b/../../search//x"} {
+		resp := getPath(t, e.proxy.URL, p, "cleaner")
+		require.Equal(t, 200, resp.StatusCode, p)
+		require.Equal(t, "search", resp.Header.Get("X-RateLimit-Resource"), p)
+		require.Equal(t, strconv.Itoa(9-i), resp.Header.Get("X-RateLimit-Remaining"), p)
+	}
+	resp := getPath(t, e.proxy.URL, "/searching", "cleaner")
+	require.Equal(t, "core", resp.Header.Get("X-RateLimit-Resource"), "a sibling path is not under /search")
+	require.EqualValues(t, 6, pl.used(pl.keys.Key("search", "h:cleaner")))
+}
+
+// A request is held to every limit of its route and the global ones: a
+// client that sends a new token with every request still meets its
+// address's limit; a request one limit denies gives back what the others
+// charged; a 304 refunds every charge; the response shows the limit with
+// the least room.
+func TestSeveralLimits(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute, Mode: limiter.ModeExact}
+	pl.policies["per-address"] = limiter.Policy{Name: "per-address", Limit: 4, Window: time.Minute, Mode: limiter.ModeExact}
+	e := pl.edge(func(o *edge.Options) {
+		o.GlobalPolicies = []string{"per-address"}
+		o.AddressKeyed = map[string]bool{"per-address": true}
+	})
+	addr := pl.keys.Key("per-address", "ip:127.0.0.1/32")
+	core := func(token string) limiter.Key { return pl.keys.Key("core", "h:"+token) }
+
+	resp := get(t, e.proxy.URL, "rotate-1")
+	require.Equal(t, 200, resp.StatusCode)
+	require.Equal(t, "per-address", resp.Header.Get("X-RateLimit-Resource"), "the tighter limit is shown")
+	require.Equal(t, "3", resp.Header.Get("X-RateLimit-Remaining"))
+
+	resp = get(t, e.proxy.URL, "rotate-2", "If-None-Match", `"v1"`)
+	require.Equal(t, 304, resp.StatusCode)
+	pl.waitUsed(addr, 1)
+	pl.waitUsed(core("rotate-2"), 0)
+
+	for i := 3; i <= 5; i++ {
+		require.Equal(t, 200, get(t, e.proxy.URL, "rotate-"+strconv.Itoa(i)).StatusCode)
+	}
+	resp = get(t, e.proxy.URL, "rotate-6")
+	require.Equal(t, 429, resp.StatusCode, "a fresh token does not escape the address's limit")
+	require.Equal(t, "per-address", resp.Header.Get("X-RateLimit-Resource"))
+	pl.waitUsed(core("rotate-6"), 0) // given back: the request was not served
+	require.EqualValues(t, 4, pl.used(addr))
+	for _, tok := range []string{"rotate-1", "rotate-3", "rotate-4", "rotate-5"} {
+		require.EqualValues(t, 1, pl.used(core(tok)), tok)
+	}
+}
+
+// syncBuffer is a log destination tests read while the edge writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// NATS and the primary both down: requests are still answered at once;
+// the accounting events wait in the edge up to its capacity, beyond which
+// they are dropped, counted and logged; the metrics say which dependency is
+// gone; when the primary is back the waiting events are applied and the
+// recovery is logged.
+func TestNATSAndPrimaryDownQueueThenDrop(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute, Mode: limiter.ModeExact}
+	var logs syncBuffer
+	e := pl.edge(func(o *edge.Options) {
+		o.Outbox.Capacity = 4
+		o.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	require.Equal(t, 200, get(t, e.proxy.URL, "both-down").StatusCode)
+	require.EqualValues(t, 1, metric(t, e, "tally_edge_nats_connected"))
+	require.EqualValues(t, 1, metric(t, e, `tally_edge_primary_reachable{shard="s0"}`))
+
+	pl.nats.Shutdown()
+	pl.primary.Stop()
+	start := time.Now()
+	for range 6 { // each: a charge by event (borrowed), then a refund by event (304)
+		require.Equal(t, 304, get(t, e.proxy.URL, "both-down", "If-None-Match", `"v1"`).StatusCode)
+	}
+	require.Less(t, time.Since(start), 5*time.Second, "requests were held up")
+	waitFor(t, "NATS seen down", func() bool { return metric(t, e, "tally_edge_nats_connected") == 0 })
+	require.EqualValues(t, 0, metric(t, e, `tally_edge_primary_reachable{shard="s0"}`))
+	require.EqualValues(t, 4, metric(t, e, "tally_edge_accounting_queued"), "held up to the capacity")
+	require.EqualValues(t, 8, metric(t, e, `tally_edge_accounting_events_total{outcome="dropped"}`))
+	require.Contains(t, logs.String(), "accounting event dropped")
+
+	pl.primary.Restart()
+	// The next request's reservation finds the primary again.
+	waitFor(t, "the primary seen back", func() bool {
+		get(t, e.proxy.URL, "both-down-probe")
+		return metric(t, e, `tally_edge_primary_reachable{shard="s0"}`) == 1
+	})
+	waitFor(t, "the queued events applied", func() bool {
+		return metric(t, e, "tally_edge_accounting_queued") == 0 &&
+			metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`) == 4
+	})
+	require.Contains(t, logs.String(), "the primary answers again")
+}

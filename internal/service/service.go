@@ -1,0 +1,91 @@
+package service
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// ConnectNATS connects to the configured NATS with its TLS and credentials.
+// It does not wait for the server: the connection keeps retrying in the
+// background (the binaries start, and decide, without NATS), and every
+// disconnect and reconnect is logged with what it means (degraded).
+func ConnectNATS(cfg *config.File, name, degraded string, log *slog.Logger) (*nats.Conn, error) {
+	opts := append(cfg.NATSOptions(), nats.Name(name),
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("NATS disconnected: "+degraded, "conn", name, "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("NATS reconnected", "conn", name, "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Warn("NATS error", "conn", name, "err", err)
+		}))
+	nc, err := nats.Connect(cfg.NATS.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	return nc, nil
+}
+
+// CheckRedis refuses primaries whose maxmemory-policy may evict Tally's
+// keys. A primary that cannot be asked (down, or INFO not allowed) is
+// logged and let through: Tally starts degraded rather than not at all.
+func CheckRedis(ctx context.Context, store *limiter.Store, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	err := store.CheckEviction(ctx)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, limiter.ErrEvictingPolicy) {
+		return err
+	}
+	log.Warn("the Redis primaries' maxmemory-policy could not be checked; it must be noeviction", "err", err)
+	return nil
+}
+
+// RequireToken lets through requests that carry "Authorization: Bearer
+// <token>" and answers others 401. An empty token lets everything through
+// (config refuses that beyond loopback).
+func RequireToken(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tally"`)
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_ = json.NewEncoder(w).Encode(map[string]any{"type": "urn:tally:problem:unauthorized", "title": "Unauthorized",
+				"status": http.StatusUnauthorized, "detail": "a valid bearer token is required"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// GuardAdmin is RequireToken for an admin listener, except for /healthz
+// and /readyz, which probes reach without a token (they reveal nothing).
+func GuardAdmin(token string, h http.Handler) http.Handler {
+	guarded := RequireToken(token, h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		guarded.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,267 @@
+package service_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/natstest"
+	"github.com/tallyhq/tally/internal/redistest"
+	"github.com/tallyhq/tally/internal/service"
+)
+
+// pki is a throwaway CA with a server certificate for 127.0.0.1 and a
+// client certificate, as PEM files.
+type pki struct {
+	ca, serverCert, serverKey, clientCert, clientKey string
+	pool                                             *x509.CertPool
+}
+
+func newPKI(t *testing.T) pki {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name, kind string, der []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600))
+		return p
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tally test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	require.NoError(t, err)
+	caCert, err := x509.ParseCertificate(caDER)
+	require.NoError(t, err)
+	issue := func(name string, serial int64, usage x509.ExtKeyUsage) (string, string) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		require.NoError(t, err)
+		keyDER, err := x509.MarshalECPrivateKey(key)
+		require.NoError(t, err)
+		return write(name+".pem", "CERTIFICATE", der), write(name+".key", "EC PRIVATE KEY", keyDER)
+	}
+	p := pki{ca: write("ca.pem", "CERTIFICATE", caDER), pool: x509.NewCertPool()}
+	p.pool.AddCert(caCert)
+	p.serverCert, p.serverKey = issue("server", 2, x509.ExtKeyUsageServerAuth)
+	p.clientCert, p.clientKey = issue("client", 3, x509.ExtKeyUsageClientAuth)
+	return p
+}
+
+// load parses a configuration with one shard at redisAddr and NATS at
+// natsURL, each section with extra YAML lines.
+func load(t *testing.T, redisAddr, redisExtra, natsURL, natsExtra string) (*config.File, error) {
+	t.Helper()
+	src := "redis:\n" + redisExtra + "  shards:\n    - name: s0\n      primary: {addr: \"" + redisAddr + "\"}\n" +
+		"nats:\n  url: " + natsURL + "\n" + natsExtra
+	return config.Parse([]byte(src), nil)
+}
+
+// logBuffer collects what a logger writes, for tests that read it.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func connected(t *testing.T, cfg *config.File, log *slog.Logger, within time.Duration) bool {
+	t.Helper()
+	nc, err := service.ConnectNATS(cfg, "test", "degraded", log)
+	require.NoError(t, err)
+	defer nc.Close()
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if nc.IsConnected() {
+			return true
+		}
+	}
+	return false
+}
+
+var discard = slog.New(slog.NewTextHandler(&logBuffer{}, nil))
+
+// A NATS server that requires TLS with client certificates: reached with
+// the configured CA and client certificate, refused without them.
+func TestNATSOverTLSWithClientCertificates(t *testing.T) {
+	p := newPKI(t)
+	ns := natstest.StartWith(t, func(o *server.Options) {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: p.serverCert, KeyFile: p.serverKey, CaFile: p.ca, Verify: true})
+		require.NoError(t, err)
+		o.TLSConfig, o.TLS, o.TLSVerify = tc, true, true
+	})
+	url := strings.Replace(ns.ClientURL(), "nats://", "tls://", 1)
+	cfg, err := load(t, "127.0.0.1:1", "", url, "  tls: {ca_file: "+p.ca+", cert_file: "+p.clientCert+", key_file: "+p.clientKey+"}\n")
+	require.NoError(t, err)
+	require.True(t, connected(t, cfg, discard, 5*time.Second))
+
+	noCert, err := load(t, "127.0.0.1:1", "", url, "  tls: {ca_file: "+p.ca+"}\n")
+	require.NoError(t, err)
+	require.False(t, connected(t, noCert, discard, time.Second), "a client without a certificate is refused")
+}
+
+// A NATS server that authenticates by nkey: reached with the seed file.
+func TestNATSWithNKey(t *testing.T) {
+	user, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	pub, err := user.PublicKey()
+	require.NoError(t, err)
+	seed, err := user.Seed()
+	require.NoError(t, err)
+	seedFile := filepath.Join(t.TempDir(), "tally.nk")
+	require.NoError(t, os.WriteFile(seedFile, seed, 0o600))
+	ns := natstest.StartWith(t, func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} })
+
+	cfg, err := load(t, "127.0.0.1:1", "", ns.ClientURL(), "  nkey_file: "+seedFile+"\n")
+	require.NoError(t, err)
+	require.True(t, connected(t, cfg, discard, 5*time.Second))
+	anon, err := load(t, "127.0.0.1:1", "", ns.ClientURL(), "")
+	require.NoError(t, err)
+	require.False(t, connected(t, anon, discard, time.Second), "no nkey, no connection")
+}
+
+// A lost NATS connection is logged with what it means.
+func TestNATSDisconnectIsLogged(t *testing.T) {
+	ns := natstest.Start(t)
+	cfg, err := load(t, "127.0.0.1:1", "", ns.ClientURL(), "")
+	require.NoError(t, err)
+	var logs logBuffer
+	nc, err := service.ConnectNATS(cfg, "test", "events go to the primaries", slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	defer nc.Close()
+	require.Eventually(t, nc.IsConnected, 5*time.Second, 20*time.Millisecond)
+	ns.Shutdown()
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "NATS disconnected: events go to the primaries")
+	}, 5*time.Second, 20*time.Millisecond)
+}
+
+// A Redis primary that accepts TLS only, with client certificates: the
+// store reaches it with the configured files, and not without them.
+func TestRedisOverTLS(t *testing.T) {
+	p := newPKI(t)
+	cert, err := tls.LoadX509KeyPair(p.clientCert, p.clientKey)
+	require.NoError(t, err)
+	rs := redistest.StartTLS(t, redistest.TLS{CertFile: p.serverCert, KeyFile: p.serverKey, CAFile: p.ca,
+		Client: &tls.Config{RootCAs: p.pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}})
+	keys, err := limiter.NewKeySpace("tally", []byte("secret"))
+	require.NoError(t, err)
+	ping := func(extra string) error {
+		cfg, err := load(t, rs.Addr, extra, "nats://127.0.0.1:4222", "")
+		require.NoError(t, err)
+		opts := cfg.StoreOptions()
+		opts.DialTimeout, opts.ReadTimeout = time.Second, time.Second
+		st, err := limiter.NewStore(cfg.Redis.Shards, keys, opts)
+		require.NoError(t, err)
+		defer st.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		return st.Ping(ctx)
+	}
+	require.NoError(t, ping("  tls: {ca_file: "+p.ca+", cert_file: "+p.clientCert+", key_file: "+p.clientKey+"}\n"))
+	require.Error(t, ping(""), "plain text to a TLS port")
+	require.Error(t, ping("  tls: {ca_file: "+p.ca+"}\n"), "no client certificate")
+}
+
+// The start-up check refuses primaries that may evict Tally's keys, and
+// lets a primary it cannot ask through with a warning.
+func TestCheckRedisRefusesEvictingPolicies(t *testing.T) {
+	rs := redistest.Start(t)
+	keys, err := limiter.NewKeySpace("tally", []byte("secret"))
+	require.NoError(t, err)
+	cfg, err := load(t, rs.Addr, "", "nats://127.0.0.1:4222", "")
+	require.NoError(t, err)
+	st, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
+	require.NoError(t, err)
+	defer st.Close()
+	ctx := context.Background()
+	c := rs.Client()
+	for policy, ok := range map[string]bool{"noeviction": true, "allkeys-lru": false, "volatile-ttl": false, "allkeys-random": false} {
+		require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", policy).Err())
+		err := service.CheckRedis(ctx, st, discard)
+		if ok {
+			require.NoError(t, err, policy)
+		} else {
+			require.ErrorIs(t, err, limiter.ErrEvictingPolicy, policy)
+			require.ErrorContains(t, err, policy)
+		}
+	}
+	rs.Stop()
+	var logs logBuffer
+	require.NoError(t, service.CheckRedis(ctx, st, slog.New(slog.NewTextHandler(&logs, nil))), "unreachable: start degraded")
+	require.Contains(t, logs.String(), "could not be checked")
+}
+
+// The decision API takes only requests with its bearer token; the admin
+// listener's probes stay open while its metrics need the admin token.
+func TestTokens(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	api := httptest.NewServer(service.RequireToken("api-secret", ok))
+	defer api.Close()
+	admin := httptest.NewServer(service.GuardAdmin("admin-secret", ok))
+	defer admin.Close()
+	status := func(url, auth string) int {
+		req, err := http.NewRequest("GET", url, nil)
+		require.NoError(t, err)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		if resp.StatusCode == 401 {
+			require.Equal(t, `Bearer realm="tally"`, resp.Header.Get("WWW-Authenticate"))
+		}
+		return resp.StatusCode
+	}
+	require.Equal(t, 401, status(api.URL+"/v1/check", ""))
+	require.Equal(t, 401, status(api.URL+"/v1/check", "Bearer wrong"))
+	require.Equal(t, 401, status(api.URL+"/v1/check", "api-secret"))
+	require.Equal(t, 200, status(api.URL+"/v1/check", "Bearer api-secret"))
+	require.Equal(t, 200, status(admin.URL+"/healthz", ""))
+	require.Equal(t, 200, status(admin.URL+"/readyz", ""))
+	require.Equal(t, 401, status(admin.URL+"/metrics", ""))
+	require.Equal(t, 401, status(admin.URL+"/metrics", "Bearer api-secret"))
+	require.Equal(t, 200, status(admin.URL+"/metrics", "Bearer admin-secret"))
+	open := httptest.NewServer(service.RequireToken("", ok))
+	defer open.Close()
+	require.Equal(t, 200, status(open.URL, ""), "no token configured: loopback only, open")
+}

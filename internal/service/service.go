@@ -5,9 +5,13 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -88,4 +92,22 @@ func GuardAdmin(token string, h http.Handler) http.Handler {
 		}
 		guarded.ServeHTTP(w, r)
 	})
+}
+
+// Main is the main of a Tally binary: it reads -config, logs to stderr,
+// runs run until SIGINT or SIGTERM, and exits non-zero when run fails.
+func Main(name string, run func(context.Context, *config.File, *slog.Logger) error) {
+	path := flag.String("config", "tally.yaml", "configuration file (docs/configuration.md)")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	cfg, err := config.Load(*path, os.Getenv)
+	if err == nil {
+		err = run(ctx, cfg, log)
+	}
+	stop()
+	if err != nil {
+		log.Error(name+" stopped", "err", err)
+		os.Exit(1)
+	}
 }

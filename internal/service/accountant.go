@@ -1,0 +1,81 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tallyhq/tally/internal/accountant"
+	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// RunAccountant runs an accountant until ctx ends or its admin listener
+// fails (its error is returned). Stopping, each shard stops reading, the
+// run in hand is applied and deleted from the stream, the shard's lease is
+// given up (another accountant takes over at once), then the NATS and
+// Redis connections close.
+func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) error {
+	keys, err := limiter.NewKeySpace(cfg.KeyPrefix, cfg.KeySecret)
+	if err != nil {
+		return err
+	}
+	store, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if err := CheckRedis(ctx, store, log); err != nil {
+		return err
+	}
+	nc, err := ConnectNATS(cfg, "tally-accountant", "shards stop reading until it is back", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("nats: %w", err)
+	}
+	a := cfg.Accountant
+	acc := accountant.New(js, store, keys, accountant.Config{
+		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(),
+		BatchSize: a.BatchSize, BatchWait: a.BatchWait, LeaseTTL: a.LeaseTTL, PurgeEvery: a.PurgeEvery,
+		RetryMin: a.RetryMin, RetryMax: a.RetryMax, MaxAttempts: a.MaxAttempts,
+	}, log)
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	l := newListeners(log)
+	if a.AdminListen != "" {
+		admin, err := l.serve(a.AdminListen, GuardAdmin(cfg.AdminToken, acc.AdminHandler(func(context.Context) error {
+			if !nc.IsConnected() {
+				return fmt.Errorf("nats %s", nc.Status())
+			}
+			return nil
+		})), 0)
+		if err != nil {
+			return err
+		}
+		defer admin.Close()
+	}
+	log.Info("accounting", "shards", store.Shards())
+	done := make(chan error, 1)
+	go func() { done <- acc.Run(runCtx) }()
+	failedc := make(chan error, 1)
+	go func() {
+		failedc <- l.wait(runCtx) // a failed listener stops the accountant
+		stop()
+	}()
+	err = <-done
+	stop()
+	failed := <-failedc
+	_ = nc.Drain()
+	s := acc.Stats()
+	log.Info("stopped", "charged", s.Charged, "refunded", s.Refunded, "released", s.Released,
+		"duplicates", s.Duplicates, "late", s.Late, "dead_lettered", s.DeadLettered)
+	return errors.Join(err, failed)
+}

@@ -1,0 +1,138 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// RunEdge runs an edge-checker until ctx ends or a listener fails (its
+// error is returned), then shuts it down in this order: /readyz fails, the
+// listeners stop accepting and in-flight requests finish, unused
+// reservations are given back, queued accounting events are delivered (to
+// JetStream, or the primaries) and decisions published, the NATS
+// connections drain, Redis connections close.
+func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
+	keys, err := limiter.NewKeySpace(cfg.KeyPrefix, cfg.KeySecret)
+	if err != nil {
+		return err
+	}
+	if len(cfg.KeySecret) == 0 {
+		log.Warn("TALLY_KEY_SECRET is empty: identity digests are unkeyed")
+	}
+	store, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if err := CheckRedis(ctx, store, log); err != nil {
+		return err
+	}
+	probeCtx, stopProbes := context.WithCancel(context.Background())
+	defer stopProbes()
+	go store.RunProbes(probeCtx, time.Second)
+
+	nc, err := ConnectNATS(cfg, "tally-edge-checker", "accounting events are applied on the primaries until it is back", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	// Decisions (bulk telemetry) travel on a connection of their own, so that
+	// accounting events never queue behind them.
+	dnc, err := ConnectNATS(cfg, "tally-edge-checker-decisions", "decision records are dropped until it is back", log)
+	if err != nil {
+		return err
+	}
+	defer dnc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("nats: %w", err)
+	}
+	go func() {
+		_ = events.EnsureStreamsRetry(probeCtx, js, cfg.NATS.Streams, 2*time.Second, func(err error) {
+			log.Warn("creating streams failed; retrying", "err", err)
+		})
+	}()
+
+	srv, err := edge.New(edgeOptions(cfg, store, keys, log, nc, dnc))
+	if err != nil {
+		return err
+	}
+	log.Info("edge-checker starting", "producer", srv.Producer(), "shards", store.Shards())
+
+	l := newListeners(log)
+	var serving []*http.Server
+	if cfg.Edge.Listen != "" {
+		hs, err := l.serve(cfg.Edge.Listen, srv.ProxyHandler(), cfg.Edge.MaxHeaderBytes)
+		if err != nil {
+			return err
+		}
+		serving = append(serving, hs)
+	}
+	if cfg.Edge.APIListen != "" {
+		hs, err := l.serve(cfg.Edge.APIListen, RequireToken(cfg.APIToken, srv.APIHandler()), cfg.Edge.MaxHeaderBytes)
+		if err != nil {
+			return err
+		}
+		serving = append(serving, hs)
+	}
+	admin, err := l.serve(cfg.Edge.AdminListen, GuardAdmin(cfg.AdminToken, srv.AdminHandler()), 0)
+	if err != nil {
+		return err
+	}
+	failed := l.wait(ctx)
+
+	log.Info("shutting down")
+	shutdown, cancel := context.WithTimeout(context.Background(), cfg.Edge.ShutdownTimeout)
+	defer cancel()
+	srv.SetDraining()
+	for _, hs := range serving {
+		_ = hs.Shutdown(shutdown)
+	}
+	if err := srv.Close(shutdown); err != nil {
+		log.Warn("not everything was delivered", "err", err)
+	}
+	_ = nc.Drain()
+	_ = dnc.Drain()
+	_ = admin.Shutdown(shutdown)
+	log.Info("stopped")
+	return failed
+}
+
+func edgeOptions(cfg *config.File, store *limiter.Store, keys *limiter.KeySpace, log *slog.Logger, nc, dnc *nats.Conn) edge.Options {
+	var upstream *url.URL
+	if cfg.Edge.Listen != "" {
+		upstream, _ = url.Parse(cfg.Edge.Upstream) // validated by config
+	}
+	source := cfg.Edge.Source
+	if source == "" {
+		host, _ := os.Hostname()
+		source = "edge-checker/" + host
+	}
+	routes := make([]edge.Route, len(cfg.Routes))
+	for i, r := range cfg.Routes {
+		routes[i] = edge.Route{Path: r.Path, Policies: r.Names(), Cost: r.Cost}
+	}
+	id := cfg.Edge.Identity
+	return edge.Options{
+		Store: store, Keys: keys, NATS: nc, DecisionsNATS: dnc, Streams: cfg.NATS.Streams,
+		Outbox: cfg.Edge.Outbox, Decisions: cfg.Edge.Decisions, Credit: cfg.Edge.Credit,
+		Policies: cfg.PolicyMap(), Routes: routes, DefaultPolicy: cfg.Edge.DefaultPolicy,
+		GlobalPolicies: cfg.Edge.GlobalPolicies, AddressKeyed: cfg.AddressKeyed(),
+		Identity:         edge.Identifier{Header: id.Header, Trusted: id.Trusted(), IPv4Prefix: id.IPv4Prefix, IPv6Prefix: id.IPv6Prefix},
+		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
+		Upstream:         upstream, Source: source, TicketSecret: cfg.KeySecret, Pprof: cfg.Edge.Pprof, Log: log,
+	}
+}

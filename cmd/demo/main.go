@@ -10,7 +10,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -19,14 +18,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/shard"
 	"github.com/tallyhq/tally/internal/stack"
 )
@@ -258,23 +256,12 @@ func demoAPI() (*http.Server, error) {
 
 // scrape reads a Prometheus text page into "name{labels}" → value.
 func scrape(url string) map[string]float64 {
-	out := map[string]float64{}
 	resp, err := http.Get(url)
 	if err != nil {
-		return out
+		return map[string]float64{}
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		i := strings.LastIndexByte(line, ' ')
-		if line == "" || line[0] == '#' || i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
-	}
+	out, _ := metrics.ParseText(resp.Body)
 	return out
 }
 

@@ -7,16 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -526,7 +523,7 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 			return true
 		}
 		a.retries.Add(1)
-		if permanent(err) {
+		if limiter.Permanent(err) {
 			if len(items) > 1 { // find the message that fails
 				for j := range items {
 					if !w.applyRun(ctx, items[j:j+1]) {
@@ -542,6 +539,17 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 				it.bad = fmt.Errorf("redis refused its events %d times: %w", a.cfg.MaxAttempts, err)
 				return true
 			}
+		}
+		if limiter.Permanent(err) {
+			// Redis refused the command and will again: retry soon, a
+			// bounded number of times, without slowing down what follows
+			// (the backoff is for a node that is unreachable or busy).
+			a.log.Warn("Redis refused events; trying again before dead-lettering them", "shard", w.name,
+				"message", items[0].seq, "attempt", w.attempts[items[0].seq], "err", err)
+			if !sleep(ctx, a.cfg.RetryMin) {
+				return false
+			}
+			continue
 		}
 		a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
 		if !sleep(ctx, w.delay) {
@@ -696,29 +704,6 @@ func (w *worker) deadLetter(ctx context.Context, it *item) bool {
 			return false
 		}
 	}
-}
-
-// permanent reports whether a failed Apply will fail again however often it
-// is retried: Redis refused the command itself (a wrong type, a script
-// error), rather than being unreachable, read-only, loading or full.
-func permanent(err error) bool {
-	var ne net.Error
-	switch {
-	case err == nil, errors.As(err, &ne), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
-		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout):
-		return false
-	}
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false // I/O: EOF, reset connections
-	}
-	msg := re.Error()
-	for _, transient := range []string{"READONLY", "LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "OOM", "NOSCRIPT", "CLUSTERDOWN"} {
-		if strings.HasPrefix(msg, transient) {
-			return false
-		}
-	}
-	return true
 }
 
 // sleep waits d or until ctx ends, reporting whether d passed.

@@ -364,10 +364,17 @@ func (d *decider) grant(e *entry, g limiter.Grant, now time.Time) bool {
 // a shard, the request path marks its primary down: for a second requests do
 // not wait for it, and the first reservation that succeeds (the background
 // ones, or one probing request at a time in mode exact) clears the mark.
+//
+// A reservation Redis refused (a key of the wrong type, a script error)
+// says nothing of the primary, which answered: it does not count.
 func (d *decider) takeFailed(e *entry, err error) {
 	d.takeErrors.Add(1)
 	now := time.Now().UnixNano()
 	e.failed = now
+	if limiter.Permanent(err) {
+		d.log.Error("the primary refused a reservation; deciding without it", "shard", d.store.ShardName(e.shard), "err", err)
+		return
+	}
 	if d.failures[e.shard].Add(1) >= suspectAfter {
 		d.suspect[e.shard].Store(now + int64(time.Second))
 	}

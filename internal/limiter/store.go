@@ -352,6 +352,31 @@ func parseCheck(cmd *redis.Cmd) (Window, error) {
 	return Window{}, fmt.Errorf("unexpected check reply %v", v)
 }
 
+// Permanent reports whether a failed script call will fail again however
+// often it is retried: Redis refused the command itself (a wrong type, a script
+// error), rather than being unreachable, read-only, loading or full.
+func Permanent(err error) bool {
+	var ne net.Error
+	switch {
+	case errors.Is(err, ErrInvalidArgument):
+		return true
+	case err == nil, errors.As(err, &ne), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout):
+		return false
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false // I/O: EOF, reset connections
+	}
+	msg := re.Error()
+	for _, transient := range []string{"READONLY", "LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "OOM", "NOSCRIPT", "CLUSTERDOWN"} {
+		if strings.HasPrefix(msg, transient) {
+			return false
+		}
+	}
+	return true
+}
+
 // refused reports whether err is a script's refusal of its arguments.
 func refused(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "tally: invalid")

@@ -5,10 +5,13 @@
 package metrics
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"math"
 	rtmetrics "runtime/metrics"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -137,4 +140,22 @@ func SchedLatency() Snapshot {
 func WriteSchedLatency(w io.Writer) {
 	SchedLatency().WritePrometheus(w, "go_sched_latencies_seconds",
 		"Time goroutines spent runnable before running: how long work waits for a CPU inside this process.")
+}
+
+// ParseText reads Prometheus text exposition (as /metrics writes it) into
+// "name{labels}" → value; comments and lines without a number are skipped.
+func ParseText(r io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		i := strings.LastIndexByte(line, ' ')
+		if line == "" || line[0] == '#' || i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, sc.Err()
 }

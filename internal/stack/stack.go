@@ -1,9 +1,14 @@
 // Package stack runs a local Tally deployment as real processes, for make
-// demo and make bench: Redis shards (a primary and replicas each), a NATS
+// demo, make bench and the fault suite: Redis shards (a primary and replicas each), a NATS
 // server with JetStream, accountants and edge-checkers, each with its log in
 // the stack's directory. Everything it starts is stopped by StopAll, in
 // reverse order (edges before accountants before NATS before Redis), and by
 // the kernel if the calling process dies first.
+//
+// A process can also be made to fail as a dependency fails in production:
+// killed (Proc.Kill), frozen and thawed (Proc.Pause, Proc.Resume), and
+// started again on the same port and data directory (Stack.Restart): what
+// the fault suite (internal/faults) does under load.
 //
 // It expects redis-server on PATH and the binaries edge-checker, accountant
 // and nats-server in the stack's bin directory (make builds them).
@@ -47,8 +52,16 @@ type Proc struct {
 	// Addr is its main address, AdminAddr its admin address, when it has
 	// them.
 	Addr, AdminAddr string
-	cmd             *exec.Cmd
-	exited          chan struct{}
+
+	bin  string
+	args []string
+	log  string
+	// ready waits until a (re)started process serves; nil: at once.
+	ready func(context.Context) error
+
+	mu     sync.Mutex // guards cmd and exited, replaced by Restart
+	cmd    *exec.Cmd
+	exited chan struct{}
 }
 
 // New returns an empty stack that keeps its files in dir.
@@ -59,11 +72,24 @@ func (s *Stack) Start(ctx context.Context, name, bin string, args ...string) (*P
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	log, err := os.Create(filepath.Join(s.Dir, name+".log"))
-	if err != nil {
+	p := &Proc{Name: name, bin: bin, args: args, log: filepath.Join(s.Dir, name+".log")}
+	if err := s.launch(p, os.O_TRUNC); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
+	s.mu.Lock()
+	s.procs = append(s.procs, p)
+	s.mu.Unlock()
+	return p, nil
+}
+
+// launch starts p's command; its output goes to p's log, opened with
+// os.O_CREATE|os.O_WRONLY|mode (a restart appends).
+func (s *Stack) launch(p *Proc, mode int) error {
+	log, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|mode, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Env = append(os.Environ(), s.Env...)
 	// A Ctrl-C reaches only the caller, which stops the processes in order;
@@ -71,28 +97,67 @@ func (s *Stack) Start(ctx context.Context, name, bin string, args ...string) (*P
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		log.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
+		return fmt.Errorf("start %s: %w", p.Name, err)
 	}
-	p := &Proc{Name: name, cmd: cmd, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); log.Close(); close(p.exited) }()
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	return p, nil
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); log.Close(); close(exited) }()
+	p.mu.Lock()
+	p.cmd, p.exited = cmd, exited
+	p.mu.Unlock()
+	return nil
+}
+
+// Restart starts p again, with the same arguments (so the same port and
+// data directory), once its previous run has exited (after Kill or Stop),
+// and waits until it serves as when it was first started: a Redis started
+// with RedisOptions.Durable comes back with everything it acknowledged, a
+// replica with its replication link up, NATS with its JetStream store.
+func (s *Stack) Restart(ctx context.Context, p *Proc) error {
+	select {
+	case <-p.done():
+	default:
+		return fmt.Errorf("restart %s: it is still running", p.Name)
+	}
+	if err := s.launch(p, os.O_APPEND); err != nil {
+		return err
+	}
+	if p.ready == nil {
+		return nil
+	}
+	return p.ready(ctx)
 }
 
 // Redis starts a redis-server on a free loopback port (a replica of primary
 // when primary is not empty) and returns once it answers, and for a replica
-// once its link is up.
+// once its link is up. It keeps nothing on disk: a restart starts empty.
 func (s *Stack) Redis(ctx context.Context, name, primary string) (*Proc, error) {
+	return s.RedisWith(ctx, name, primary, RedisOptions{})
+}
+
+// RedisOptions are settings of a redis-server beyond the stack's defaults
+// (no persistence, no eviction).
+type RedisOptions struct {
+	// Durable keeps an append-only file fsynced before every write is
+	// acknowledged, so that a server killed with SIGKILL and restarted
+	// (Stack.Restart) has lost nothing it acknowledged. Slower; the stack's
+	// default is for benchmarks and demos.
+	Durable bool
+}
+
+// RedisWith is Redis with options.
+func (s *Stack) RedisWith(ctx context.Context, name, primary string, o RedisOptions) (*Proc, error) {
 	addr := FreeAddr()
 	_, port, _ := net.SplitHostPort(addr)
 	dir := filepath.Join(s.Dir, name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	args := []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--repl-diskless-sync-delay", "0", "--maxmemory-policy", "noeviction"}
+	aof := []string{"--appendonly", "no"}
+	if o.Durable {
+		aof = []string{"--appendonly", "yes", "--appendfsync", "always"}
+	}
+	args := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", dir,
+		"--repl-diskless-sync-delay", "0", "--maxmemory-policy", "noeviction"}, aof...)
 	if primary != "" {
 		h, p, _ := net.SplitHostPort(primary)
 		args = append(args, "--replicaof", h, p)
@@ -102,31 +167,51 @@ func (s *Stack) Redis(ctx context.Context, name, primary string) (*Proc, error) 
 		return nil, err
 	}
 	p.Addr = addr
-	if err := WaitTCP(ctx, addr); err != nil {
-		return nil, err
+	p.ready = func(ctx context.Context) error {
+		if err := WaitTCP(ctx, addr); err != nil {
+			return err
+		}
+		if primary == "" {
+			return waitRedis(ctx, name, port, "PING", "PONG")
+		}
+		return waitRedis(ctx, name, port, "INFO replication", "master_link_status:up")
 	}
-	if primary != "" {
-		for i := 0; ; i++ {
-			out, _ := exec.CommandContext(ctx, "redis-cli", "-p", port, "INFO", "replication").Output()
-			if strings.Contains(string(out), "master_link_status:up") {
-				break
-			}
-			if i == 200 {
-				return nil, fmt.Errorf("%s: replication link not up after 10s", name)
-			}
-			time.Sleep(50 * time.Millisecond)
+	return p, p.ready(ctx)
+}
+
+// waitRedis waits up to 10 seconds until the answer of the server on port
+// to cmd contains want: a server loading its append-only file accepts
+// connections before it serves, and a replica before its link is up.
+func waitRedis(ctx context.Context, name, port, cmd, want string) error {
+	for range 200 {
+		out, _ := exec.CommandContext(ctx, "redis-cli", append([]string{"-p", port}, strings.Fields(cmd)...)...).Output()
+		if strings.Contains(string(out), want) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return p, nil
+	return fmt.Errorf("%s: no %q in its answer to %s after 10s", name, want, cmd)
 }
 
 // Shards starts n shards named s0, s1, ..., each a primary and replicas.
+// procs holds each shard's primary then its replicas, shard after shard.
 func (s *Stack) Shards(ctx context.Context, n, replicas int) ([]shard.Config, []*Proc, error) {
+	return s.ShardsWith(ctx, n, replicas, RedisOptions{})
+}
+
+// ShardsWith is Shards with options for the primaries (the replicas
+// resynchronise from their primary when they restart, so they keep nothing
+// on disk).
+func (s *Stack) ShardsWith(ctx context.Context, n, replicas int, primaries RedisOptions) ([]shard.Config, []*Proc, error) {
 	var out []shard.Config
 	var procs []*Proc
 	for i := range n {
 		name := "s" + strconv.Itoa(i)
-		p, err := s.Redis(ctx, name+"-primary", "")
+		p, err := s.RedisWith(ctx, name+"-primary", "", primaries)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -147,7 +232,8 @@ func (s *Stack) Shards(ctx context.Context, n, replicas int) ([]shard.Config, []
 
 // NATS starts a NATS server with JetStream (its store in the stack's
 // directory) and monitoring, and returns once it accepts connections.
-// p.Addr is its client URL, p.AdminAddr its monitoring address.
+// p.Addr is its client URL, p.AdminAddr its monitoring address. Restart
+// brings it back on the same port with the same store.
 func (s *Stack) NATS(ctx context.Context) (*Proc, error) {
 	addr, mon := FreeAddr(), FreeAddr()
 	_, port, _ := net.SplitHostPort(addr)
@@ -158,7 +244,8 @@ func (s *Stack) NATS(ctx context.Context) (*Proc, error) {
 		return nil, err
 	}
 	p.Addr, p.AdminAddr = "nats://"+addr, mon
-	return p, WaitTCP(ctx, addr)
+	p.ready = func(ctx context.Context) error { return WaitTCP(ctx, addr) }
+	return p, p.ready(ctx)
 }
 
 // WriteConfig writes f as YAML to <Dir>/<name>.yaml and returns its path.
@@ -189,37 +276,75 @@ func (s *Stack) service(ctx context.Context, name, bin, cfg, adminAddr string) (
 		return nil, err
 	}
 	p.AdminAddr = adminAddr
-	if err := WaitHTTP(ctx, "http://"+adminAddr+"/readyz", p.exited); err != nil {
-		return nil, fmt.Errorf("%s not ready (see %s): %w", name, filepath.Join(s.Dir, name+".log"), err)
+	p.ready = func(ctx context.Context) error {
+		if err := WaitHTTP(ctx, "http://"+adminAddr+"/readyz", p.done()); err != nil {
+			return fmt.Errorf("%s not ready (see %s): %w", name, p.log, err)
+		}
+		return nil
 	}
-	return p, nil
+	return p, p.ready(ctx)
 }
 
-// Stop sends p SIGTERM and waits up to 15 seconds for it to exit, then
-// kills it.
+// running returns p's current command and the channel closed when it
+// exits.
+func (p *Proc) running() (*exec.Cmd, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd, p.exited
+}
+
+// done is closed when p's current run exits.
+func (p *Proc) done() <-chan struct{} {
+	_, exited := p.running()
+	return exited
+}
+
+// Stop sends p SIGTERM (and SIGCONT, in case it is paused) and waits up to
+// 15 seconds for it to exit, then kills it.
 func (p *Proc) Stop() {
+	cmd, exited := p.running()
 	select {
-	case <-p.exited:
+	case <-exited:
 		return
 	default:
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGCONT)
 	select {
-	case <-p.exited:
+	case <-exited:
 	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 }
 
 // Kill stops p at once (SIGKILL), as a crash would.
 func (p *Proc) Kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.exited
+	cmd, exited := p.running()
+	_ = cmd.Process.Kill()
+	<-exited
 }
 
+// Pause freezes p (SIGSTOP): it keeps its connections open and answers
+// nothing, as a process stuck on a full disk or in a long pause would.
+func (p *Proc) Pause() error { return p.signal(syscall.SIGSTOP) }
+
+// Resume lets a paused p go on (SIGCONT).
+func (p *Proc) Resume() error { return p.signal(syscall.SIGCONT) }
+
+func (p *Proc) signal(sig syscall.Signal) error {
+	cmd, _ := p.running()
+	return cmd.Process.Signal(sig)
+}
+
+// LogFile is the path of p's log: its output, over every run.
+func (p *Proc) LogFile() string { return p.log }
+
 // Pid is the process id.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+func (p *Proc) Pid() int {
+	cmd, _ := p.running()
+	return cmd.Process.Pid
+}
 
 // CPU is the processor time the process has used so far (user + system),
 // read from /proc; 0 when it cannot be read.

@@ -85,6 +85,8 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	value("tally_edge_reservations_total", "", d.takes.Load())
 	help("tally_edge_reservation_errors_total", "counter", "Reservations that failed (the edge decided without them).")
 	value("tally_edge_reservation_errors_total", "", d.takeErrors.Load())
+	help("tally_edge_recovered_units_total", "counter", "Units of reservations whose answer was lost (the primary made them after the edge stopped waiting), taken back into credit.")
+	value("tally_edge_recovered_units_total", "", d.recovered.Load())
 	help("tally_edge_released_units_total", "counter", "Reserved units given back unused.")
 	value("tally_edge_released_units_total", "", d.released.Load())
 	help("tally_edge_refunds_absorbed_total", "counter", "304 refunds taken back into the edge's own credit (no event).")

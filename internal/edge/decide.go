@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,6 +141,8 @@ type decider struct {
 
 	byPath               [len(pathNames)][2]atomic.Uint64 // [path][allowed]
 	takes, takeErrors    atomic.Uint64
+	recovered            atomic.Uint64 // units of reservations whose answer was lost
+	gen                  atomic.Uint64 // entries created: each a holder of its own
 	released, absorbed   atomic.Uint64
 	rechecks             atomic.Uint64
 	noticesIn, noticesUp atomic.Uint64
@@ -159,7 +162,8 @@ func newDecider(cfg CreditConfig, store Store, keys *limiter.KeySpace, ob *outbo
 func (d *decider) entry(dg limiter.Digest, p limiter.Policy) *entry {
 	return d.table.get(dg, func() *entry {
 		k := d.keys.KeyOf(dg)
-		return &entry{key: k, shard: d.store.ShardOf(k), policy: p.Name, limit: p.Limit, window: p.Window.Milliseconds()}
+		return &entry{key: k, shard: d.store.ShardOf(k), policy: p.Name, limit: p.Limit, window: p.Window.Milliseconds(),
+			holder: d.producer + "." + strconv.FormatUint(d.gen.Add(1), 36), exact: p.Mode.OrDefault() == limiter.ModeExact}
 	}, d.evicted)
 }
 
@@ -254,11 +258,14 @@ func (d *decider) reserveNow(ctx context.Context, v verdict, e *entry, p limiter
 		}
 		defer d.probing[e.shard].Store(false)
 	}
+	e.inflight++
 	e.mu.Unlock()
 	c, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	g, err := d.store.Take(c, e.key, now, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: cost, Want: cost, Producer: d.producer})
+	g, err := d.store.Take(c, e.key, now, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: cost, Want: cost,
+		Producer: d.producer, Holder: e.holder})
 	cancel()
 	e.mu.Lock()
+	e.inflight--
 	d.takes.Add(1)
 	if err != nil {
 		d.takeFailed(e, err)
@@ -273,6 +280,7 @@ func (d *decider) reserveNow(ctx context.Context, v verdict, e *entry, p limiter
 		e.credit -= cost
 		v = d.allow(v, e, PathReserve)
 	}
+	d.reconcile(e, now)
 	if full {
 		d.publishFull(e)
 	}
@@ -286,14 +294,17 @@ func (d *decider) startTake(e *entry, p limiter.Policy, cost int64, now time.Tim
 	want := d.want(e, p, need)
 	ch := make(chan struct{})
 	e.refill = ch
+	e.inflight++
 	d.wg.Go(func() {
 		// Longer than a request's budget: a late result still serves the
 		// next requests.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		g, err := d.store.Take(ctx, e.key, now, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: need, Want: want, Producer: d.producer})
+		g, err := d.store.Take(ctx, e.key, now, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: need, Want: want,
+			Producer: d.producer, Holder: e.holder})
 		cancel()
 		d.takes.Add(1)
 		e.mu.Lock()
+		e.inflight--
 		if err != nil {
 			d.takeFailed(e, err)
 		} else {
@@ -302,6 +313,7 @@ func (d *decider) startTake(e *entry, p limiter.Policy, cost int64, now time.Tim
 			if d.grant(e, g, now) {
 				d.publishFull(e)
 			}
+			d.reconcile(e, now)
 		}
 		e.refill = nil
 		e.mu.Unlock()
@@ -344,6 +356,8 @@ func (d *decider) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	}
 	e.used = g.Used
 	e.credit += g.Granted
+	e.count(g)
+	e.known += g.Granted
 	e.settle(g.Applied)
 	if ns := now.UnixNano(); e.lastTake != 0 && ns > e.lastTake {
 		inst := float64(e.admitted) / (float64(ns-e.lastTake) / 1e9)
@@ -371,6 +385,7 @@ func (d *decider) takeFailed(e *entry, err error) {
 	d.takeErrors.Add(1)
 	now := time.Now().UnixNano()
 	e.failed = now
+	e.lost = now // it may have been made all the same
 	if limiter.Permanent(err) {
 		d.log.Error("the primary refused a reservation; deciding without it", "shard", d.store.ShardName(e.shard), "err", err)
 		return
@@ -379,6 +394,65 @@ func (d *decider) takeFailed(e *entry, err error) {
 		d.suspect[e.shard].Store(now + int64(time.Second))
 	}
 	d.log.Warn("reserving on the primary failed; deciding without it", "shard", d.store.ShardName(e.shard), "err", err)
+}
+
+// reconcile takes into e's credit the units the window holds for e beyond
+// what e was told it got: reservations whose answer was lost but which the
+// primary made all the same. Only when every answer is in (none in
+// flight), and only in a live window. In mode exact, where credit is not
+// used, they go back at once. Callers hold e.mu.
+func (d *decider) reconcile(e *entry, now time.Time) {
+	if e.inflight > 0 || e.mine <= e.known || e.countsReset != e.reset || now.UnixMilli() >= e.reset {
+		return
+	}
+	extra := e.mine - e.known
+	e.known = e.mine
+	e.credit += extra
+	d.recovered.Add(uint64(extra))
+	d.log.Info("a reservation whose answer was lost was made: its units are this edge's credit again",
+		"shard", d.store.ShardName(e.shard), "units", extra)
+	if e.exact {
+		d.release(e, now)
+	}
+}
+
+// lostSettle is how long after a reservation failed the edge keeps reading
+// its window to learn whether it was made: a primary that was frozen runs
+// what its sockets hold as soon as it wakes.
+const lostSettle = 2 * time.Second
+
+// resolveLost reads the windows of entries whose reservations failed and
+// takes back what those reservations got (reconcile), until lostSettle
+// after the failure.
+func (d *decider) resolveLost(ctx context.Context, lost []*entry, now time.Time) {
+	for _, e := range lost {
+		if ctx.Err() != nil {
+			return
+		}
+		c, cancel := context.WithTimeout(ctx, d.cfg.RedisBudget)
+		g, err := d.store.Take(c, e.key, now, limiter.TakeArgs{Window: time.Duration(e.window) * time.Millisecond, Limit: e.limit,
+			Producer: d.producer, Holder: e.holder})
+		cancel()
+		d.rechecks.Add(1)
+		if err != nil {
+			continue
+		}
+		e.mu.Lock()
+		if g.Live && e.inflight == 0 {
+			r := g.ResetAt.UnixMilli()
+			if e.reset == 0 { // the lost reservation opened the window
+				e.reset, e.start, e.used = r, g.Start.UnixMilli(), g.Used
+			}
+			if r == e.reset {
+				e.count(g)
+				d.reconcile(e, now)
+			}
+		}
+		if now.UnixNano()-e.lost > int64(lostSettle) {
+			e.lost = 0
+		}
+		e.mu.Unlock()
+	}
 }
 
 // suspectAfter is how many reservations in a row must fail before the
@@ -543,7 +617,7 @@ func (d *decider) release(e *entry, now time.Time) {
 func (d *decider) sweep(ctx context.Context, now time.Time) {
 	idle := now.Add(-d.cfg.IdleRelease).UnixNano()
 	forget := now.Add(-time.Minute).UnixNano()
-	var recheck []*entry
+	var recheck, lost []*entry
 	d.table.each(func(e *entry) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -561,6 +635,9 @@ func (d *decider) sweep(ctx context.Context, now time.Time) {
 		if e.credit > 0 && quiet && e.refill == nil {
 			d.release(e, now)
 		}
+		if e.lost != 0 && e.inflight == 0 && !d.suspected(e.shard, now.UnixNano()) {
+			lost = append(lost, e)
+		}
 		switch {
 		case !e.full:
 			e.verified, e.recheck = 0, 0
@@ -575,10 +652,11 @@ func (d *decider) sweep(ctx context.Context, now time.Time) {
 			e.recheck = min(2*e.recheck, 32*int64(d.cfg.Recheck))
 			recheck = append(recheck, e)
 		}
-		if last < forget && e.reset == 0 && e.refill == nil && len(e.debts) == 0 {
+		if last < forget && e.reset == 0 && e.refill == nil && len(e.debts) == 0 && e.lost == 0 {
 			d.table.remove(e.key.Digest(), e)
 		}
 	})
+	d.resolveLost(ctx, lost, now)
 	for _, e := range recheck {
 		if ctx.Err() != nil {
 			return
@@ -644,8 +722,19 @@ func (d *decider) publishFull(e *entry) {
 	d.notify(e.shard, events.Notice{Full: true, Key: e.key.Digest().String(), ResetAt: time.UnixMilli(e.reset), Used: e.used})
 }
 
-// releaseAll gives back every credit: the edge is stopping.
-func (d *decider) releaseAll(now time.Time) {
+// releaseAll gives back every credit: the edge is stopping. Reservations
+// whose answer was lost are resolved first (within ctx), so that what they
+// got goes back too.
+func (d *decider) releaseAll(ctx context.Context, now time.Time) {
+	var lost []*entry
+	d.table.each(func(e *entry) {
+		e.mu.Lock()
+		if e.lost != 0 && e.inflight == 0 {
+			lost = append(lost, e)
+		}
+		e.mu.Unlock()
+	})
+	d.resolveLost(ctx, lost, now)
 	d.table.each(func(e *entry) {
 		e.mu.Lock()
 		d.release(e, now)

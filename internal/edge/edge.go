@@ -260,7 +260,7 @@ func (s *Server) Close(ctx context.Context) error {
 	close(s.stop)
 	s.done.Wait()
 	s.dec.wg.Wait()
-	s.dec.releaseAll(s.o.Clock.Now())
+	s.dec.releaseAll(ctx, s.o.Clock.Now())
 	var errs []error
 	if s.sub != nil {
 		_ = s.sub.Unsubscribe()

@@ -149,3 +149,28 @@ func TestNATSAndPrimaryDownQueueThenDrop(t *testing.T) {
 	})
 	require.Contains(t, logs.String(), "the primary answers again")
 }
+
+// A reservation sent just before the primary froze times out at the edge,
+// which admits the request by borrowing (charged by an event); the primary
+// makes the reservation when it wakes. The edge learns it from the window's
+// count of what was reserved for it, and gives the units back: the window
+// ends up holding what its client was allowed, not a request twice.
+func TestLostReservationIsTakenBack(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute, Mode: limiter.ModeExact}
+	e := pl.edge(nil)
+	k := pl.keys.Key("core", "h:frozen")
+	require.Equal(t, 200, get(t, e.proxy.URL, "frozen").StatusCode)
+	pl.primary.Pause()
+	resp := get(t, e.proxy.URL, "frozen")
+	require.Equal(t, 200, resp.StatusCode, "admitted from what the edge knows")
+	require.Equal(t, "98", resp.Header.Get("X-RateLimit-Remaining"))
+	time.Sleep(100 * time.Millisecond)
+	pl.primary.Resume()
+	waitFor(t, "the lost reservation taken back", func() bool {
+		return metric(t, e, "tally_edge_recovered_units_total") == 1
+	})
+	pl.waitUsed(k, 2)
+	time.Sleep(300 * time.Millisecond) // nothing more lands
+	require.EqualValues(t, 2, pl.used(k))
+}

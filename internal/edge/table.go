@@ -37,6 +37,24 @@ type entry struct {
 	// failed is when the last reservation failed (0: it did not).
 	failed int64
 
+	// Reservations whose answer was lost: a primary that froze runs them
+	// when it wakes, for an edge that has stopped waiting. holder names
+	// this entry in the window's count of what was reserved for whom
+	// (take.lua); known is what this entry was told it got in the window,
+	// mine the highest count a reply showed; inflight counts reservations
+	// awaiting their answer; lost is when one failed (ns; 0: none to
+	// resolve). mine beyond known, once every answer is in, is credit.
+	// countsReset is the window known and mine are about: they outlive
+	// expire, because an answer for a window the edge has let go of can
+	// still come in (a take sent just before the reset).
+	holder      string
+	known       int64
+	mine        int64
+	countsReset int64
+	inflight    int
+	lost        int64
+	exact       bool // the policy's mode is exact: recovered units go back at once
+
 	// Async mode: units admitted over credit whose charges are not yet known
 	// to be in used, by the sequence of their charge event.
 	debts []debt
@@ -62,6 +80,15 @@ func (e *entry) expire() {
 	e.reset, e.start, e.used, e.credit, e.full = 0, 0, 0, 0, false
 	e.debts = e.debts[:0]
 	e.deniedSince = false
+}
+
+// count takes a take's answer (or a read's) into the counts of what was
+// reserved for e, starting them again for a window they are not about.
+func (e *entry) count(g limiter.Grant) {
+	if r := g.ResetAt.UnixMilli(); r != e.countsReset {
+		e.known, e.mine, e.countsReset = 0, 0, r
+	}
+	e.mine = max(e.mine, g.Mine)
 }
 
 // debtUnits are the units charged through events that the window's count

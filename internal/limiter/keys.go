@@ -176,8 +176,11 @@ const MaxProducerLen = 64
 
 // ValidProducer reports whether id is a producer id: 1 to MaxProducerLen of
 // [A-Za-z0-9_.-].
-func ValidProducer(id string) bool {
-	if len(id) < 1 || len(id) > MaxProducerLen {
+func ValidProducer(id string) bool { return validID(id, MaxProducerLen) }
+
+// validID reports whether id is 1 to max of [A-Za-z0-9_.-].
+func validID(id string, max int) bool {
+	if len(id) < 1 || len(id) > max {
 		return false
 	}
 	for i := 0; i < len(id); i++ {

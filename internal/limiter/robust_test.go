@@ -88,7 +88,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			args []string
 		}{
 			"check": {lua.Check, []string{k.String()}, []string{now}},
-			"take":  {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000"}},
+			"take":  {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000", "edge-1.7"}},
 			"apply": {lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000",
 				"1", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
 			"lease": {lua.Lease, []string{"tally:lease:s0"}, []string{"hold", "acc-1", "1000"}},
@@ -98,6 +98,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			"apply/8": {"", "C", "cc", "z", "1"},
 			"lease/1": {"", "HOLD", "take", "1"},
 			"lease/2": {"", "a b", "{x}", strings.Repeat("a", 65), "é"},
+			"take/7":  {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é"},
 		}
 		before := state(t, rdb, k, pk)
 		for name, sc := range scripts {
@@ -127,10 +128,10 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			keys      []string
 			args      []string
 		}{
-			{"take: sub-second window", lua.Take, []string{k.String(), pk}, []string{now, "999", "100", "1", "1", "60000"}},
-			{"take: need over limit", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "101", "101", "60000"}},
-			{"take: want under need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "5", "4", "60000"}},
-			{"take: want without need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "0", "4", "60000"}},
+			{"take: sub-second window", lua.Take, []string{k.String(), pk}, []string{now, "999", "100", "1", "1", "60000", "h"}},
+			{"take: need over limit", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "101", "101", "60000", "h"}},
+			{"take: want under need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "5", "4", "60000", "h"}},
+			{"take: want without need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "0", "4", "60000", "h"}},
 			{"apply: producer index out of range", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "2", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
 			{"apply: window index is a producer", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c", "1", r, now, "60000", "1", "0", "0"}},
 			{"apply: fractional reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c", "2", r + "1", now, "60000", "1", "0", "0"}},

@@ -19,7 +19,14 @@ type TakeArgs struct {
 	// Producer is the caller's producer id (ValidProducer); Grant.Applied is
 	// the highest of its event sequences the shard's primary has applied.
 	Producer string
+	// Holder names who the units are reserved for (1 to MaxHolderLen of
+	// [A-Za-z0-9_.-]; default the producer); the window counts every unit
+	// ever reserved for it (Grant.Mine).
+	Holder string
 }
+
+// MaxHolderLen bounds TakeArgs.Holder.
+const MaxHolderLen = 100
 
 // Grant is what Take reserved, and the window after it.
 type Grant struct {
@@ -36,6 +43,10 @@ type Grant struct {
 	Opened bool
 	// Applied is the producer's applied sequence on this shard.
 	Applied uint64
+	// Mine is every unit reserved for the holder in this window so far,
+	// this call's included: more than the holder knows it was given means
+	// a reservation whose answer it never got was made after all.
+	Mine int64
 }
 
 // Take reserves units of k's window on its shard's primary at time now (the
@@ -46,22 +57,26 @@ type Grant struct {
 //
 // Take is not retried on a connection error: a retried reservation could
 // be granted twice. After an error the reservation may or may not have
-// been made; a reservation the caller never learns of only leaves the
-// window with less room until it resets (it never admits more).
+// been made (a primary that froze runs it when it wakes); the holder's next
+// Take (or a read: Need and Want 0) tells by Grant.Mine.
 func (s *Store) Take(ctx context.Context, k Key, now time.Time, a TakeArgs) (Grant, error) {
 	if err := a.validate(k); err != nil {
 		return Grant{}, err
 	}
+	holder := a.Holder
+	if holder == "" {
+		holder = a.Producer
+	}
 	n := s.shards[s.ShardOf(k)]
 	v, err := takeScript.Run(ctx, n.primary, []string{k.String(), s.producerKey(a.Producer)},
-		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds()).Int64Slice()
+		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder).Int64Slice()
 	if err != nil {
 		return Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
 	}
-	if len(v) != 6 {
+	if len(v) != 7 {
 		return Grant{}, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v)
 	}
-	g := Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5])}
+	g := Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6]}
 	if v[2] != 0 {
 		g.Live, g.ResetAt, g.Start = true, fromMS(v[2]), fromMS(v[3])
 	}
@@ -78,6 +93,8 @@ func (a TakeArgs) validate(k Key) error {
 		return fmt.Errorf("%w: take: need %d, want %d: want 1 <= need <= want <= limit, or both 0", ErrInvalidArgument, a.Need, a.Want)
 	case !ValidProducer(a.Producer):
 		return fmt.Errorf("%w: take: producer %q", ErrInvalidArgument, truncate(a.Producer, 70))
+	case a.Holder != "" && !validID(a.Holder, MaxHolderLen):
+		return fmt.Errorf("%w: take: holder %q", ErrInvalidArgument, truncate(a.Holder, 70))
 	}
 	return validWindow(a.Window)
 }

@@ -204,3 +204,30 @@ func TestTakeNeverPastLimit(t *testing.T) {
 	require.EqualValues(t, 1, opened.Load(), "concurrent first requests open the window once")
 	require.EqualValues(t, 1000, e.used(t, hot))
 }
+
+// The window counts every unit reserved for each holder, so that a holder
+// whose answer was lost learns from its next call, or a read, what it got.
+func TestTakeCountsWhatEachHolderGot(t *testing.T) {
+	e := newEnv(t, limiter.Options{})
+	k := e.keys.Key("core", "holders")
+	take := func(holder string, need, want int64) limiter.Grant {
+		t.Helper()
+		g, err := e.store.Take(context.Background(), k, e.clock.Now(),
+			limiter.TakeArgs{Window: minute, Limit: 100, Need: need, Want: want, Producer: "edge-a", Holder: holder})
+		require.NoError(t, err)
+		return g
+	}
+	require.EqualValues(t, 5, take("edge-a.1", 1, 5).Mine)
+	require.EqualValues(t, 3, take("edge-a.2", 3, 3).Mine, "each holder its own count")
+	require.EqualValues(t, 12, take("edge-a.1", 7, 7).Mine)
+	read := take("edge-a.1", 0, 0)
+	require.EqualValues(t, 0, read.Granted)
+	require.EqualValues(t, 12, read.Mine, "a read tells too")
+	require.EqualValues(t, 15, read.Used)
+	require.EqualValues(t, 0, take("edge-b.1", 0, 0).Mine)
+	e.clock.Advance(minute + time.Second) // a new window counts from zero
+	require.EqualValues(t, 2, take("edge-a.1", 2, 2).Mine)
+	_, err := e.store.Take(context.Background(), k, e.clock.Now(),
+		limiter.TakeArgs{Window: minute, Limit: 100, Need: 1, Want: 1, Producer: "edge-a", Holder: "g x"})
+	require.ErrorIs(t, err, limiter.ErrInvalidArgument)
+}

@@ -265,3 +265,24 @@ func TestTokens(t *testing.T) {
 	defer open.Close()
 	require.Equal(t, 200, status(open.URL, ""), "no token configured: loopback only, open")
 }
+
+// An edge whose listener cannot listen stops with the error (its main then
+// exits non-zero) instead of running without it.
+func TestEdgeStopsWhenAListenerFails(t *testing.T) {
+	rs := redistest.Start(t)
+	ns := natstest.Start(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	src := "redis:\n  shards:\n    - name: s0\n      primary: {addr: \"" + rs.Addr + "\"}\n" +
+		"nats:\n  url: " + ns.ClientURL() + "\n" +
+		"edge:\n  listen: " + busy.Addr().String() + "\n  upstream: http://127.0.0.1:9\n  admin_listen: 127.0.0.1:0\n" +
+		"policies:\n  - {name: core, limit: 10, window: 1m}\n"
+	cfg, err := config.Parse([]byte(src), nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = service.RunEdge(ctx, cfg, discard)
+	require.ErrorContains(t, err, "address already in use")
+	require.NoError(t, ctx.Err(), "it stopped by itself")
+}

@@ -2,17 +2,22 @@ package edge_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
@@ -65,6 +70,7 @@ func TestSeveralLimits(t *testing.T) {
 	})
 	addr := pl.keys.Key("per-address", "ip:127.0.0.1/32")
 	core := func(token string) limiter.Key { return pl.keys.Key("core", "h:"+token) }
+	records := decisionRecords(t, pl)
 
 	resp := get(t, e.proxy.URL, "rotate-1")
 	require.Equal(t, 200, resp.StatusCode)
@@ -86,6 +92,64 @@ func TestSeveralLimits(t *testing.T) {
 	require.EqualValues(t, 4, pl.used(addr))
 	for _, tok := range []string{"rotate-1", "rotate-3", "rotate-4", "rotate-5"} {
 		require.EqualValues(t, 1, pl.used(core(tok)), tok)
+	}
+
+	// Decision records: one per policy for each allowed request; the
+	// denial alone for the denied one.
+	byRequest := map[string][]string{}
+	waitFor(t, "the decision records", func() bool {
+		for k := range byRequest {
+			delete(byRequest, k)
+		}
+		for _, r := range records() {
+			byRequest[r.RequestID] = append(byRequest[r.RequestID], fmt.Sprintf("%s:%v", r.Policy, r.Allowed))
+		}
+		return len(byRequest) == 6
+	})
+	var denied int
+	for id, rs := range byRequest {
+		if slices.Contains(rs, "per-address:false") {
+			denied++
+			require.Equal(t, []string{"per-address:false"}, rs, id)
+			continue
+		}
+		require.ElementsMatch(t, []string{"core:true", "per-address:true"}, rs, id)
+	}
+	require.Equal(t, 1, denied)
+}
+
+// decisionRecord is what tests read of a decision on the decisions stream.
+type decisionRecord struct {
+	RequestID string `json:"request_id"`
+	Policy    string `json:"policy"`
+	Allowed   bool   `json:"allowed"`
+}
+
+// decisionRecords subscribes to the edges' decision records and returns
+// what has arrived so far, whenever called.
+func decisionRecords(t *testing.T, pl *pipeline) func() []decisionRecord {
+	nc, _ := pl.nats.Connect()
+	var mu sync.Mutex
+	var got []decisionRecord
+	_, err := nc.Subscribe(events.Streams{}.DecisionsSubject(), func(m *nats.Msg) {
+		var batch []struct {
+			Data decisionRecord `json:"data"`
+		}
+		if json.Unmarshal(m.Data, &batch) != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, b := range batch {
+			got = append(got, b.Data)
+		}
+	})
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	return func() []decisionRecord {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
 	}
 }
 

@@ -97,14 +97,18 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		v.reqNum = reqNum
-		s.record(v, traceparent)
 		if v.decided && !v.decision.Allowed {
-			// Denied by one limit: what the others charged goes back.
+			// Denied by one limit: what the others charged goes back, and
+			// the denial is the request's only decision record.
 			s.giveBack(st.vs)
+			s.record(v, traceparent)
 			s.deny(w, v)
 			return
 		}
 		st.vs = append(st.vs, v)
+	}
+	for _, v := range st.vs {
+		s.record(v, traceparent)
 	}
 	st.shown = tightest(st.vs)
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))

@@ -1,5 +1,6 @@
 # Tally: one entry point for building, testing and benchmarking.
-# `make test` and `make bench` install Debian's redis-server when it is missing.
+# `make test` and `make bench` install Debian's redis-server (and `make test`
+# Debian's prometheus, for promtool and a real scrape) when they are missing.
 
 GO        ?= go
 PKGS      ?= ./...
@@ -9,7 +10,7 @@ BENCHFLAGS ?=
 REDIS_MIN_MAJOR := 7
 
 .DEFAULT_GOAL := help
-.PHONY: help build test lint bench microbench demo binaries redis-server
+.PHONY: help build test lint bench microbench demo binaries redis-server prometheus
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -22,7 +23,7 @@ binaries:
 	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench
 	$(GO) build -o bin/nats-server github.com/nats-io/nats-server/v2
 
-test: redis-server ## Run every test with the race detector (real Redis, no mocks).
+test: redis-server prometheus ## Run every test with the race detector (real Redis, NATS and Prometheus; no mocks).
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 lint: ## Check formatting (gofmt) and run go vet.
@@ -38,6 +39,21 @@ microbench: redis-server ## Go benchmarks of the window layer (scripts on real R
 
 demo: redis-server binaries ## Run the whole pipeline locally: Redis shards, NATS, accountant, edge, traffic, summary.
 	./bin/demo
+
+# prometheus: promtool checks the alert rules in deploy/prometheus, and the
+# fault suite has a real Prometheus scrape both binaries. Installed from
+# Debian's packages when we are root; otherwise stop and say what to install.
+prometheus:
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "prometheus is missing: installing Debian's prometheus package"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+	      || { echo "installing prometheus failed" >&2; exit 1; }; \
+	  else \
+	    echo "prometheus and promtool are missing. Install them, e.g. 'sudo apt-get install prometheus', and run make again." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
 
 # redis-server: present and >= 7.0, or installed from Debian's packages when
 # we are root; otherwise stop and say what to install.

@@ -2,8 +2,10 @@ package edge
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -70,6 +72,13 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 			if n := d.byPath[p][allowed].Load(); n > 0 || p == PathCredit || p == PathCache {
 				value("tally_edge_decisions_total", `result="`+result+`",path="`+p.String()+`"`, n)
 			}
+		}
+	}
+	help("tally_edge_policy_decisions_total", "counter", "Requests decided, by policy and result (never by key).")
+	for _, name := range slices.Sorted(maps.Keys(d.byPolicy)) {
+		c := d.byPolicy[name]
+		for allowed, result := range []string{"denied", "allowed"} {
+			value("tally_edge_policy_decisions_total", `policy="`+name+`",result="`+result+`"`, c[allowed].Load())
 		}
 	}
 	help("tally_edge_nats_connected", "gauge", "Whether the edge is connected to NATS (0: accounting events go to the primaries).")

@@ -140,6 +140,7 @@ type decider struct {
 	probing  []atomic.Bool
 
 	byPath               [len(pathNames)][2]atomic.Uint64 // [path][allowed]
+	byPolicy             map[string]*[2]atomic.Uint64     // [allowed], by policy name; fixed at start
 	takes, takeErrors    atomic.Uint64
 	recovered            atomic.Uint64 // units of reservations whose answer was lost
 	gen                  atomic.Uint64 // entries created: each a holder of its own
@@ -151,11 +152,24 @@ type decider struct {
 }
 
 func newDecider(cfg CreditConfig, store Store, keys *limiter.KeySpace, ob *outbox, producer string, failOpen bool, log *rateLog,
-	notify func(int, events.Notice)) *decider {
+	notify func(int, events.Notice), policies map[string]limiter.Policy) *decider {
 	cfg = cfg.withDefaults()
-	return &decider{cfg: cfg, store: store, keys: keys, outbox: ob, notify: notify, producer: producer, failOpen: failOpen,
+	d := &decider{cfg: cfg, store: store, keys: keys, outbox: ob, notify: notify, producer: producer, failOpen: failOpen,
 		log: log, table: newTable(cfg.Keys), suspect: make([]atomic.Int64, store.Shards()),
-		failures: make([]atomic.Int64, store.Shards()), probing: make([]atomic.Bool, store.Shards())}
+		failures: make([]atomic.Int64, store.Shards()), probing: make([]atomic.Bool, store.Shards()),
+		byPolicy: make(map[string]*[2]atomic.Uint64, len(policies))}
+	for name := range policies {
+		d.byPolicy[name] = new([2]atomic.Uint64)
+	}
+	return d
+}
+
+// counted counts a decision by its path and its policy.
+func (d *decider) counted(v verdict, path Path, allowed int) {
+	d.byPath[path][allowed].Add(1)
+	if c := d.byPolicy[v.policy.Name]; c != nil {
+		c[allowed].Add(1)
+	}
 }
 
 // entry returns the table entry of a key under policy p.
@@ -527,14 +541,14 @@ func (d *decider) fallback(v verdict, e *entry, cost int64) (verdict, error) {
 		v.chargeSeq, v.chargeProducer = seq, d.producer
 	}
 	v.path = PathFailOpen
-	d.byPath[PathFailOpen][1].Add(1)
+	d.counted(v, PathFailOpen, 1)
 	return v, nil
 }
 
 // allow fills an allowed verdict from e. Callers hold e.mu.
 func (d *decider) allow(v verdict, e *entry, path Path) verdict {
 	v.path, v.decided, v.reset = path, true, e.reset
-	d.byPath[path][1].Add(1)
+	d.counted(v, path, 1)
 	used := e.used + e.debtUnits() - e.credit
 	v.decision = decision(v, e, true, used)
 	return v
@@ -543,7 +557,7 @@ func (d *decider) allow(v verdict, e *entry, path Path) verdict {
 // deny fills a denied verdict from e. Callers hold e.mu.
 func (d *decider) deny(v verdict, e *entry, path Path) verdict {
 	v.path, v.decided, v.reset = path, true, e.reset
-	d.byPath[path][0].Add(1)
+	d.counted(v, path, 0)
 	// Denied: limit - used < cost, so Remaining is below the cost and never
 	// the limit.
 	v.decision = decision(v, e, false, e.used+e.debtUnits()-e.credit)

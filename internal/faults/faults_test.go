@@ -42,6 +42,7 @@ func TestFaults(t *testing.T) {
 		name string
 		run  func(*testing.T, *cluster)
 	}{
+		{"prometheus-scrapes", prometheusScrapes},
 		{"primary-killed", primaryKilled},
 		{"primary-frozen", primaryFrozen},
 		{"replica-frozen", replicaFrozen},

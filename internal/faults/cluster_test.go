@@ -52,6 +52,9 @@ type cluster struct {
 	cfgPath  string
 	upstream string // the API's address
 	streams  events.Streams
+	// identities are every identity the load sent, for the scan that no
+	// process wrote one down.
+	identities []string
 	// broken: a scenario left the deployment in a state the next ones
 	// cannot start from (a process it killed did not come back, or the
 	// accounting stream did not empty).
@@ -201,6 +204,7 @@ func (c *cluster) targets(scenario string) []*target {
 			// (internal/edge/identity.go).
 			out = append(out, &target{identity: id, path: path + "/items", policy: p.Limiter(), cost: cost,
 				key: c.keys.Key(p.Name, "h:"+id)})
+			c.identities = append(c.identities, id)
 		}
 	}
 	add(20, "far", "/api", far, 1)

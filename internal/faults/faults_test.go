@@ -54,6 +54,7 @@ func TestFaults(t *testing.T) {
 		{"poison-message", poisonMessage},
 		{"wrong-type-key", wrongTypeKey},
 		{"wrong-type-key-in-use", wrongTypeKeyInUse},
+		{"no-identity-written-down", noIdentityWrittenDown},
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, c) }) && c.broken {
 			break // the deployment is not fit for the next scenarios

@@ -129,10 +129,10 @@ func run(ctx context.Context, st *stack.Stack) error {
 		fmt.Printf("  %-8s %-34s %5d %7d %5d %5d %6s  %s\n", r.name, r.what, r.sent, r.allowed, r.denied, r.notModified,
 			usage, store.ShardName(store.ShardOf(k)))
 	}
-	fromCredit := em[`tally_edge_decisions_total{result="allowed",path="credit"}`]
-	reserved := em[`tally_edge_decisions_total{result="allowed",path="reserve"}`]
-	cached := em[`tally_edge_decisions_total{result="denied",path="cache"}`]
-	deniedReserve := em[`tally_edge_decisions_total{result="denied",path="reserve"}`]
+	fromCredit := em[`tally_edge_decisions_total{path="credit",result="allowed"}`]
+	reserved := em[`tally_edge_decisions_total{path="reserve",result="allowed"}`]
+	cached := em[`tally_edge_decisions_total{path="cache",result="denied"}`]
+	deniedReserve := em[`tally_edge_decisions_total{path="reserve",result="denied"}`]
 	fmt.Printf(`
 Summary:
   edge-checker   allowed %v (%v from credit, %v after waiting for a reservation), denied %v (%v from memory)

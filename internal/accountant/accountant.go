@@ -14,15 +14,21 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/metrics"
+	"github.com/tallyhq/tally/internal/telemetry"
 )
 
 // Config tunes the accountant. Zero values take the defaults stated.
 type Config struct {
 	Streams events.Streams
+	// Metrics is where the accountant's instruments are registered and
+	// /metrics is served from; default a registry of its own.
+	Metrics *telemetry.Metrics
 	// Policies, when set, are the deployment's policies: an event whose
 	// policy is unknown, or whose limit or window differ, is dead-lettered
 	// instead of opening a window on terms nobody configured.
@@ -125,6 +131,7 @@ type Accountant struct {
 	charged, refunded, released, duplicates, late, netted, pending, ignored atomic.Uint64
 	dead, retries, unconfirmed, messages, overLimit                         atomic.Uint64
 	lag                                                                     metrics.Histogram
+	lagHist                                                                 metric.Float64Histogram
 
 	mu     sync.Mutex
 	states []ShardState
@@ -135,10 +142,14 @@ func New(js jetstream.JetStream, store *limiter.Store, keys *limiter.KeySpace, c
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now}
+	a := &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now,
+		lagHist: noop.Float64Histogram{}}
 	a.states = make([]ShardState, store.Shards())
 	for i := range a.states {
 		a.states[i].Name = store.ShardName(i)
+	}
+	if err := a.setupMetrics(); err != nil {
+		log.Error("metrics could not be set up; /metrics serves what it can", "err", err)
 	}
 	return a
 }
@@ -587,6 +598,7 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 			}
 			if r.Outcome != limiter.Duplicate {
 				a.lag.Observe(now.Sub(e.Time))
+				a.lagHist.Record(context.Background(), max(0, now.Sub(e.Time).Seconds()))
 			}
 			switch r.Outcome {
 			case limiter.Applied:

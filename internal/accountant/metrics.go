@@ -2,11 +2,16 @@ package accountant
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 
-	"github.com/tallyhq/tally/internal/metrics"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/tallyhq/tally/internal/telemetry"
 )
 
 // AdminHandler serves /healthz, /readyz and /metrics (Prometheus text).
@@ -24,33 +29,9 @@ func (a *Accountant) AdminHandler(ready func(context.Context) error) http.Handle
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		s := a.Stats()
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		fmt.Fprintf(w, "# HELP tally_accountant_events_total Accounting events, by outcome.\n# TYPE tally_accountant_events_total counter\n")
-		for _, o := range []struct {
-			name string
-			n    uint64
-		}{{"charged", s.Charged}, {"refunded", s.Refunded}, {"released", s.Released}, {"duplicate", s.Duplicates},
-			{"late", s.Late}, {"netted", s.Netted}, {"pending", s.Pending}, {"ignored", s.Ignored}} {
-			fmt.Fprintf(w, "tally_accountant_events_total{outcome=%q} %d\n", o.name, o.n)
-		}
-		fmt.Fprintf(w, "# HELP tally_accountant_messages_total Stream messages processed.\n# TYPE tally_accountant_messages_total counter\ntally_accountant_messages_total %d\n", s.Messages)
-		fmt.Fprintf(w, "# HELP tally_accountant_dead_letters_total Messages copied to the dead-letter stream.\n# TYPE tally_accountant_dead_letters_total counter\ntally_accountant_dead_letters_total %d\n", s.DeadLettered)
-		fmt.Fprintf(w, "# HELP tally_accountant_retries_total Runs tried again after a failure.\n# TYPE tally_accountant_retries_total counter\ntally_accountant_retries_total %d\n", s.Retries)
-		fmt.Fprintf(w, "# HELP tally_accountant_over_limit_units_total Units charged beyond a window's limit (admitted without a reservation).\n# TYPE tally_accountant_over_limit_units_total counter\ntally_accountant_over_limit_units_total %d\n", s.OverLimit)
-		fmt.Fprintf(w, "# HELP tally_accountant_unconfirmed_total Runs no replica confirmed in time.\n# TYPE tally_accountant_unconfirmed_total counter\ntally_accountant_unconfirmed_total %d\n", s.Unconfirmed)
-		s.Lag.WritePrometheus(w, "tally_accountant_lag_seconds", "Time from an event's creation to its effect in Redis.")
-		metrics.WriteSchedLatency(w)
-		fmt.Fprintf(w, "# HELP tally_accountant_shard_active Whether this process serves the shard.\n# TYPE tally_accountant_shard_active gauge\n")
-		for _, st := range a.Shards() {
-			v := 0
-			if st.Active {
-				v = 1
-			}
-			fmt.Fprintf(w, "tally_accountant_shard_active{shard=%q} %d\n", st.Name, v)
-		}
-	})
+	if a.cfg.Metrics != nil {
+		mux.Handle("GET /metrics", a.cfg.Metrics.Handler())
+	}
 	return mux
 }
 
@@ -69,4 +50,68 @@ func (a *Accountant) Ready(ctx context.Context, ready func(context.Context) erro
 		}
 	}
 	return nil
+}
+
+// setupMetrics registers the accountant's instruments on cfg.Metrics (a
+// registry of its own when nil): observable ones read the accountant's
+// counters when /metrics is scraped.
+func (a *Accountant) setupMetrics() error {
+	if a.cfg.Metrics == nil {
+		m, err := telemetry.NewMetrics()
+		if err != nil {
+			return err
+		}
+		a.cfg.Metrics = m
+	}
+	m := a.cfg.Metrics.Meter("tally/accountant")
+	var errs []error
+	counter := func(name, desc string) metric.Int64ObservableCounter {
+		c, err := m.Int64ObservableCounter(name, metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	lag, err := m.Float64Histogram("tally_accountant_lag", metric.WithUnit("s"),
+		metric.WithDescription("Time from an event's creation to its effect in Redis."),
+		metric.WithExplicitBucketBoundaries(telemetry.LatencyBounds...))
+	errs = append(errs, err)
+	evs := counter("tally_accountant_events", "Accounting events, by outcome.")
+	msgs := counter("tally_accountant_messages", "Stream messages processed.")
+	dead := counter("tally_accountant_dead_letters", "Messages copied to the dead-letter stream.")
+	retries := counter("tally_accountant_retries", "Runs tried again after a failure.")
+	over := counter("tally_accountant_over_limit_units", "Units charged beyond a window's limit (admitted without a reservation).")
+	unconfirmed := counter("tally_accountant_unconfirmed", "Runs no replica confirmed in time.")
+	active, err := m.Int64ObservableGauge("tally_accountant_shard_active", metric.WithDescription("Whether this process serves the shard."))
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	a.lagHist = lag
+	u := func(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
+	outcome := func(name string) metric.ObserveOption {
+		return metric.WithAttributes(attribute.String("outcome", name))
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := a.Stats()
+		for _, e := range []struct {
+			name string
+			n    uint64
+		}{{"charged", s.Charged}, {"refunded", s.Refunded}, {"released", s.Released}, {"duplicate", s.Duplicates},
+			{"late", s.Late}, {"netted", s.Netted}, {"pending", s.Pending}, {"ignored", s.Ignored}} {
+			o.ObserveInt64(evs, u(e.n), outcome(e.name))
+		}
+		o.ObserveInt64(msgs, u(s.Messages))
+		o.ObserveInt64(dead, u(s.DeadLettered))
+		o.ObserveInt64(retries, u(s.Retries))
+		o.ObserveInt64(over, u(s.OverLimit))
+		o.ObserveInt64(unconfirmed, u(s.Unconfirmed))
+		for _, st := range a.Shards() {
+			v := int64(0)
+			if st.Active {
+				v = 1
+			}
+			o.ObserveInt64(active, v, metric.WithAttributes(attribute.String("shard", st.Name)))
+		}
+		return nil
+	}, evs, msgs, dead, retries, over, unconfirmed, active)
+	return err
 }

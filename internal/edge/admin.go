@@ -1,15 +1,16 @@
 package edge
 
 import (
+	"context"
+	"errors"
 	"fmt"
-	"maps"
+	"math"
 	"net/http"
 	"net/http/pprof"
-	"slices"
-	"strconv"
 	"strings"
 
-	"github.com/tallyhq/tally/internal/metrics"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // AdminHandler serves /healthz (the process is up), /readyz and /metrics
@@ -47,7 +48,7 @@ func (s *Server) AdminHandler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.HandleFunc("GET /metrics", s.metrics)
+	mux.Handle("GET /metrics", s.telemetry.Handler())
 	if s.o.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -56,83 +57,99 @@ func (s *Server) AdminHandler() http.Handler {
 	return mux
 }
 
-func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
-	var b strings.Builder
-	help := func(name, kind, text string) { fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, kind) }
-	value := func(name, labels string, v uint64) {
-		if labels != "" {
-			name += "{" + labels + "}"
-		}
-		b.WriteString(name + " " + strconv.FormatUint(v, 10) + "\n")
+// registerMetrics registers the edge's instruments on m: observable ones
+// read the edge's counters when /metrics is scraped, so the request path
+// only increments atomics.
+func (s *Server) registerMetrics(m metric.Meter) error {
+	var errs []error
+	counter := func(name, desc string) metric.Int64ObservableCounter {
+		c, err := m.Int64ObservableCounter(name, metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	gauge := func(name, desc string) metric.Int64ObservableGauge {
+		g, err := m.Int64ObservableGauge(name, metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
 	}
 	d := s.dec
-	help("tally_edge_decisions_total", "counter", "Requests decided, by result and by how (path).")
-	for p := PathCredit; p <= PathFailOpen; p++ {
-		for allowed, result := range []string{"denied", "allowed"} {
-			if n := d.byPath[p][allowed].Load(); n > 0 || p == PathCredit || p == PathCache {
-				value("tally_edge_decisions_total", `result="`+result+`",path="`+p.String()+`"`, n)
+	decisions := counter("tally_edge_decisions", "Requests decided, by result and by how (path).")
+	byPolicy := counter("tally_edge_policy_decisions", "Requests decided, by policy and result (never by key).")
+	natsUp := gauge("tally_edge_nats_connected", "Whether the edge is connected to NATS (0: accounting events go to the primaries).")
+	primaryUp := gauge("tally_edge_primary_reachable", "Whether the shard's primary answers reservations (0: requests are decided without waiting for it).")
+	unavailable := counter("tally_edge_unavailable", "Requests answered 503: Redis unreachable in time and on_redis_error deny.")
+	takes := counter("tally_edge_reservations", "Reservations made on the primaries.")
+	takeErrors := counter("tally_edge_reservation_errors", "Reservations that failed (the edge decided without them).")
+	recovered := counter("tally_edge_recovered_units", "Units of reservations whose answer was lost (the primary made them after the edge stopped waiting), taken back into credit.")
+	released := counter("tally_edge_released_units", "Reserved units given back unused.")
+	absorbed := counter("tally_edge_refunds_absorbed", "304 refunds taken back into the edge's own credit (no event).")
+	notices := counter("tally_edge_notices", "Notices of full windows sent, and notices received.")
+	rechecks := counter("tally_edge_rechecks", "Reads of windows known to be full, in case a notice was lost, and of windows a lost reservation may have changed.")
+	keys := gauge("tally_edge_keys", "Keys the edge remembers.")
+	evicted := counter("tally_edge_keys_evicted", "Keys forgotten to bound memory.")
+	bad := counter("tally_edge_bad_requests", "Requests refused as malformed.")
+	accEvents := counter("tally_edge_accounting_events", "Accounting events: published to JetStream, applied on a primary by the edge, dropped.")
+	accMessages := counter("tally_edge_accounting_messages", "Accounting messages JetStream acknowledged.")
+	queued := gauge("tally_edge_accounting_queued", "Accounting events waiting to be delivered.")
+	records := counter("tally_edge_decision_records", "Decision records: published to the decisions stream, dropped.")
+	recordMessages := counter("tally_edge_decision_messages", "Decision messages JetStream acknowledged.")
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	attr := func(kv ...string) metric.ObserveOption {
+		a := make([]attribute.KeyValue, 0, len(kv)/2)
+		for i := 0; i+1 < len(kv); i += 2 {
+			a = append(a, attribute.String(kv[i], kv[i+1]))
+		}
+		return metric.WithAttributes(a...)
+	}
+	u := func(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
+	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for p := PathCredit; p <= PathFailOpen; p++ {
+			for allowed, result := range []string{"denied", "allowed"} {
+				if n := d.byPath[p][allowed].Load(); n > 0 || p == PathCredit || p == PathCache {
+					o.ObserveInt64(decisions, u(n), attr("result", result, "path", p.String()))
+				}
 			}
 		}
-	}
-	help("tally_edge_policy_decisions_total", "counter", "Requests decided, by policy and result (never by key).")
-	for _, name := range slices.Sorted(maps.Keys(d.byPolicy)) {
-		c := d.byPolicy[name]
-		for allowed, result := range []string{"denied", "allowed"} {
-			value("tally_edge_policy_decisions_total", `policy="`+name+`",result="`+result+`"`, c[allowed].Load())
+		for name, c := range d.byPolicy {
+			for allowed, result := range []string{"denied", "allowed"} {
+				o.ObserveInt64(byPolicy, u(c[allowed].Load()), attr("policy", name, "result", result))
+			}
 		}
-	}
-	help("tally_edge_nats_connected", "gauge", "Whether the edge is connected to NATS (0: accounting events go to the primaries).")
-	value("tally_edge_nats_connected", "", boolValue(s.o.NATS != nil && s.o.NATS.IsConnected()))
-	help("tally_edge_primary_reachable", "gauge", "Whether the shard's primary answers reservations (0: requests are decided without waiting for it).")
-	now := s.o.Clock.Now().UnixNano()
-	for i := range s.o.Store.Shards() {
-		value("tally_edge_primary_reachable", `shard="`+s.o.Store.ShardName(i)+`"`, boolValue(!d.suspected(i, now)))
-	}
-	help("tally_edge_unavailable_total", "counter", "Requests answered 503: Redis unreachable in time and on_redis_error deny.")
-	value("tally_edge_unavailable_total", "", d.unavailable.Load())
-	help("tally_edge_reservations_total", "counter", "Reservations made on the primaries.")
-	value("tally_edge_reservations_total", "", d.takes.Load())
-	help("tally_edge_reservation_errors_total", "counter", "Reservations that failed (the edge decided without them).")
-	value("tally_edge_reservation_errors_total", "", d.takeErrors.Load())
-	help("tally_edge_recovered_units_total", "counter", "Units of reservations whose answer was lost (the primary made them after the edge stopped waiting), taken back into credit.")
-	value("tally_edge_recovered_units_total", "", d.recovered.Load())
-	help("tally_edge_released_units_total", "counter", "Reserved units given back unused.")
-	value("tally_edge_released_units_total", "", d.released.Load())
-	help("tally_edge_refunds_absorbed_total", "counter", "304 refunds taken back into the edge's own credit (no event).")
-	value("tally_edge_refunds_absorbed_total", "", d.absorbed.Load())
-	help("tally_edge_notices_total", "counter", "Notices of full windows sent, and notices received.")
-	value("tally_edge_notices_total", `direction="sent"`, d.noticesUp.Load())
-	value("tally_edge_notices_total", `direction="received"`, d.noticesIn.Load())
-	help("tally_edge_rechecks_total", "counter", "Reads of windows known to be full, in case a notice was lost.")
-	value("tally_edge_rechecks_total", "", d.rechecks.Load())
-	help("tally_edge_keys", "gauge", "Keys the edge remembers.")
-	value("tally_edge_keys", "", uint64(max(0, d.table.size.Load())))
-	help("tally_edge_keys_evicted_total", "counter", "Keys forgotten to bound memory.")
-	value("tally_edge_keys_evicted_total", "", d.table.evicted.Load())
-	help("tally_edge_bad_requests_total", "counter", "Requests refused as malformed.")
-	value("tally_edge_bad_requests_total", "", s.badRequests.Load())
-	o := s.outbox.stats()
-	help("tally_edge_accounting_events_total", "counter", "Accounting events: published to JetStream, applied on a primary by the edge, dropped.")
-	value("tally_edge_accounting_events_total", `outcome="published"`, o.Published)
-	value("tally_edge_accounting_events_total", `outcome="applied_directly"`, o.Direct)
-	value("tally_edge_accounting_events_total", `outcome="dropped"`, o.Dropped)
-	help("tally_edge_accounting_messages_total", "counter", "Accounting messages JetStream acknowledged.")
-	value("tally_edge_accounting_messages_total", "", o.Messages)
-	help("tally_edge_accounting_queued", "gauge", "Accounting events waiting to be delivered.")
-	value("tally_edge_accounting_queued", "", uint64(o.Queued))
-	metrics.WriteSchedLatency(&b)
-	s.outbox.lag.Snapshot().WritePrometheus(&b, "tally_edge_accounting_lag_seconds",
-		"Time from an accounting event's creation to its effect in Redis, for the events the edge applied itself.")
-	if s.batcher != nil {
-		bs := s.batcher.Stats()
-		help("tally_edge_decision_records_total", "counter", "Decision records: published to the decisions stream, dropped.")
-		value("tally_edge_decision_records_total", `outcome="published"`, bs.Published)
-		value("tally_edge_decision_records_total", `outcome="dropped"`, bs.Dropped)
-		help("tally_edge_decision_messages_total", "counter", "Decision messages JetStream acknowledged.")
-		value("tally_edge_decision_messages_total", "", bs.Messages)
-	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	_, _ = w.Write([]byte(b.String()))
+		o.ObserveInt64(natsUp, u(boolValue(s.o.NATS != nil && s.o.NATS.IsConnected())))
+		now := s.o.Clock.Now().UnixNano()
+		for i := range s.o.Store.Shards() {
+			o.ObserveInt64(primaryUp, u(boolValue(!d.suspected(i, now))), attr("shard", s.o.Store.ShardName(i)))
+		}
+		o.ObserveInt64(unavailable, u(d.unavailable.Load()))
+		o.ObserveInt64(takes, u(d.takes.Load()))
+		o.ObserveInt64(takeErrors, u(d.takeErrors.Load()))
+		o.ObserveInt64(recovered, u(d.recovered.Load()))
+		o.ObserveInt64(released, u(d.released.Load()))
+		o.ObserveInt64(absorbed, u(d.absorbed.Load()))
+		o.ObserveInt64(notices, u(d.noticesUp.Load()), attr("direction", "sent"))
+		o.ObserveInt64(notices, u(d.noticesIn.Load()), attr("direction", "received"))
+		o.ObserveInt64(rechecks, u(d.rechecks.Load()))
+		o.ObserveInt64(keys, max(0, d.table.size.Load()))
+		o.ObserveInt64(evicted, u(d.table.evicted.Load()))
+		o.ObserveInt64(bad, u(s.badRequests.Load()))
+		st := s.outbox.stats()
+		o.ObserveInt64(accEvents, u(st.Published), attr("outcome", "published"))
+		o.ObserveInt64(accEvents, u(st.Direct), attr("outcome", "applied_directly"))
+		o.ObserveInt64(accEvents, u(st.Dropped), attr("outcome", "dropped"))
+		o.ObserveInt64(accMessages, u(st.Messages))
+		o.ObserveInt64(queued, int64(st.Queued))
+		if s.batcher != nil {
+			bs := s.batcher.Stats()
+			o.ObserveInt64(records, u(bs.Published), attr("outcome", "published"))
+			o.ObserveInt64(records, u(bs.Dropped), attr("outcome", "dropped"))
+			o.ObserveInt64(recordMessages, u(bs.Messages))
+		}
+		return nil
+	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices,
+		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages)
+	return err
 }
 
 func boolValue(b bool) uint64 {

@@ -20,9 +20,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/telemetry"
 )
 
 // Store is what the edge needs of limiter.Store.
@@ -123,27 +125,31 @@ type Options struct {
 	Pprof bool
 	Clock limiter.Clock
 	Log   *slog.Logger
+	// Metrics is where the edge's instruments are registered and /metrics
+	// is served from; default a registry of its own.
+	Metrics *telemetry.Metrics
 }
 
 // Server holds the edge's handlers and its background work: the table of
 // windows, the outbox of accounting events, notices and decisions.
 type Server struct {
-	o        Options
-	routes   []route // longest path first
-	fallback []limit // for paths no route matches
-	proxy    *httputil.ReverseProxy
-	dec      *decider
-	outbox   *outbox
-	batcher  *events.Batcher
-	sub      *nats.Subscription
-	log      *rateLog
-	draining atomic.Bool
-	reqs     atomic.Uint64 // request ids
-	macs     sync.Pool     // of hash.Hash: HMAC-SHA256 keyed for tickets
-	dseq     atomic.Uint64 // decision record ids
-	stop     chan struct{}
-	done     sync.WaitGroup
-	closed   atomic.Bool
+	o         Options
+	routes    []route // longest path first
+	fallback  []limit // for paths no route matches
+	proxy     *httputil.ReverseProxy
+	dec       *decider
+	outbox    *outbox
+	batcher   *events.Batcher
+	sub       *nats.Subscription
+	log       *rateLog
+	draining  atomic.Bool
+	reqs      atomic.Uint64 // request ids
+	macs      sync.Pool     // of hash.Hash: HMAC-SHA256 keyed for tickets
+	dseq      atomic.Uint64 // decision record ids
+	stop      chan struct{}
+	done      sync.WaitGroup
+	closed    atomic.Bool
+	telemetry *telemetry.Metrics
 
 	badRequests, finished atomic.Uint64
 }
@@ -184,8 +190,21 @@ func New(o Options) (*Server, error) {
 	if err := s.resolveRoutes(); err != nil {
 		return nil, err
 	}
-	var err error
-	s.outbox, err = newOutbox(o.Outbox, o.Producer, o.Source, o.Streams.Accounting.SubjectPrefix, o.Store, o.Keys, o.NATS, s.log)
+	s.telemetry = o.Metrics
+	if s.telemetry == nil {
+		var err error
+		if s.telemetry, err = telemetry.NewMetrics(); err != nil {
+			return nil, fmt.Errorf("edge: metrics: %w", err)
+		}
+	}
+	meter := s.telemetry.Meter("tally/edge")
+	lag, err := meter.Float64Histogram("tally_edge_accounting_lag", metric.WithUnit("s"),
+		metric.WithDescription("Time from an accounting event's creation to its effect in Redis, for the events the edge applied itself."),
+		metric.WithExplicitBucketBoundaries(telemetry.LatencyBounds...))
+	if err != nil {
+		return nil, fmt.Errorf("edge: metrics: %w", err)
+	}
+	s.outbox, err = newOutbox(o.Outbox, o.Producer, o.Source, o.Streams.Accounting.SubjectPrefix, o.Store, o.Keys, o.NATS, s.log, lag)
 	if err != nil {
 		return nil, err
 	}
@@ -213,6 +232,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.Upstream != nil {
 		s.proxy = s.newProxy(o.Upstream)
+	}
+	if err := s.registerMetrics(meter); err != nil {
+		return nil, fmt.Errorf("edge: metrics: %w", err)
 	}
 	s.done.Go(s.sweep)
 	return s, nil

@@ -170,7 +170,7 @@ func TestFullWindowsCostNoRedisCall(t *testing.T) {
 		require.Equal(t, 429, get(t, a.proxy.URL, "full").StatusCode)
 	}
 	require.Equal(t, before, pl.redisCalls(), "denials from memory")
-	require.Equal(t, 50.0, metric(t, a, `tally_edge_decisions_total{result="denied",path="cache"}`)-1)
+	require.Equal(t, 50.0, metric(t, a, `tally_edge_decisions_total{path="cache",result="denied"}`)-1)
 }
 
 // Far from the limit, requests are answered from credit: after the first

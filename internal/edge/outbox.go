@@ -10,10 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
-	"github.com/tallyhq/tally/internal/metrics"
 )
 
 // OutboxConfig bounds the accounting events an edge holds. Zero values take
@@ -104,7 +104,7 @@ type outbox struct {
 
 	published, messages, direct, dropped atomic.Uint64
 	// lag of the events the edge applied itself: creation to effect.
-	lag  metrics.Histogram
+	lag  metric.Float64Histogram
 	wg   sync.WaitGroup
 	stop chan struct{}
 }
@@ -135,12 +135,13 @@ func (q *queue) take(n int) []events.Accounting {
 	return batch
 }
 
-func newOutbox(cfg OutboxConfig, producer, source, prefix string, store Store, keys *limiter.KeySpace, nc *nats.Conn, logger *rateLog) (*outbox, error) {
+func newOutbox(cfg OutboxConfig, producer, source, prefix string, store Store, keys *limiter.KeySpace, nc *nats.Conn, logger *rateLog,
+	lag metric.Float64Histogram) (*outbox, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	o := &outbox{cfg: cfg.withDefaults(), producer: producer, source: source, prefix: prefix, store: store, keys: keys,
-		logger: logger, stop: make(chan struct{})}
+		logger: logger, lag: lag, stop: make(chan struct{})}
 	if nc != nil {
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(o.cfg.InFlight*store.Shards()*2))
 		if err != nil {
@@ -355,7 +356,7 @@ func (o *outbox) apply(q *queue, batch []events.Accounting, timeout time.Duratio
 	}
 	done := time.Now()
 	for i := range batch {
-		o.lag.Observe(done.Sub(batch[i].Time))
+		o.lag.Record(context.Background(), max(0, done.Sub(batch[i].Time).Seconds()))
 	}
 	for _, r := range res.Results {
 		if r.Err != nil {

@@ -111,8 +111,8 @@ func (r *run) finish(t *testing.T) {
 	m := r.edge
 	t.Logf("%s\n  edge: %v reservations failed; admitted without one: %v borrowed, %v failed open; "+
 		"accounting events: %v to JetStream, %v applied directly; %v rechecks of full windows", r.l.summary(),
-		m["tally_edge_reservation_errors_total"], m[`tally_edge_decisions_total{result="allowed",path="borrow"}`],
-		m[`tally_edge_decisions_total{result="allowed",path="fail-open"}`],
+		m["tally_edge_reservation_errors_total"], m[`tally_edge_decisions_total{path="borrow",result="allowed"}`],
+		m[`tally_edge_decisions_total{path="fail-open",result="allowed"}`],
 		m[`tally_edge_accounting_events_total{outcome="published"}`], r.directly(), m["tally_edge_rechecks_total"])
 }
 
@@ -170,8 +170,8 @@ func (r *run) verify(t *testing.T, skip ...*target) []*jetstream.RawStreamMsg {
 	}
 	acc := r.accountant(t)
 	counted := acc("tally_accountant_over_limit_units_total")
-	unreserved := r.edge[`tally_edge_decisions_total{result="allowed",path="borrow"}`] +
-		r.edge[`tally_edge_decisions_total{result="allowed",path="fail-open"}`]
+	unreserved := r.edge[`tally_edge_decisions_total{path="borrow",result="allowed"}`] +
+		r.edge[`tally_edge_decisions_total{path="fail-open",result="allowed"}`]
 	t.Logf("accountant: %v runs tried again, %v purges held back (no replica confirmed), %v units charged over a limit; "+
 		"%d units allowed over a limit, %v admissions without a reservation", acc("tally_accountant_retries_total"),
 		acc("tally_accountant_unconfirmed_total"), counted, over, unreserved)

@@ -1,15 +1,14 @@
-// Package metrics holds the small pieces Tally's processes share to expose
-// measurements in the Prometheus text format: a duration histogram with
-// second-scale buckets, safe for concurrent use, and the Go runtime's
-// scheduling latency in the same buckets.
+// Package metrics holds the small pieces Tally's processes share for
+// measurements they keep themselves: a duration histogram with second-scale
+// buckets, safe for concurrent use (an accountant's lag, reported in its
+// statistics), and a reader of the Prometheus text format (for the demo, the
+// benchmark and the tests). What the binaries export goes through the
+// OpenTelemetry SDK (internal/telemetry).
 package metrics
 
 import (
 	"bufio"
-	"fmt"
 	"io"
-	"math"
-	rtmetrics "runtime/metrics"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -86,60 +85,6 @@ func (s Snapshot) Quantile(q float64) time.Duration {
 		seen += float64(c)
 	}
 	return time.Duration(Bounds[len(Bounds)-1] * float64(time.Second))
-}
-
-// WritePrometheus writes s as a Prometheus histogram called name.
-func (s Snapshot) WritePrometheus(w io.Writer, name, help string) {
-	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name)
-	var cum uint64
-	for i, c := range s.Counts {
-		cum += c
-		le := "+Inf"
-		if i < len(Bounds) {
-			le = fmt.Sprint(Bounds[i])
-		}
-		fmt.Fprintf(w, "%s_bucket{le=%q} %d\n", name, le, cum)
-	}
-	fmt.Fprintf(w, "%s_sum %g\n%s_count %d\n", name, s.Sum.Seconds(), name, s.Count)
-}
-
-// SchedLatency reads the Go runtime's scheduling latency histogram (how long
-// goroutines stayed runnable before they ran, since the process started),
-// moved into the Bounds buckets: each runtime bucket is counted in the first
-// bucket whose bound is at or above its upper edge. Sum is estimated from
-// the runtime buckets' midpoints.
-func SchedLatency() Snapshot {
-	var s Snapshot
-	sample := []rtmetrics.Sample{{Name: "/sched/latencies:seconds"}}
-	rtmetrics.Read(sample)
-	if sample[0].Value.Kind() != rtmetrics.KindFloat64Histogram {
-		return s
-	}
-	h := sample[0].Value.Float64Histogram()
-	var sum float64
-	for i, c := range h.Counts {
-		if c == 0 {
-			continue
-		}
-		lo, hi := h.Buckets[i], h.Buckets[i+1]
-		j := 0
-		for j < len(Bounds) && hi > Bounds[j] {
-			j++
-		}
-		s.Counts[j] += c
-		s.Count += c
-		if !math.IsInf(hi, 1) && !math.IsInf(lo, -1) {
-			sum += float64(c) * (lo + hi) / 2
-		}
-	}
-	s.Sum = time.Duration(sum * float64(time.Second))
-	return s
-}
-
-// WriteSchedLatency writes SchedLatency as go_sched_latencies_seconds.
-func WriteSchedLatency(w io.Writer) {
-	SchedLatency().WritePrometheus(w, "go_sched_latencies_seconds",
-		"Time goroutines spent runnable before running: how long work waits for a CPU inside this process.")
 }
 
 // ParseText reads Prometheus text exposition (as /metrics writes it) into

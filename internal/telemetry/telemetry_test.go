@@ -1,0 +1,50 @@
+package telemetry_test
+
+import (
+	"context"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/tallyhq/tally/internal/metrics"
+	"github.com/tallyhq/tally/internal/telemetry"
+)
+
+// The names operators, alert rules and dashboards rely on come out as
+// written: counters with _total, histograms in seconds with _seconds and
+// second-scale buckets, attributes as labels and nothing else added; the Go
+// runtime's scheduling latency beside them.
+func TestPrometheusNames(t *testing.T) {
+	m, err := telemetry.NewMetrics()
+	require.NoError(t, err)
+	defer m.Shutdown(context.Background())
+	meter := m.Meter("tally/test")
+	c, err := meter.Int64Counter("tally_test_events")
+	require.NoError(t, err)
+	c.Add(context.Background(), 3, metric.WithAttributes(attribute.String("outcome", "charged"), attribute.String("a", "x\"y")))
+	h, err := meter.Float64Histogram("tally_test_lag", metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(telemetry.LatencyBounds...))
+	require.NoError(t, err)
+	h.Record(context.Background(), 0.004)
+
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	got, err := metrics.ParseText(strings.NewReader(string(body)))
+	require.NoError(t, err)
+	require.Equal(t, 3.0, got[`tally_test_events_total{a="x\"y",outcome="charged"}`], "%s", body)
+	require.Equal(t, 1.0, got[`tally_test_lag_seconds_bucket{le="0.005"}`], "%s", body)
+	require.Equal(t, 0.0, got[`tally_test_lag_seconds_bucket{le="0.003"}`], "%s", body)
+	require.Equal(t, 1.0, got[`tally_test_lag_seconds_count`], "%s", body)
+	var sched bool
+	for k := range got {
+		sched = sched || strings.HasPrefix(k, `go_sched_latencies_seconds_bucket{le="`)
+	}
+	require.True(t, sched, "go_sched_latencies_seconds")
+	require.NotContains(t, string(body), "otel_scope")
+	require.NotContains(t, string(body), "target_info")
+}

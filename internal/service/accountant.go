@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/telemetry"
 )
 
 // RunAccountant runs an accountant until ctx ends or its admin listener
@@ -40,9 +42,20 @@ func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) erro
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}
+	tm, err := telemetry.Setup(ctx, "tally-accountant")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tm.Shutdown(ctx); err != nil {
+			log.Warn("telemetry not flushed", "err", err)
+		}
+	}()
 	a := cfg.Accountant
 	acc := accountant.New(js, store, keys, accountant.Config{
-		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(),
+		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(), Metrics: tm,
 		BatchSize: a.BatchSize, BatchWait: a.BatchWait, LeaseTTL: a.LeaseTTL, PurgeEvery: a.PurgeEvery,
 		RetryMin: a.RetryMin, RetryMax: a.RetryMax, MaxAttempts: a.MaxAttempts,
 	}, log)

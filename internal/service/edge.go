@@ -16,6 +16,7 @@ import (
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/telemetry"
 )
 
 // RunEdge runs an edge-checker until ctx ends or a listener fails (its
@@ -66,7 +67,13 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 		})
 	}()
 
-	srv, err := edge.New(edgeOptions(cfg, store, keys, log, nc, dnc))
+	tm, err := telemetry.Setup(ctx, "tally-edge-checker")
+	if err != nil {
+		return err
+	}
+	opts := edgeOptions(cfg, store, keys, log, nc, dnc)
+	opts.Metrics = tm
+	srv, err := edge.New(opts)
 	if err != nil {
 		return err
 	}
@@ -107,6 +114,9 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	_ = nc.Drain()
 	_ = dnc.Drain()
 	_ = admin.Shutdown(shutdown)
+	if err := tm.Shutdown(shutdown); err != nil {
+		log.Warn("telemetry not flushed", "err", err)
+	}
 	log.Info("stopped")
 	return failed
 }

@@ -2,14 +2,21 @@ package telemetry
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"os"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/exporters/stdout/stdoutmetric"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 
 	"github.com/tallyhq/tally/internal/metrics"
 )
@@ -26,8 +33,49 @@ type Metrics struct {
 }
 
 // NewMetrics sets up a meter provider exported to Prometheus, with the Go
-// runtime's metrics in the same registry.
-func NewMetrics() (*Metrics, error) {
+// runtime's metrics in the same registry, for tests and for components run
+// on their own. Binaries use Setup.
+func NewMetrics() (*Metrics, error) { return newMetrics(nil) }
+
+// Setup is NewMetrics for a binary named service, configured by the
+// standard OpenTelemetry environment: OTEL_SERVICE_NAME and
+// OTEL_RESOURCE_ATTRIBUTES name the resource; OTEL_METRICS_EXPORTER lists
+// exporters beside Prometheus's /metrics, "otlp" (also implied by
+// OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT; OTLP
+// over HTTP, every OTEL_METRIC_EXPORT_INTERVAL) and "console" (stdout, for
+// development). Shutdown pushes what is left.
+func Setup(ctx context.Context, service string) (*Metrics, error) {
+	res, err := resource.New(ctx, resource.WithAttributes(semconv.ServiceName(service)), resource.WithFromEnv(),
+		resource.WithTelemetrySDK())
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+	opts := []sdkmetric.Option{sdkmetric.WithResource(res)}
+	want := map[string]bool{}
+	for _, e := range strings.Split(os.Getenv("OTEL_METRICS_EXPORTER"), ",") {
+		want[strings.TrimSpace(e)] = true
+	}
+	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != "" {
+		want["otlp"] = true
+	}
+	if want["otlp"] {
+		exp, err := otlpmetrichttp.New(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: otlp: %w", err)
+		}
+		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
+	}
+	if want["console"] {
+		exp, err := stdoutmetric.New()
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: console: %w", err)
+		}
+		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
+	}
+	return newMetrics(opts)
+}
+
+func newMetrics(opts []sdkmetric.Option) (*Metrics, error) {
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(collectors.NewGoCollector(
 		collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsScheduler, collectors.MetricsGC))); err != nil {
@@ -40,7 +88,7 @@ func NewMetrics() (*Metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Metrics{provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)), registry: reg}, nil
+	return &Metrics{provider: sdkmetric.NewMeterProvider(append(opts, sdkmetric.WithReader(exp))...), registry: reg}, nil
 }
 
 // Meter returns the meter of one component (e.g. "tally/edge").
@@ -51,5 +99,6 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
-// Shutdown stops the provider: observable instruments stop being read.
+// Shutdown stops the provider, pushing what push exporters have not sent
+// yet; observable instruments stop being read.
 func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdown(ctx) }

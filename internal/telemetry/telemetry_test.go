@@ -1,10 +1,13 @@
 package telemetry_test
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -47,4 +50,38 @@ func TestPrometheusNames(t *testing.T) {
 	require.True(t, sched, "go_sched_latencies_seconds")
 	require.NotContains(t, string(body), "otel_scope")
 	require.NotContains(t, string(body), "target_info")
+}
+
+// With an OTLP endpoint in the environment, metrics are also pushed there
+// (OTLP over HTTP), named by OTEL_SERVICE_NAME, and Shutdown pushes what is
+// left.
+func TestOTLPPushFromTheEnvironment(t *testing.T) {
+	var mu sync.Mutex
+	var bodies [][]byte
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/v1/metrics" && r.Header.Get("Content-Type") == "application/x-protobuf" {
+			mu.Lock()
+			bodies = append(bodies, b)
+			mu.Unlock()
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer collector.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	t.Setenv("OTEL_SERVICE_NAME", "tally-edge-test")
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000") // only Shutdown pushes
+
+	m, err := telemetry.Setup(context.Background(), "tally-edge-checker")
+	require.NoError(t, err)
+	c, err := m.Meter("tally/test").Int64Counter("tally_test_pushed")
+	require.NoError(t, err)
+	c.Add(context.Background(), 7)
+	require.NoError(t, m.Shutdown(context.Background()))
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, bodies, 1, "one push, at shutdown")
+	require.True(t, bytes.Contains(bodies[0], []byte("tally_test_pushed")))
+	require.True(t, bytes.Contains(bodies[0], []byte("tally-edge-test")), "OTEL_SERVICE_NAME wins over the default name")
 }

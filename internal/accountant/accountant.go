@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -29,6 +30,10 @@ type Config struct {
 	// Metrics is where the accountant's instruments are registered and
 	// /metrics is served from; default a registry of its own.
 	Metrics *telemetry.Metrics
+	// Tracer, when set, makes a consumer span per message applied: the
+	// child of the span that published it (the message's traceparent
+	// header), linked to the requests its events come from.
+	Tracer trace.Tracer
 	// Policies, when set, are the deployment's policies: an event whose
 	// policy is unknown, or whose limit or window differ, is dead-lettered
 	// instead of opening a window on terms nobody configured.
@@ -458,6 +463,12 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
 		it.evs, it.bad = events.DecodeAccounting(w.name, m.Data())
 		if it.bad == nil {
 			it.bad = w.convert(it)
+		}
+		if a.cfg.Tracer != nil {
+			_, span := a.cfg.Tracer.Start(events.ExtractTrace(context.Background(), m.Headers()), "process "+m.Subject(),
+				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(events.Links(it.evs)...),
+				trace.WithAttributes(events.MessagingAttributes("process", m.Subject(), w.name, len(it.evs))...))
+			defer span.End()
 		}
 	}
 	// Apply the good messages' events in runs of at most BatchSize.

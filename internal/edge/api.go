@@ -95,7 +95,7 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	if allowed {
 		ticket = s.ticket(v)
 	}
-	s.record(v, r.Header.Get("Traceparent"))
+	s.record(v, validTraceParent(r.Header.Get("Traceparent")))
 
 	h := w.Header()
 	b := make([]byte, 0, 256)

@@ -117,6 +117,9 @@ type verdict struct {
 	// reqNum numbers the request at the edge that decided it (its request
 	// id, with the edge's producer id).
 	reqNum uint64
+	// traceparent is the request's trace context (validated), carried by
+	// the events its finish sends.
+	traceparent string
 }
 
 // decider decides requests from the edge's table of windows.
@@ -591,7 +594,8 @@ func (d *decider) refund(v verdict) {
 	}
 	p := v.policy
 	ev := events.Accounting{Kind: events.Finished, Time: time.Now(), Key: v.key.Digest().String(), Policy: p.Name,
-		Limit: p.Limit, WindowSeconds: int64(p.Window / time.Second), Units: v.cost, StartedAt: v.now, Status: 304}
+		Limit: p.Limit, WindowSeconds: int64(p.Window / time.Second), Units: v.cost, StartedAt: v.now, Status: 304,
+		TraceParent: v.traceparent}
 	if v.reset != 0 {
 		ev.ResetAt = time.UnixMilli(v.reset)
 	}

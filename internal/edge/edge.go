@@ -21,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -128,6 +129,10 @@ type Options struct {
 	// Metrics is where the edge's instruments are registered and /metrics
 	// is served from; default a registry of its own.
 	Metrics *telemetry.Metrics
+	// Tracer, when set, makes spans: one per proxied request (server), one
+	// per batch of accounting events published (producer, linked to the
+	// requests). Without it the edge forwards the traceparent it received.
+	Tracer trace.Tracer
 }
 
 // Server holds the edge's handlers and its background work: the table of
@@ -208,6 +213,7 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.outbox.tracer = o.Tracer
 	s.dec = newDecider(o.Credit, o.Store, o.Keys, s.outbox, o.Producer, !o.DenyOnRedisError, s.log, s.publishNotice, o.Policies)
 	if o.NATS != nil {
 		dnc := o.DecisionsNATS
@@ -386,9 +392,6 @@ func (s *Server) record(v verdict, traceparent string) {
 		if rate < 0 || (rate > 0 && rate < 1 && mrand.Float64() >= rate) {
 			return
 		}
-	}
-	if traceparent != "" && !events.ValidTraceParent(traceparent) {
-		traceparent = ""
 	}
 	d := events.Decision{Time: v.now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
 		Shard: s.o.Store.ShardName(v.shard), RequestNum: v.reqNum, TraceParent: traceparent, Key: v.key.Digest(),

@@ -41,6 +41,9 @@ type pipeline struct {
 	policies map[string]limiter.Policy
 	acc      *accountant.Accountant
 	stopAcc  func()
+	// accConfig, when set, changes the configuration of the accountants
+	// started after it was.
+	accConfig func(*accountant.Config)
 }
 
 func newPipeline(t *testing.T) *pipeline {
@@ -74,6 +77,9 @@ func (pl *pipeline) startAccountant(streams ...events.Streams) {
 	cfg := accountant.Config{LeaseTTL: time.Second, PurgeEvery: 20 * time.Millisecond}
 	if len(streams) > 0 {
 		cfg.Streams = streams[0]
+	}
+	if pl.accConfig != nil {
+		pl.accConfig(&cfg)
 	}
 	pl.acc = accountant.New(js, pl.newStore(), pl.keys, cfg, quiet)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -104,9 +105,11 @@ type outbox struct {
 
 	published, messages, direct, dropped atomic.Uint64
 	// lag of the events the edge applied itself: creation to effect.
-	lag  metric.Float64Histogram
-	wg   sync.WaitGroup
-	stop chan struct{}
+	lag metric.Float64Histogram
+	// tracer, when set, makes a producer span per published batch.
+	tracer trace.Tracer
+	wg     sync.WaitGroup
+	stop   chan struct{}
 }
 
 type queue struct {
@@ -322,6 +325,13 @@ func (o *outbox) publish(q *queue, batch []events.Accounting) flight {
 	if err != nil {
 		o.logger.Error("an accounting batch could not be encoded", "shard", q.name, "err", err) // a defect
 		return f
+	}
+	if o.tracer != nil {
+		ctx, span := o.tracer.Start(context.Background(), "send "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithLinks(events.Links(batch)...),
+			trace.WithAttributes(events.MessagingAttributes("send", m.Subject, q.name, len(batch))...))
+		events.InjectTrace(ctx, m)
+		defer span.End()
 	}
 	ack, err := o.js.PublishMsgAsync(m, jetstream.WithMsgID(m.Header.Get(events.HeaderMsgID)))
 	if err != nil {

@@ -7,6 +7,12 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tallyhq/tally/internal/events"
 )
 
 type stateKey struct{}
@@ -73,7 +79,16 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	var identity, address string
 	now := s.o.Clock.Now()
 	reqNum := s.reqs.Add(1)
-	traceparent := r.Header.Get("Traceparent")
+	traceparent := validTraceParent(r.Header.Get("Traceparent"))
+	if s.o.Tracer != nil {
+		parent := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := s.o.Tracer.Start(parent, r.Method,
+			trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+		defer span.End()
+		r = r.WithContext(ctx)
+		traceparent = events.TraceParent(span.SpanContext())
+	}
 	st := &proxyState{}
 	st.vs = st.buf[:0]
 	for _, l := range limits {
@@ -96,13 +111,14 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 			s.unavailable(w)
 			return
 		}
-		v.reqNum = reqNum
+		v.reqNum, v.traceparent = reqNum, traceparent
 		if v.decided && !v.decision.Allowed {
 			// Denied by one limit: what the others charged goes back, and
 			// the denial is the request's only decision record.
 			s.giveBack(st.vs)
 			s.record(v, traceparent)
 			s.deny(w, v)
+			trace.SpanFromContext(r.Context()).SetAttributes(attribute.Int("http.response.status_code", http.StatusTooManyRequests))
 			return
 		}
 		st.vs = append(st.vs, v)
@@ -117,6 +133,16 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusBadGateway
 	}
 	s.finish(st.vs, status)
+	trace.SpanFromContext(r.Context()).SetAttributes(attribute.Int("http.response.status_code", status))
+}
+
+// validTraceParent is a client's traceparent header when it is a valid W3C
+// one (55 characters), else "": it is copied into events and records.
+func validTraceParent(h string) string {
+	if !events.ValidTraceParent(h) {
+		return ""
+	}
+	return h
 }
 
 // identity is whose window a request counts against: its identity header

@@ -1,13 +1,16 @@
 package events_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -219,4 +222,20 @@ func FuzzDecodeAccounting(f *testing.F) {
 			t.Fatalf("round trip: %v", err)
 		}
 	})
+}
+
+// A span context survives a NATS message's headers and a traceparent.
+func TestTraceAcrossHeaders(t *testing.T) {
+	sc, ok := events.SpanContextOf(tp)
+	require.True(t, ok)
+	require.Equal(t, tp, events.TraceParent(sc))
+	m := &nats.Msg{Subject: "x"}
+	events.InjectTrace(trace.ContextWithSpanContext(context.Background(), sc), m)
+	require.Equal(t, tp, m.Header.Get("traceparent"))
+	got := trace.SpanContextFromContext(events.ExtractTrace(context.Background(), m.Header))
+	require.True(t, got.Equal(sc.WithRemote(true)), "%v", got)
+	_, ok = events.SpanContextOf("00-" + strings.Repeat("0", 32) + "-0123456789abcdef-01")
+	require.False(t, ok)
+	require.Empty(t, events.TraceParent(trace.SpanContext{}))
+	require.Len(t, events.Links([]events.Accounting{{TraceParent: tp}, {}, {TraceParent: "junk"}}), 1)
 }

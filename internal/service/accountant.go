@@ -46,16 +46,20 @@ func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
+	tr, err := telemetry.SetupTracing(ctx, "tally-accountant")
+	if err != nil {
+		return err
+	}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := tm.Shutdown(ctx); err != nil {
+		if err := errors.Join(tm.Shutdown(ctx), tr.Shutdown(ctx)); err != nil {
 			log.Warn("telemetry not flushed", "err", err)
 		}
 	}()
 	a := cfg.Accountant
 	acc := accountant.New(js, store, keys, accountant.Config{
-		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(), Metrics: tm,
+		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(), Metrics: tm, Tracer: tr.Tracer("tally/accountant"),
 		BatchSize: a.BatchSize, BatchWait: a.BatchWait, LeaseTTL: a.LeaseTTL, PurgeEvery: a.PurgeEvery,
 		RetryMin: a.RetryMin, RetryMax: a.RetryMax, MaxAttempts: a.MaxAttempts,
 	}, log)

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -71,8 +72,12 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	tr, err := telemetry.SetupTracing(ctx, "tally-edge-checker")
+	if err != nil {
+		return err
+	}
 	opts := edgeOptions(cfg, store, keys, log, nc, dnc)
-	opts.Metrics = tm
+	opts.Metrics, opts.Tracer = tm, tr.Tracer("tally/edge")
 	srv, err := edge.New(opts)
 	if err != nil {
 		return err
@@ -114,7 +119,7 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	_ = nc.Drain()
 	_ = dnc.Drain()
 	_ = admin.Shutdown(shutdown)
-	if err := tm.Shutdown(shutdown); err != nil {
+	if err := errors.Join(tm.Shutdown(shutdown), tr.Shutdown(shutdown)); err != nil {
 		log.Warn("telemetry not flushed", "err", err)
 	}
 	log.Info("stopped")

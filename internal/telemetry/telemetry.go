@@ -11,12 +11,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/exporters/stdout/stdoutmetric"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/metrics"
 )
@@ -45,19 +49,12 @@ func NewMetrics() (*Metrics, error) { return newMetrics(nil) }
 // over HTTP, every OTEL_METRIC_EXPORT_INTERVAL) and "console" (stdout, for
 // development). Shutdown pushes what is left.
 func Setup(ctx context.Context, service string) (*Metrics, error) {
-	res, err := resource.New(ctx, resource.WithAttributes(semconv.ServiceName(service)), resource.WithFromEnv(),
-		resource.WithTelemetrySDK())
+	res, err := newResource(ctx, service)
 	if err != nil {
-		return nil, fmt.Errorf("telemetry: resource: %w", err)
+		return nil, err
 	}
 	opts := []sdkmetric.Option{sdkmetric.WithResource(res)}
-	want := map[string]bool{}
-	for _, e := range strings.Split(os.Getenv("OTEL_METRICS_EXPORTER"), ",") {
-		want[strings.TrimSpace(e)] = true
-	}
-	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != "" {
-		want["otlp"] = true
-	}
+	want := exporters("OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
 	if want["otlp"] {
 		exp, err := otlpmetrichttp.New(ctx)
 		if err != nil {
@@ -73,6 +70,33 @@ func Setup(ctx context.Context, service string) (*Metrics, error) {
 		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
 	}
 	return newMetrics(opts)
+}
+
+// newResource names the process: service, then OTEL_SERVICE_NAME and
+// OTEL_RESOURCE_ATTRIBUTES, which win.
+func newResource(ctx context.Context, service string) (*resource.Resource, error) {
+	res, err := resource.New(ctx, resource.WithAttributes(semconv.ServiceName(service)), resource.WithFromEnv(),
+		resource.WithTelemetrySDK())
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+	return res, nil
+}
+
+// exporters reads the exporters an OTEL_*_EXPORTER variable lists; an OTLP
+// endpoint (the general one, or the signal's) implies "otlp" unless the
+// variable says "none".
+func exporters(variable, endpoint string) map[string]bool {
+	want := map[string]bool{}
+	for _, e := range strings.Split(os.Getenv(variable), ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			want[e] = true
+		}
+	}
+	if !want["none"] && (os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv(endpoint) != "") {
+		want["otlp"] = true
+	}
+	return want
 }
 
 func newMetrics(opts []sdkmetric.Option) (*Metrics, error) {
@@ -102,3 +126,59 @@ func (m *Metrics) Handler() http.Handler {
 // Shutdown stops the provider, pushing what push exporters have not sent
 // yet; observable instruments stop being read.
 func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdown(ctx) }
+
+// Tracing is a process's tracer provider, when traces are exported.
+type Tracing struct {
+	provider *sdktrace.TracerProvider
+}
+
+// SetupTracing sets up tracing for a binary named service from the
+// standard environment: OTEL_TRACES_EXPORTER lists "otlp" (OTLP over HTTP;
+// implied by OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) and "console" (stdout); without
+// either, no spans are made at all. OTEL_TRACES_SAMPLER and
+// OTEL_TRACES_SAMPLER_ARG choose the sampler (default parentbased_always_on;
+// at high request rates parentbased_traceidratio).
+func SetupTracing(ctx context.Context, service string) (*Tracing, error) {
+	want := exporters("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+	if !want["otlp"] && !want["console"] {
+		return &Tracing{}, nil
+	}
+	res, err := newResource(ctx, service)
+	if err != nil {
+		return nil, err
+	}
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	if want["otlp"] {
+		exp, err := otlptracehttp.New(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: otlp traces: %w", err)
+		}
+		opts = append(opts, sdktrace.WithBatcher(exp))
+	}
+	if want["console"] {
+		exp, err := stdouttrace.New()
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: console traces: %w", err)
+		}
+		opts = append(opts, sdktrace.WithBatcher(exp))
+	}
+	return &Tracing{provider: sdktrace.NewTracerProvider(opts...)}, nil
+}
+
+// Tracer returns the tracer of one component, nil when traces are not
+// exported (the components then make no spans).
+func (t *Tracing) Tracer(name string) trace.Tracer {
+	if t.provider == nil {
+		return nil
+	}
+	return t.provider.Tracer(name)
+}
+
+// Shutdown exports the spans not sent yet and stops the provider.
+func (t *Tracing) Shutdown(ctx context.Context) error {
+	if t.provider == nil {
+		return nil
+	}
+	return t.provider.Shutdown(ctx)
+}

@@ -85,3 +85,39 @@ func TestOTLPPushFromTheEnvironment(t *testing.T) {
 	require.True(t, bytes.Contains(bodies[0], []byte("tally_test_pushed")))
 	require.True(t, bytes.Contains(bodies[0], []byte("tally-edge-test")), "OTEL_SERVICE_NAME wins over the default name")
 }
+
+// Spans are made only when they are exported: with an OTLP endpoint they
+// go to it (OTLP over HTTP) by Shutdown; without one there is no tracer.
+func TestTracingFromTheEnvironment(t *testing.T) {
+	off, err := telemetry.SetupTracing(context.Background(), "tally-edge-checker")
+	require.NoError(t, err)
+	require.Nil(t, off.Tracer("tally/edge"), "nothing exported, no spans made")
+	require.NoError(t, off.Shutdown(context.Background()))
+
+	var mu sync.Mutex
+	var bodies [][]byte
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/v1/traces" {
+			mu.Lock()
+			bodies = append(bodies, b)
+			mu.Unlock()
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer collector.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	t.Setenv("OTEL_SERVICE_NAME", "tally-traced")
+	on, err := telemetry.SetupTracing(context.Background(), "tally-edge-checker")
+	require.NoError(t, err)
+	tracer := on.Tracer("tally/edge")
+	require.NotNil(t, tracer)
+	_, span := tracer.Start(context.Background(), "send tally.accounting.s0")
+	span.End()
+	require.NoError(t, on.Shutdown(context.Background()))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, bodies, 1)
+	require.True(t, bytes.Contains(bodies[0], []byte("send tally.accounting.s0")))
+	require.True(t, bytes.Contains(bodies[0], []byte("tally-traced")))
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,19 +57,7 @@ func TestPrometheusNames(t *testing.T) {
 // (OTLP over HTTP), named by OTEL_SERVICE_NAME, and Shutdown pushes what is
 // left.
 func TestOTLPPushFromTheEnvironment(t *testing.T) {
-	var mu sync.Mutex
-	var bodies [][]byte
-	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		if r.URL.Path == "/v1/metrics" && r.Header.Get("Content-Type") == "application/x-protobuf" {
-			mu.Lock()
-			bodies = append(bodies, b)
-			mu.Unlock()
-		}
-		w.Header().Set("Content-Type", "application/x-protobuf")
-	}))
-	defer collector.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	received := otlpReceiver(t, "/v1/metrics")
 	t.Setenv("OTEL_SERVICE_NAME", "tally-edge-test")
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000") // only Shutdown pushes
 
@@ -79,8 +68,7 @@ func TestOTLPPushFromTheEnvironment(t *testing.T) {
 	c.Add(context.Background(), 7)
 	require.NoError(t, m.Shutdown(context.Background()))
 
-	mu.Lock()
-	defer mu.Unlock()
+	bodies := received()
 	require.Len(t, bodies, 1, "one push, at shutdown")
 	require.True(t, bytes.Contains(bodies[0], []byte("tally_test_pushed")))
 	require.True(t, bytes.Contains(bodies[0], []byte("tally-edge-test")), "OTEL_SERVICE_NAME wins over the default name")
@@ -94,19 +82,7 @@ func TestTracingFromTheEnvironment(t *testing.T) {
 	require.Nil(t, off.Tracer("tally/edge"), "nothing exported, no spans made")
 	require.NoError(t, off.Shutdown(context.Background()))
 
-	var mu sync.Mutex
-	var bodies [][]byte
-	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		if r.URL.Path == "/v1/traces" {
-			mu.Lock()
-			bodies = append(bodies, b)
-			mu.Unlock()
-		}
-		w.Header().Set("Content-Type", "application/x-protobuf")
-	}))
-	defer collector.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	received := otlpReceiver(t, "/v1/traces")
 	t.Setenv("OTEL_SERVICE_NAME", "tally-traced")
 	on, err := telemetry.SetupTracing(context.Background(), "tally-edge-checker")
 	require.NoError(t, err)
@@ -115,9 +91,32 @@ func TestTracingFromTheEnvironment(t *testing.T) {
 	_, span := tracer.Start(context.Background(), "send tally.accounting.s0")
 	span.End()
 	require.NoError(t, on.Shutdown(context.Background()))
-	mu.Lock()
-	defer mu.Unlock()
+	bodies := received()
 	require.Len(t, bodies, 1)
 	require.True(t, bytes.Contains(bodies[0], []byte("send tally.accounting.s0")))
 	require.True(t, bytes.Contains(bodies[0], []byte("tally-traced")))
+}
+
+// otlpReceiver stands in for an OpenTelemetry collector (OTLP over HTTP),
+// set as OTEL_EXPORTER_OTLP_ENDPOINT for the test; it returns what was
+// posted to path so far.
+func otlpReceiver(t *testing.T, path string) func() [][]byte {
+	var mu sync.Mutex
+	var bodies [][]byte
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.URL.Path == path && r.Header.Get("Content-Type") == "application/x-protobuf" {
+			mu.Lock()
+			bodies = append(bodies, b)
+			mu.Unlock()
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	t.Cleanup(collector.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	return func() [][]byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(bodies)
+	}
 }

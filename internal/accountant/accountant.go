@@ -445,6 +445,9 @@ type item struct {
 	ops    []limiter.Event
 	opsFor []int // index in evs of each op
 	bad    error // why the message must be dead-lettered
+	// refused, when set, are the only events of the message to
+	// dead-letter: Redis applied the others.
+	refused []events.Accounting
 }
 
 // process applies one run of messages, in order. It returns when every
@@ -558,6 +561,9 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 			w.attempts[it.seq]++
 			if w.attempts[it.seq] >= a.cfg.MaxAttempts {
 				delete(w.attempts, it.seq)
+				if len(it.ops) > 1 { // find the events that fail
+					return w.applyEach(ctx, it)
+				}
 				it.bad = fmt.Errorf("redis refused its events %d times: %w", a.cfg.MaxAttempts, err)
 				return true
 			}
@@ -579,6 +585,30 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 		}
 		w.delay = min(2*w.delay, a.cfg.RetryMax)
 	}
+}
+
+// applyEach applies the events of a message Redis keeps refusing one at a
+// time: those it accepts take effect (a message mixes the events of many
+// windows, and one broken window must not take the others' refunds with
+// it); those it refuses are the only ones dead-lettered. It reports false
+// when ctx ended first.
+func (w *worker) applyEach(ctx context.Context, it *item) bool {
+	var refused []error
+	for n := range it.ops {
+		one := []item{{msg: it.msg, seq: it.seq, evs: it.evs, ops: it.ops[n : n+1], opsFor: it.opsFor[n : n+1]}}
+		if !w.applyRun(ctx, one) {
+			return false
+		}
+		if one[0].bad != nil {
+			it.refused = append(it.refused, it.evs[it.opsFor[n]])
+			refused = append(refused, one[0].bad)
+		}
+	}
+	if len(refused) > 0 {
+		it.bad = fmt.Errorf("%d of its %d events: %w", len(refused), len(it.ops), refused[0])
+	}
+	it.ops = nil // applied or set aside: nothing left to record
+	return true
 }
 
 // apply applies ops (the store bounds each script call). The run in hand
@@ -713,6 +743,12 @@ func (w *worker) deadLetter(ctx context.Context, it *item) bool {
 	dm.Header[HeaderDeadReason] = []string{clip(it.bad.Error(), 1000)}
 	dm.Header[HeaderDeadSubject] = []string{it.msg.Subject()}
 	dm.Data = it.msg.Data()
+	if len(it.refused) > 0 {
+		// Only what Redis refused: the message's other events were applied.
+		if m, err := events.AccountingMsg(a.cfg.Streams.Accounting.SubjectPrefix, w.name, it.refused, nil); err == nil {
+			dm.Data = m.Data
+		}
+	}
 	for delay := a.cfg.RetryMin; ; delay = min(2*delay, a.cfg.RetryMax) {
 		call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_, err := a.js.PublishMsg(call, dm, jetstream.WithMsgID("dead."+w.name+"."+seq))

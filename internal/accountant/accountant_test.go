@@ -360,6 +360,33 @@ func TestPermanentRedisErrorIsDeadLettered(t *testing.T) {
 	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 }
 
+// A message that mixes a broken window's event with others' (an edge
+// batches a shard's events together) loses only that event to the dead
+// letters: the others are applied, and the dead letter holds what Redis
+// refused and nothing else.
+func TestRefusedEventIsSetAsideAlone(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	k, bad, r := f.keys.Key("core", "alice"), f.keys.Key("core", "broken"), reset()
+	require.NoError(t, f.primary.Client().Set(ctx, bad.String(), "not a hash", 0).Err())
+	dlq, err := f.js.CreateOrUpdateConsumer(ctx, f.streams.DeadLetters.Name, jetstream.ConsumerConfig{Durable: "inspect"})
+	require.NoError(t, err)
+	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1), started("edge-1", 2, bad, r, 1), started("edge-1", 3, k, r, 2)})
+	a := f.start()
+	f.waitUsed(k, 3)
+	waitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
+	require.NoError(t, err)
+	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "1 of its 3 events")
+	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "WRONGTYPE")
+	evs, err := events.DecodeAccounting("s0", m.Data())
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.Equal(t, bad.Digest().String(), evs[0].Key)
+	require.EqualValues(t, 2, evs[0].Seq, "republished as it was: its producer number makes a replay safe")
+}
+
 // Transient failures — a primary that is down, or read-only after a
 // failover the configuration has not caught up with — hold the shard's
 // place: events wait in the stream and apply once it is back, none lost.

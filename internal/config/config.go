@@ -13,6 +13,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"net/url"
@@ -453,6 +454,13 @@ func (f *File) validateEdge() error {
 	}
 	if s := e.Decisions.SampleAllowed; s > 1 {
 		return fieldErr("edge.decisions.sample_allowed", "%v: want 0 to 1 (negative: none)", s)
+	}
+	if s := e.Decisions.LogSample; s < 0 || s > 1 {
+		return fieldErr("edge.decisions.log_sample", "%v: want 0 (none) to 1 (every decision)", s)
+	}
+	var level slog.Level
+	if l := e.Decisions.LogLevel; l != "" && level.UnmarshalText([]byte(l)) != nil {
+		return fieldErr("edge.decisions.log_level", "%q: want debug, info, warn or error", l)
 	}
 	if len(f.Policies) == 0 && (e.Listen != "" || e.APIListen != "") {
 		return fieldErr("policies", "the edge needs at least one policy")

@@ -115,6 +115,8 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"unknown global policy", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  global_policies: [nope]", "edge.global_policies[0]: unknown policy"},
 		{"client certificate without key", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  tls: {cert_file: /x.pem}", "nats: tls: cert_file and key_file go together"},
 		{"missing CA file", "redis:\n", "redis:\n  tls: {ca_file: /nonexistent/ca.pem}\n", "redis.tls: ca_file"},
+		{"bad decision log level", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  decisions: {log_sample: 0.5, log_level: loud}", "edge.decisions.log_level"},
+		{"bad decision log sample", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  decisions: {log_sample: 2}", "edge.decisions.log_sample"},
 		{"two NATS credentials", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  credentials_file: a\n  nkey_file: b", "credentials_file and nkey_file: set one"},
 	}
 	for _, c := range cases {

@@ -14,6 +14,7 @@ import (
 	"path"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,6 +77,12 @@ type DecisionsConfig struct {
 	// denials and fail-open admissions are always published. Default 1;
 	// negative publishes none.
 	SampleAllowed float64 `yaml:"sample_allowed"`
+	// LogSample is the share of decisions also logged (one "decision"
+	// line each: digest, policy, result, path, counts, request and trace
+	// ids; never the identity), 0 (default: none) to 1, at LogLevel
+	// (debug, info, warn or error; default debug).
+	LogSample float64 `yaml:"log_sample"`
+	LogLevel  string  `yaml:"log_level"`
 }
 
 // Options configure a Server. Store, Keys and Policies are required.
@@ -155,6 +162,8 @@ type Server struct {
 	done      sync.WaitGroup
 	closed    atomic.Bool
 	telemetry *telemetry.Metrics
+	// decisionLevel is the level of per-decision log lines.
+	decisionLevel slog.Level
 
 	badRequests, finished atomic.Uint64
 }
@@ -191,7 +200,12 @@ func New(o Options) (*Server, error) {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
-	s := &Server{o: o, log: newRateLog(o.Log, 5*time.Second), stop: make(chan struct{})}
+	s := &Server{o: o, log: newRateLog(o.Log, 5*time.Second), stop: make(chan struct{}), decisionLevel: slog.LevelDebug}
+	if o.Decisions.LogLevel != "" {
+		if err := s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)); err != nil {
+			return nil, fmt.Errorf("edge: decisions log level %q: want debug, info, warn or error", o.Decisions.LogLevel)
+		}
+	}
 	if err := s.resolveRoutes(); err != nil {
 		return nil, err
 	}
@@ -383,10 +397,13 @@ func (s *Server) check(ctx context.Context, p limiter.Policy, identity string, n
 // record publishes a decision to the decisions stream (allowed ones
 // sampled).
 func (s *Server) record(v verdict, traceparent string) {
+	allowed := !v.decided || v.decision.Allowed
+	if rate := s.o.Decisions.LogSample; rate > 0 && (rate >= 1 || mrand.Float64() < rate) {
+		s.logDecision(v, allowed, traceparent)
+	}
 	if s.batcher == nil {
 		return
 	}
-	allowed := !v.decided || v.decision.Allowed
 	if allowed && v.path != PathFailOpen {
 		rate := s.o.Decisions.SampleAllowed
 		if rate < 0 || (rate > 0 && rate < 1 && mrand.Float64() >= rate) {
@@ -401,6 +418,21 @@ func (s *Server) record(v verdict, traceparent string) {
 		d.Used, d.ResetAt = v.decision.Used, v.decision.ResetAt
 	}
 	s.batcher.Add(d)
+}
+
+// logDecision writes one decision to the log at the configured level.
+func (s *Server) logDecision(v verdict, allowed bool, traceparent string) {
+	attrs := []slog.Attr{slog.String("key", v.key.Digest().String()), slog.String("policy", v.policy.Name),
+		slog.Bool("allowed", allowed), slog.String("path", v.path.String()), slog.Int64("cost", v.cost),
+		slog.String("request_id", s.o.Producer+"-"+strconv.FormatUint(v.reqNum, 10))}
+	if v.decided {
+		attrs = append(attrs, slog.Int64("used", v.decision.Used), slog.Int64("limit", v.policy.Limit),
+			slog.Int64("reset", v.decision.ResetAt.Unix()))
+	}
+	if traceparent != "" {
+		attrs = append(attrs, slog.String("trace_id", traceparent[3:35]))
+	}
+	s.o.Log.LogAttrs(context.Background(), s.decisionLevel, "decision", attrs...)
 }
 
 // finish handles a request's end: a 304 gives its charges back.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -237,4 +238,37 @@ func TestLostReservationIsTakenBack(t *testing.T) {
 	pl.waitUsed(k, 2)
 	time.Sleep(300 * time.Millisecond) // nothing more lands
 	require.EqualValues(t, 2, pl.used(k))
+}
+
+// Decisions can be logged, sampled, at a chosen level: one JSON line each
+// with the key's digest and the request and trace ids, never the identity.
+func TestDecisionsAreLogged(t *testing.T) {
+	pl := newPipeline(t)
+	var logs syncBuffer
+	e := pl.edge(func(o *edge.Options) {
+		o.Decisions.LogSample, o.Decisions.LogLevel = 1, "info"
+		o.Log = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	for range 4 { // a limit of 3: the last is denied
+		get(t, e.proxy.URL, "logged-client", "Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	}
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		if m["msg"] == "decision" {
+			lines = append(lines, m)
+		}
+	}
+	require.Len(t, lines, 4)
+	digest := pl.keys.Key("core", "h:logged-client").Digest().String()
+	for i, m := range lines {
+		require.Equal(t, "INFO", m["level"])
+		require.Equal(t, digest, m["key"])
+		require.Equal(t, "core", m["policy"])
+		require.Equal(t, i < 3, m["allowed"], "decision %d", i)
+		require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", m["trace_id"])
+		require.Equal(t, e.srv.Producer()+"-"+strconv.Itoa(i+1), m["request_id"])
+	}
+	require.NotContains(t, logs.String(), "logged-client", "the identity is never logged")
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/telemetry"
 )
 
 // ConnectNATS connects to the configured NATS with its TLS and credentials.
@@ -94,12 +95,19 @@ func GuardAdmin(token string, h http.Handler) http.Handler {
 	})
 }
 
-// Main is the main of a Tally binary: it reads -config, logs to stderr,
-// runs run until SIGINT or SIGTERM, and exits non-zero when run fails.
+// Main is the main of a Tally binary: it reads -config, logs to stderr
+// (JSON lines, or text with TALLY_LOG_FORMAT=text; TALLY_LOG_LEVEL sets the
+// level), runs run until SIGINT or SIGTERM, and exits non-zero when run
+// fails.
 func Main(name string, run func(context.Context, *config.File, *slog.Logger) error) {
 	path := flag.String("config", "tally.yaml", "configuration file (docs/configuration.md)")
 	flag.Parse()
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	h, err := telemetry.NewLogHandler(os.Stderr, os.Getenv("TALLY_LOG_FORMAT"), os.Getenv("TALLY_LOG_LEVEL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(2)
+	}
+	log := slog.New(h).With("service", name)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	cfg, err := config.Load(*path, os.Getenv)
 	if err == nil {

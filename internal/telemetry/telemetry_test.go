@@ -3,7 +3,9 @@ package telemetry_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/telemetry"
@@ -119,4 +122,30 @@ func otlpReceiver(t *testing.T, path string) func() [][]byte {
 		defer mu.Unlock()
 		return slices.Clone(bodies)
 	}
+}
+
+// Logs are JSON lines with the trace context of the record's context.
+func TestLogsCarryTraceIDs(t *testing.T) {
+	var b bytes.Buffer
+	h, err := telemetry.NewLogHandler(&b, "", "info")
+	require.NoError(t, err)
+	log := slog.New(h).With("component", "edge")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2}, SpanID: trace.SpanID{3}, TraceFlags: trace.FlagsSampled})
+	log.InfoContext(trace.ContextWithSpanContext(context.Background(), sc), "upstream failed", "err", "refused")
+	log.Debug("not shown below info")
+	log.Info("no span")
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	require.Len(t, lines, 2)
+	var first, second map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &first))
+	require.NoError(t, json.Unmarshal([]byte(lines[1]), &second))
+	require.Equal(t, sc.TraceID().String(), first["trace_id"])
+	require.Equal(t, sc.SpanID().String(), first["span_id"])
+	require.Equal(t, "edge", first["component"])
+	require.NotContains(t, second, "trace_id")
+
+	_, err = telemetry.NewLogHandler(&b, "xml", "")
+	require.ErrorContains(t, err, "want json or text")
+	_, err = telemetry.NewLogHandler(&b, "text", "loud")
+	require.ErrorContains(t, err, "want debug, info, warn or error")
 }

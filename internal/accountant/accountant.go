@@ -30,6 +30,11 @@ type Config struct {
 	// Metrics is where the accountant's instruments are registered and
 	// /metrics is served from; default a registry of its own.
 	Metrics *telemetry.Metrics
+	// Decisions configures the records of what applying each event did,
+	// published on the decisions stream (an accountant's subject) for
+	// analytics; Decisions.SampleAllowed < 0 publishes none.
+	Decisions   events.BatcherConfig
+	NoDecisions bool
 	// Tracer, when set, makes a consumer span per message applied: the
 	// child of the span that published it (the message's traceparent
 	// header), linked to the requests its events come from.
@@ -137,6 +142,8 @@ type Accountant struct {
 	dead, retries, unconfirmed, messages, overLimit                         atomic.Uint64
 	lag                                                                     metrics.Histogram
 	lagHist                                                                 metric.Float64Histogram
+	decisions                                                               atomic.Pointer[events.Batcher]
+	dseq                                                                    atomic.Uint64
 
 	mu     sync.Mutex
 	states []ShardState
@@ -172,12 +179,44 @@ func (a *Accountant) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	if !a.cfg.NoDecisions {
+		b, err := events.NewBatcher(a.js.Conn(), a.cfg.Streams.AccountantDecisionsSubject(), a.cfg.Decisions)
+		if err != nil {
+			return err
+		}
+		a.decisions.Store(b)
+		defer func() {
+			done, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := b.Close(done); err != nil {
+				a.log.Warn("decision records not all published", "err", err)
+			}
+		}()
+	}
 	var wg sync.WaitGroup
 	for i := range a.store.Shards() {
 		wg.Go(func() { a.serveShard(ctx, i) })
 	}
 	wg.Wait()
 	return nil
+}
+
+// recordDecision publishes what applying e did (outcome) on the decisions
+// stream, when records are on.
+func (a *Accountant) recordDecision(shard string, e *events.Accounting, outcome string, r limiter.Result, now time.Time) {
+	b := a.decisions.Load()
+	if b == nil {
+		return
+	}
+	dg, err := limiter.ParseDigest(e.Key)
+	if err != nil {
+		return
+	}
+	d := events.Decision{Time: now, Source: "accountant", Edge: a.cfg.Owner, Seq: a.dseq.Add(1), Shard: shard,
+		TraceParent: e.TraceParent, Key: dg, Policy: e.Policy, Limit: e.Limit, WindowSeconds: e.WindowSeconds,
+		Cost: e.Units, Allowed: true, Path: "accountant", Outcome: outcome, RequestID: e.RequestID, Used: r.Used,
+		ResetAt: r.ResetAt, Lag: max(0, now.Sub(e.Time))}
+	b.Add(d)
 }
 
 // Shards reports what each shard's worker is doing.
@@ -641,18 +680,23 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 				a.lag.Observe(now.Sub(e.Time))
 				a.lagHist.Record(context.Background(), max(0, now.Sub(e.Time).Seconds()))
 			}
+			outcome := r.Outcome.String()
 			switch r.Outcome {
 			case limiter.Applied:
 				switch op.Kind {
 				case limiter.Charge:
 					a.charged.Add(1)
+					outcome = "charged"
 					if over := r.Used - e.Limit; over > 0 {
 						a.overLimit.Add(uint64(min(over, r.Amount)))
+						outcome = "charged_over_limit"
 					}
 				case limiter.Refund:
 					a.refunded.Add(1)
+					outcome = "refunded"
 				case limiter.Release:
 					a.released.Add(1)
+					outcome = "released"
 				}
 				if op.Kind != limiter.Charge {
 					w.notices = events.AppendNotice(w.notices, events.Notice{Key: e.Key, ResetAt: r.ResetAt, Used: r.Used})
@@ -666,6 +710,7 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 			case limiter.Pending:
 				a.pending.Add(1)
 			}
+			a.recordDecision(w.name, e, outcome, r, now)
 		}
 	}
 }

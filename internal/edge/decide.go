@@ -599,6 +599,9 @@ func (d *decider) refund(v verdict) {
 	if v.reset != 0 {
 		ev.ResetAt = time.UnixMilli(v.reset)
 	}
+	if v.reqNum != 0 { // the request id of its decision records, for analysts' joins
+		ev.RequestID = d.producer + "-" + strconv.FormatUint(v.reqNum, 10)
+	}
 	if v.chargeSeq != 0 {
 		ev.ChargeProducer, ev.ChargeSeq = v.chargeProducer, v.chargeSeq
 	} else if v.reset == 0 {

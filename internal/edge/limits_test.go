@@ -124,15 +124,23 @@ type decisionRecord struct {
 	RequestID string `json:"request_id"`
 	Policy    string `json:"policy"`
 	Allowed   bool   `json:"allowed"`
+	Path      string `json:"path"`
+	Outcome   string `json:"outcome"`
+	Used      int64  `json:"used"`
+	Key       string `json:"key"`
 }
 
-// decisionRecords subscribes to the edges' decision records and returns
-// what has arrived so far, whenever called.
-func decisionRecords(t *testing.T, pl *pipeline) func() []decisionRecord {
+// decisionRecords subscribes to the decision records of edges (or, with
+// subject, of others) and returns what has arrived so far, whenever called.
+func decisionRecords(t *testing.T, pl *pipeline, subject ...string) func() []decisionRecord {
 	nc, _ := pl.nats.Connect()
 	var mu sync.Mutex
 	var got []decisionRecord
-	_, err := nc.Subscribe(events.Streams{}.DecisionsSubject(), func(m *nats.Msg) {
+	subj := events.Streams{}.DecisionsSubject()
+	if len(subject) > 0 {
+		subj = subject[0]
+	}
+	_, err := nc.Subscribe(subj, func(m *nats.Msg) {
 		var batch []struct {
 			Data decisionRecord `json:"data"`
 		}
@@ -271,4 +279,46 @@ func TestDecisionsAreLogged(t *testing.T) {
 		require.Equal(t, e.srv.Producer()+"-"+strconv.Itoa(i+1), m["request_id"])
 	}
 	require.NotContains(t, logs.String(), "logged-client", "the identity is never logged")
+}
+
+// The decisions stream holds both views of a request, joined by its
+// request id: the edge's decision and what the accountant did with the
+// events it caused (here the refund of a 304), with the window after it.
+func TestDecisionsJoinByRequestID(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 10, Window: time.Minute, Mode: limiter.ModeExact}
+	edges := decisionRecords(t, pl)
+	accountants := decisionRecords(t, pl, events.Streams{}.AccountantDecisionsSubject())
+	e := pl.edge(nil)
+	require.Equal(t, 200, get(t, e.proxy.URL, "joined").StatusCode)
+	require.Equal(t, 304, get(t, e.proxy.URL, "joined", "If-None-Match", `"v1"`).StatusCode)
+	k := pl.keys.Key("core", "h:joined")
+	pl.waitUsed(k, 1)
+
+	var refund decisionRecord
+	waitFor(t, "the accountant's record", func() bool {
+		rs := accountants()
+		if len(rs) == 0 {
+			return false
+		}
+		refund = rs[0]
+		return true
+	})
+	require.Equal(t, "refunded", refund.Outcome)
+	require.Equal(t, "accountant", refund.Path)
+	require.EqualValues(t, 1, refund.Used, "the window after the refund")
+	require.Equal(t, k.Digest().String(), refund.Key)
+	var allowed []decisionRecord
+	waitFor(t, "the edge's records", func() bool { allowed = edges(); return len(allowed) == 2 })
+	require.Equal(t, e.srv.Producer()+"-2", refund.RequestID, "the refund names the request it gives back")
+	require.True(t, slices.ContainsFunc(allowed, func(r decisionRecord) bool { return r.RequestID == refund.RequestID && r.Allowed }))
+	// An analyst's count of the window from the stream alone: allowed
+	// decisions less refunds is what the primary holds.
+	var n int64
+	for _, r := range allowed {
+		if r.Key == refund.Key && r.Allowed {
+			n++
+		}
+	}
+	require.EqualValues(t, pl.used(k), n-1)
 }

@@ -39,9 +39,21 @@ type Decision struct {
 	// window known to be full), "borrow" (mode async, over its credit),
 	// "fail-open" or "fail-closed" (Redis could not be reached).
 	Path string
-	// Used and ResetAt are what the response said.
+	// Used and ResetAt are what the response said (an accountant's record:
+	// the window after the event).
 	Used    int64
 	ResetAt time.Time
+	// Outcome is set on an accountant's records: what applying an
+	// accounting event did (charged, refunded, released, duplicate, late,
+	// netted, pending). Path is then "accountant" and Edge the event's
+	// producer.
+	Outcome string
+	// RequestID, when set, is the request id (an accountant's record
+	// carries the event's); otherwise it is "<Edge>-<RequestNum>".
+	RequestID string
+	// Lag is an accountant's record's time from the event's creation to its
+	// effect in Redis.
+	Lag time.Duration
 }
 
 // AppendDecision appends d as a structured CloudEvent (JSON) to b.
@@ -76,7 +88,15 @@ func AppendDecision(b []byte, d *Decision) []byte {
 	if !d.ResetAt.IsZero() {
 		b = appendTimeField(b, "reset_at", d.ResetAt)
 	}
-	if d.RequestNum != 0 {
+	if d.Outcome != "" {
+		b = appendStringField(b, "outcome", d.Outcome)
+	}
+	if d.Lag > 0 {
+		b = append(appendField(b, "lag_ms"), strconv.FormatFloat(float64(d.Lag)/float64(time.Millisecond), 'f', 3, 64)...)
+	}
+	if d.RequestID != "" {
+		b = appendStringField(b, "request_id", d.RequestID)
+	} else if d.RequestNum != 0 {
 		b = appendStringField(b, "request_id", d.Edge)
 		b = strconv.AppendUint(append(b[:len(b)-1], '-'), d.RequestNum, 10)
 		b = append(b, '"')

@@ -97,6 +97,12 @@ func (s Streams) Validate() error {
 // DecisionsSubject is where edges publish their decisions.
 func (s Streams) DecisionsSubject() string { return s.WithDefaults().Decisions.SubjectPrefix + ".edge" }
 
+// AccountantDecisionsSubject is where accountants publish what applying
+// each accounting event did.
+func (s Streams) AccountantDecisionsSubject() string {
+	return s.WithDefaults().Decisions.SubjectPrefix + ".accountant"
+}
+
 func (s Streams) jetstream() ([]jetstream.StreamConfig, error) {
 	storage := jetstream.FileStorage
 	switch s.Storage {

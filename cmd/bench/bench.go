@@ -24,6 +24,7 @@ import (
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/loadgen"
+	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/shard"
 	"github.com/tallyhq/tally/internal/stack"
 )
@@ -851,23 +852,12 @@ func (b *bench) lagRun(ctx context.Context, auto, share float64, api, proxy, met
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// metricsText reads an admin endpoint's /metrics into "name{labels}" → value.
+// metricsText reads an admin endpoint's /metrics into "name{labels}" → value
+// (empty when it cannot be read).
 func metricsText(addr string) map[string]float64 {
-	out := map[string]float64{}
-	resp, err := http.Get("http://" + addr + "/metrics")
+	out, err := metrics.Scrape("http://" + addr + "/metrics")
 	if err != nil {
-		return out
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		i := strings.LastIndexByte(line, ' ')
-		if line == "" || line[0] == '#' || i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
+		return map[string]float64{}
 	}
 	return out
 }

@@ -256,12 +256,10 @@ func demoAPI() (*http.Server, error) {
 
 // scrape reads a Prometheus text page into "name{labels}" → value.
 func scrape(url string) map[string]float64 {
-	resp, err := http.Get(url)
+	out, err := metrics.Scrape(url)
 	if err != nil {
 		return map[string]float64{}
 	}
-	defer resp.Body.Close()
-	out, _ := metrics.ParseText(resp.Body)
 	return out
 }
 

@@ -167,11 +167,11 @@ func newDecider(cfg CreditConfig, store Store, keys *limiter.KeySpace, ob *outbo
 	return d
 }
 
-// counted counts a decision by its path and its policy.
-func (d *decider) counted(v verdict, path Path, allowed int) {
+// counted counts a decision of e's key by its path and its policy.
+func (d *decider) counted(e *entry, path Path, allowed int) {
 	d.byPath[path][allowed].Add(1)
-	if c := d.byPolicy[v.policy.Name]; c != nil {
-		c[allowed].Add(1)
+	if e.counts != nil {
+		e.counts[allowed].Add(1)
 	}
 }
 
@@ -180,7 +180,8 @@ func (d *decider) entry(dg limiter.Digest, p limiter.Policy) *entry {
 	return d.table.get(dg, func() *entry {
 		k := d.keys.KeyOf(dg)
 		return &entry{key: k, shard: d.store.ShardOf(k), policy: p.Name, limit: p.Limit, window: p.Window.Milliseconds(),
-			holder: d.producer + "." + strconv.FormatUint(d.gen.Add(1), 36), exact: p.Mode.OrDefault() == limiter.ModeExact}
+			holder: d.producer + "." + strconv.FormatUint(d.gen.Add(1), 36), exact: p.Mode.OrDefault() == limiter.ModeExact,
+			counts: d.byPolicy[p.Name]}
 	}, d.evicted)
 }
 
@@ -544,14 +545,14 @@ func (d *decider) fallback(v verdict, e *entry, cost int64) (verdict, error) {
 		v.chargeSeq, v.chargeProducer = seq, d.producer
 	}
 	v.path = PathFailOpen
-	d.counted(v, PathFailOpen, 1)
+	d.counted(e, PathFailOpen, 1)
 	return v, nil
 }
 
 // allow fills an allowed verdict from e. Callers hold e.mu.
 func (d *decider) allow(v verdict, e *entry, path Path) verdict {
 	v.path, v.decided, v.reset = path, true, e.reset
-	d.counted(v, path, 1)
+	d.counted(e, path, 1)
 	used := e.used + e.debtUnits() - e.credit
 	v.decision = decision(v, e, true, used)
 	return v
@@ -560,7 +561,7 @@ func (d *decider) allow(v verdict, e *entry, path Path) verdict {
 // deny fills a denied verdict from e. Callers hold e.mu.
 func (d *decider) deny(v verdict, e *entry, path Path) verdict {
 	v.path, v.decided, v.reset = path, true, e.reset
-	d.counted(v, path, 0)
+	d.counted(e, path, 0)
 	// Denied: limit - used < cost, so Remaining is below the cost and never
 	// the limit.
 	v.decision = decision(v, e, false, e.used+e.debtUnits()-e.credit)

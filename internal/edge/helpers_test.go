@@ -20,6 +20,7 @@ import (
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
@@ -147,8 +148,15 @@ func (pl *pipeline) edge(mut func(*edge.Options)) *edgeUnderTest {
 
 func get(t *testing.T, base, token string, hdr ...string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequest("GET", base+"/repos", nil)
+	return getPath(t, base, "/repos", token, hdr...)
+}
+
+// getPath is get on a raw request path (sent as is, not cleaned).
+func getPath(t *testing.T, base, path, token string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest("GET", base, nil)
 	require.NoError(t, err)
+	req.URL.Path, req.URL.RawPath = path, ""
 	req.Header.Set("Authorization", token)
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
@@ -209,18 +217,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // metric reads one value from an edge's /metrics ("name{labels}").
 func metric(t *testing.T, e *edgeUnderTest, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(e.admin.URL + "/metrics")
+	m, err := metrics.Scrape(e.admin.URL + "/metrics")
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			require.NoError(t, err)
-			return f
-		}
-	}
-	return 0
+	return m[name]
 }
 
 // redisCalls is how many script calls the shard's nodes have served.

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,23 +19,6 @@ import (
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 )
-
-// getPath is get on a raw request path (sent as is, not cleaned).
-func getPath(t *testing.T, base, path, token string, hdr ...string) *http.Response {
-	t.Helper()
-	req, err := http.NewRequest("GET", base, nil)
-	require.NoError(t, err)
-	req.URL.Path, req.URL.RawPath = path, ""
-	req.Header.Set("Authorization", token)
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-	return resp
-}
 
 // Paths that clean to a route's path are held to its limit: //search,
 // /./search and /x/../search do not slip past /search's policy.

@@ -53,7 +53,8 @@ type entry struct {
 	countsReset int64
 	inflight    int
 	lost        int64
-	exact       bool // the policy's mode is exact: recovered units go back at once
+	exact       bool              // the policy's mode is exact: recovered units go back at once
+	counts      *[2]atomic.Uint64 // the policy's decisions, by [allowed] (decider.byPolicy)
 
 	// Async mode: units admitted over credit whose charges are not yet known
 	// to be in used, by the sequence of their charge event.

@@ -294,10 +294,7 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
 
 // metrics reads a process's /metrics into "name{labels}" → value.
 func metrics(t *testing.T, adminAddr string) map[string]float64 {
-	resp, err := http.Get("http://" + adminAddr + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	out, err := tallymetrics.ParseText(resp.Body)
+	out, err := tallymetrics.Scrape("http://" + adminAddr + "/metrics")
 	require.NoError(t, err)
 	return out
 }

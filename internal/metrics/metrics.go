@@ -9,6 +9,7 @@ package metrics
 import (
 	"bufio"
 	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -103,4 +104,14 @@ func ParseText(r io.Reader) (map[string]float64, error) {
 		}
 	}
 	return out, sc.Err()
+}
+
+// Scrape reads the Prometheus text at url (an admin listener's /metrics).
+func Scrape(url string) (map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return ParseText(resp.Body)
 }

@@ -11,8 +11,6 @@ import (
 
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/config"
-	"github.com/tallyhq/tally/internal/limiter"
-	"github.com/tallyhq/tally/internal/telemetry"
 )
 
 // RunAccountant runs an accountant until ctx ends or its admin listener
@@ -21,18 +19,11 @@ import (
 // given up (another accountant takes over at once), then the NATS and
 // Redis connections close.
 func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) error {
-	keys, err := limiter.NewKeySpace(cfg.KeyPrefix, cfg.KeySecret)
+	p, err := open(ctx, cfg, "tally-accountant", log)
 	if err != nil {
 		return err
 	}
-	store, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	if err := CheckRedis(ctx, store, log); err != nil {
-		return err
-	}
+	defer p.close(5*time.Second, log)
 	nc, err := ConnectNATS(cfg, "tally-accountant", "shards stop reading until it is back", log)
 	if err != nil {
 		return err
@@ -42,24 +33,9 @@ func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) erro
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}
-	tm, err := telemetry.Setup(ctx, "tally-accountant")
-	if err != nil {
-		return err
-	}
-	tr, err := telemetry.SetupTracing(ctx, "tally-accountant")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := errors.Join(tm.Shutdown(ctx), tr.Shutdown(ctx)); err != nil {
-			log.Warn("telemetry not flushed", "err", err)
-		}
-	}()
 	a := cfg.Accountant
-	acc := accountant.New(js, store, keys, accountant.Config{
-		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(), Metrics: tm, Tracer: tr.Tracer("tally/accountant"),
+	acc := accountant.New(js, p.store, p.keys, accountant.Config{
+		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(), Metrics: p.metrics, Tracer: p.tracing.Tracer("tally/accountant"),
 		BatchSize: a.BatchSize, BatchWait: a.BatchWait, LeaseTTL: a.LeaseTTL, PurgeEvery: a.PurgeEvery,
 		RetryMin: a.RetryMin, RetryMax: a.RetryMax, MaxAttempts: a.MaxAttempts,
 	}, log)
@@ -79,7 +55,7 @@ func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) erro
 		}
 		defer admin.Close()
 	}
-	log.Info("accounting", "shards", store.Shards())
+	log.Info("accounting", "shards", p.store.Shards())
 	done := make(chan error, 1)
 	go func() { done <- acc.Run(runCtx) }()
 	failedc := make(chan error, 1)

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -17,7 +16,6 @@ import (
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
-	"github.com/tallyhq/tally/internal/telemetry"
 )
 
 // RunEdge runs an edge-checker until ctx ends or a listener fails (its
@@ -27,21 +25,15 @@ import (
 // JetStream, or the primaries) and decisions published, the NATS
 // connections drain, Redis connections close.
 func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
-	keys, err := limiter.NewKeySpace(cfg.KeyPrefix, cfg.KeySecret)
-	if err != nil {
-		return err
-	}
 	if len(cfg.KeySecret) == 0 {
 		log.Warn("TALLY_KEY_SECRET is empty: identity digests are unkeyed")
 	}
-	store, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
+	p, err := open(ctx, cfg, "tally-edge-checker", log)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	if err := CheckRedis(ctx, store, log); err != nil {
-		return err
-	}
+	defer p.close(5*time.Second, log)
+	store := p.store
 	probeCtx, stopProbes := context.WithCancel(context.Background())
 	defer stopProbes()
 	go store.RunProbes(probeCtx, time.Second)
@@ -68,16 +60,8 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 		})
 	}()
 
-	tm, err := telemetry.Setup(ctx, "tally-edge-checker")
-	if err != nil {
-		return err
-	}
-	tr, err := telemetry.SetupTracing(ctx, "tally-edge-checker")
-	if err != nil {
-		return err
-	}
-	opts := edgeOptions(cfg, store, keys, log, nc, dnc)
-	opts.Metrics, opts.Tracer = tm, tr.Tracer("tally/edge")
+	opts := edgeOptions(cfg, store, p.keys, log, nc, dnc)
+	opts.Metrics, opts.Tracer = p.metrics, p.tracing.Tracer("tally/edge")
 	srv, err := edge.New(opts)
 	if err != nil {
 		return err
@@ -119,9 +103,6 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	_ = nc.Drain()
 	_ = dnc.Drain()
 	_ = admin.Shutdown(shutdown)
-	if err := errors.Join(tm.Shutdown(shutdown), tr.Shutdown(shutdown)); err != nil {
-		log.Warn("telemetry not flushed", "err", err)
-	}
 	log.Info("stopped")
 	return failed
 }

@@ -172,6 +172,10 @@ func (b *Batcher) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	if n := b.js.PublishAsyncPending(); n > 0 && b.js.Conn().IsClosed() {
+		// Nothing can confirm them any more: do not wait for ctx.
+		return fmt.Errorf("events: %d decision messages unconfirmed at close: the NATS connection is closed", n)
+	}
 	select {
 	case <-b.js.PublishAsyncComplete():
 		return nil

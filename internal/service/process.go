@@ -41,6 +41,11 @@ func open(ctx context.Context, cfg *config.File, service string, log *slog.Logge
 	if p.tracing, err = telemetry.SetupTracing(ctx, service); err != nil {
 		return nil, errors.Join(err, store.Close())
 	}
+	// Redis commands get spans only when traces are exported: otherwise
+	// the clients carry no hook at all.
+	if err := store.InstrumentTracing(p.tracing.Provider()); err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
 	return p, nil
 }
 

@@ -175,6 +175,15 @@ func (t *Tracing) Tracer(name string) trace.Tracer {
 	return t.provider.Tracer(name)
 }
 
+// Provider is the tracer provider, nil when traces are not exported (then
+// nothing should be instrumented at all).
+func (t *Tracing) Provider() trace.TracerProvider {
+	if t.provider == nil {
+		return nil // not a typed nil in an interface
+	}
+	return t.provider
+}
+
 // Shutdown exports the spans not sent yet and stops the provider.
 func (t *Tracing) Shutdown(ctx context.Context) error {
 	if t.provider == nil {

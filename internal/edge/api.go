@@ -52,11 +52,13 @@ type FinishRequest struct {
 }
 
 // APIHandler serves the decision API: POST /v1/check decides and charges a
-// request, POST /v1/finish reports its response status (304 refunds).
+// request, POST /v1/finish reports its response status (304 refunds). When
+// the edge makes spans, each API request has a server span, the child of
+// the caller's traceparent.
 func (s *Server) APIHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/check", s.apiCheck)
-	mux.HandleFunc("POST /v1/finish", s.apiFinish)
+	mux.HandleFunc("POST /v1/check", s.traced("/v1/check", s.apiCheck))
+	mux.HandleFunc("POST /v1/finish", s.traced("/v1/finish", s.apiFinish))
 	return mux
 }
 
@@ -95,7 +97,7 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	if allowed {
 		ticket = s.ticket(v)
 	}
-	s.record(v, validTraceParent(r.Header.Get("Traceparent")))
+	s.record(v, s.traceParent(r))
 
 	h := w.Header()
 	b := make([]byte, 0, 256)

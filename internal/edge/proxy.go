@@ -8,9 +8,8 @@ import (
 	"net/http/httputil"
 	"net/url"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/tallyhq/tally/internal/events"
 )
@@ -79,16 +78,12 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	var identity, address string
 	now := s.o.Clock.Now()
 	reqNum := s.reqs.Add(1)
-	traceparent := validTraceParent(r.Header.Get("Traceparent"))
+	var span trace.Span = noop.Span{}
 	if s.o.Tracer != nil {
-		parent := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := s.o.Tracer.Start(parent, r.Method,
-			trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+		r, span = s.startServerSpan(r, "")
 		defer span.End()
-		r = r.WithContext(ctx)
-		traceparent = events.TraceParent(span.SpanContext())
 	}
+	traceparent := s.traceParent(r)
 	st := &proxyState{}
 	st.vs = st.buf[:0]
 	for _, l := range limits {
@@ -102,6 +97,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 				s.giveBack(st.vs)
 				s.badRequests.Add(1)
 				problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
+				setStatus(span, http.StatusBadRequest)
 				return
 			}
 		}
@@ -109,6 +105,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			s.giveBack(st.vs)
 			s.unavailable(w)
+			setStatus(span, http.StatusServiceUnavailable)
 			return
 		}
 		v.reqNum, v.traceparent = reqNum, traceparent
@@ -118,7 +115,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 			s.giveBack(st.vs)
 			s.record(v, traceparent)
 			s.deny(w, v)
-			trace.SpanFromContext(r.Context()).SetAttributes(attribute.Int("http.response.status_code", http.StatusTooManyRequests))
+			setStatus(span, http.StatusTooManyRequests)
 			return
 		}
 		st.vs = append(st.vs, v)
@@ -133,7 +130,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusBadGateway
 	}
 	s.finish(st.vs, status)
-	trace.SpanFromContext(r.Context()).SetAttributes(attribute.Int("http.response.status_code", status))
+	setStatus(span, status)
 }
 
 // validTraceParent is a client's traceparent header when it is a valid W3C

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,19 @@ import (
 	"github.com/tallyhq/tally/internal/telemetry"
 )
 
+// DecisionsConfig says which of the accountant's records go to the
+// decisions stream.
+type DecisionsConfig struct {
+	events.BatcherConfig `yaml:",inline"`
+	// SampleApplied is the share of ordinary outcomes recorded (charged,
+	// refunded, released, netted), 0 to 1: default 1 (all); negative, none.
+	// Anomalies (charged_over_limit, duplicate, late, pending) are always
+	// recorded.
+	SampleApplied float64 `yaml:"sample_applied"`
+	// Disabled publishes no records at all.
+	Disabled bool `yaml:"disabled"`
+}
+
 // Config tunes the accountant. Zero values take the defaults stated.
 type Config struct {
 	Streams events.Streams
@@ -32,9 +46,8 @@ type Config struct {
 	Metrics *telemetry.Metrics
 	// Decisions configures the records of what applying each event did,
 	// published on the decisions stream (an accountant's subject) for
-	// analytics; Decisions.SampleAllowed < 0 publishes none.
-	Decisions   events.BatcherConfig
-	NoDecisions bool
+	// analytics.
+	Decisions DecisionsConfig
 	// Tracer, when set, makes a consumer span per message applied: the
 	// child of the span that published it (the message's traceparent
 	// header), linked to the requests its events come from.
@@ -112,6 +125,7 @@ type Stats struct {
 	Retries                     uint64 // runs tried again after a failure
 	Unconfirmed                 uint64 // purges held back: no replica confirmed in time
 	Messages                    uint64 // stream messages processed
+	Repeated                    uint64 // messages whose every event was applied before (read or published again)
 	// OverLimit counts units charged beyond a window's limit: admissions
 	// made without a reservation (mode async over credit, or with Redis
 	// unreachable) that turned out to exceed it.
@@ -139,7 +153,9 @@ type Accountant struct {
 	now   func() time.Time
 
 	charged, refunded, released, duplicates, late, netted, pending, ignored atomic.Uint64
-	dead, retries, unconfirmed, messages, overLimit                         atomic.Uint64
+	dead, retries, unconfirmed, messages, overLimit, repeated               atomic.Uint64
+	backlog                                                                 []atomic.Uint64 // per shard: messages left to read, as of the last one read
+	msgEvents                                                               metric.Int64Histogram
 	lag                                                                     metrics.Histogram
 	lagHist                                                                 metric.Float64Histogram
 	decisions                                                               atomic.Pointer[events.Batcher]
@@ -155,7 +171,8 @@ func New(js jetstream.JetStream, store *limiter.Store, keys *limiter.KeySpace, c
 		log = slog.Default()
 	}
 	a := &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now,
-		lagHist: noop.Float64Histogram{}}
+		lagHist: noop.Float64Histogram{}, msgEvents: noop.Int64Histogram{}}
+	a.backlog = make([]atomic.Uint64, store.Shards())
 	a.states = make([]ShardState, store.Shards())
 	for i := range a.states {
 		a.states[i].Name = store.ShardName(i)
@@ -179,8 +196,8 @@ func (a *Accountant) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	if !a.cfg.NoDecisions {
-		b, err := events.NewBatcher(a.js.Conn(), a.cfg.Streams.AccountantDecisionsSubject(), a.cfg.Decisions)
+	if !a.cfg.Decisions.Disabled {
+		b, err := events.NewBatcher(a.js.Conn(), a.cfg.Streams.AccountantDecisionsSubject(), a.cfg.Decisions.BatcherConfig)
 		if err != nil {
 			return err
 		}
@@ -207,6 +224,12 @@ func (a *Accountant) recordDecision(shard string, e *events.Accounting, outcome 
 	b := a.decisions.Load()
 	if b == nil {
 		return
+	}
+	switch outcome {
+	case "charged", "refunded", "released", "netted":
+		if rate := a.cfg.Decisions.SampleApplied; rate < 0 || (rate > 0 && rate < 1 && mrand.Float64() >= rate) {
+			return
+		}
 	}
 	dg, err := limiter.ParseDigest(e.Key)
 	if err != nil {
@@ -247,7 +270,7 @@ func (a *Accountant) Stats() Stats {
 		Charged: a.charged.Load(), Refunded: a.refunded.Load(), Released: a.released.Load(),
 		Duplicates: a.duplicates.Load(), Late: a.late.Load(), Netted: a.netted.Load(), Pending: a.pending.Load(),
 		Ignored: a.ignored.Load(), DeadLettered: a.dead.Load(), Retries: a.retries.Load(),
-		Unconfirmed: a.unconfirmed.Load(), Messages: a.messages.Load(), OverLimit: a.overLimit.Load(), Lag: a.lag.Snapshot(),
+		Unconfirmed: a.unconfirmed.Load(), Messages: a.messages.Load(), Repeated: a.repeated.Load(), OverLimit: a.overLimit.Load(), Lag: a.lag.Snapshot(),
 	}
 }
 
@@ -340,6 +363,7 @@ func (a *Accountant) lead(ctx context.Context, i int) error {
 func (a *Accountant) consume(ctx context.Context, i int) error {
 	name := a.store.ShardName(i)
 	subject := events.AccountingSubject(a.cfg.Streams.Accounting.SubjectPrefix, name)
+	a.backlog[i].Store(0)
 	stream, err := a.js.Stream(ctx, a.cfg.Streams.Accounting.Name)
 	if err != nil {
 		return nilOnDone(ctx, fmt.Errorf("accountant: shard %s: %w", name, err))
@@ -501,8 +525,10 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
 		it.msg = m
 		if md, err := m.Metadata(); err == nil {
 			it.seq = md.Sequence.Stream
+			a.backlog[w.shard].Store(md.NumPending)
 		}
 		it.evs, it.bad = events.DecodeAccounting(w.name, m.Data())
+		a.msgEvents.Record(context.Background(), int64(len(it.evs)))
 		if it.bad == nil {
 			it.bad = w.convert(it)
 		}
@@ -668,9 +694,13 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 		if it.bad != nil {
 			continue
 		}
+		dups := 0
 		for n, op := range it.ops {
 			r := res.Results[k]
 			k++
+			if r.Outcome == limiter.Duplicate && r.Err == nil {
+				dups++
+			}
 			e := &it.evs[it.opsFor[n]]
 			if r.Err != nil { // refused for its fields: the message goes to the dead letters
 				it.bad = r.Err
@@ -711,6 +741,9 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 				a.pending.Add(1)
 			}
 			a.recordDecision(w.name, e, outcome, r, now)
+		}
+		if dups > 0 && dups == len(it.ops) {
+			a.repeated.Add(1)
 		}
 	}
 }

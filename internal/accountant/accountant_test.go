@@ -2,8 +2,10 @@ package accountant_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
@@ -211,6 +214,76 @@ func TestAppliesAndEmptiesTheStream(t *testing.T) {
 	waitFor(t, "the charge", func() bool { return a.Stats().Charged == 3 })
 	require.EqualValues(t, 2, a.Stats().OverLimit, "2 used + 100 charged: 2 over the limit of 100")
 	f.waitUsed(k, 102)
+
+	// What an operator reads on /metrics.
+	waitFor(t, "a record per event applied (none for the 200)", func() bool {
+		return scrape(t, a)[`tally_accountant_decision_records_total{outcome="published"}`] == 6
+	})
+	m := scrape(t, a)
+	for name, want := range map[string]float64{
+		`tally_accountant_events_total{outcome="charged"}`:           3,
+		`tally_accountant_events_total{outcome="refunded"}`:          2,
+		`tally_accountant_messages_total`:                            3,
+		`tally_accountant_message_events_count`:                      3,
+		`tally_accountant_message_events_sum`:                        7,
+		`tally_accountant_message_events_bucket{le="4"}`:             3,
+		`tally_accountant_message_events_bucket{le="2"}`:             2,
+		`tally_accountant_over_limit_units_total`:                    2,
+		`tally_accountant_pending_messages{shard="s0"}`:              0,
+		`tally_accountant_shard_active{shard="s0"}`:                  1,
+		`tally_accountant_repeated_messages_total`:                   0,
+		`tally_accountant_script_reloads_total`:                      2, // the lease and apply scripts, first sent to a fresh Redis
+		`tally_accountant_decision_records_total{outcome="dropped"}`: 0,
+		`tally_accountant_lag_seconds_count`:                         6,
+	} {
+		got, ok := m[name]
+		require.True(t, ok, "%s missing", name)
+		require.Equal(t, want, got, name)
+	}
+}
+
+// With ordinary outcomes sampled away, anomalies are still recorded: a
+// charge past the limit and a duplicate.
+func TestAnomaliesAreNeverSampledAway(t *testing.T) {
+	f := newFixture(t)
+	k, r := f.keys.Key("core", "alice"), reset()
+	a := f.start(func(c *accountant.Config) { c.Decisions.SampleApplied = -1 })
+	ordinary := started("edge-1", 1, k, r, 60)
+	f.publish([]events.Accounting{ordinary, started("edge-1", 2, k, r, 50)}) // 110 of 100: over
+	f.publish([]events.Accounting{ordinary}, "again")                        // a duplicate
+	f.waitUsed(k, 110)
+	waitFor(t, "the duplicate", func() bool { return a.Stats().Duplicates == 1 })
+
+	sub, err := f.js.OrderedConsumer(context.Background(), f.streams.Decisions.Name, jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
+	var outcomes []string
+	read := func(wait time.Duration) {
+		b, err := sub.Fetch(10, jetstream.FetchMaxWait(wait))
+		require.NoError(t, err)
+		for m := range b.Messages() {
+			var recs []struct {
+				Data struct{ Outcome string } `json:"data"`
+			}
+			require.NoError(t, json.Unmarshal(m.Data(), &recs))
+			for _, r := range recs {
+				outcomes = append(outcomes, r.Data.Outcome)
+			}
+		}
+	}
+	waitFor(t, "two records", func() bool { read(100 * time.Millisecond); return len(outcomes) >= 2 })
+	read(300 * time.Millisecond) // and nothing more
+	require.ElementsMatch(t, []string{"charged_over_limit", "duplicate"}, outcomes, "the ordinary charge sampled away")
+}
+
+// scrape reads an accountant's /metrics.
+func scrape(t *testing.T, a *running) map[string]float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	a.AdminHandler(nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	require.Equal(t, 200, rec.Code)
+	m, err := metrics.ParseText(rec.Body)
+	require.NoError(t, err)
+	return m
 }
 
 // Invariant 6: whatever is published or read again takes effect once — a
@@ -236,6 +309,7 @@ func TestDuplicatesTakeEffectOnce(t *testing.T) {
 	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	require.EqualValues(t, 4, a.Stats().Duplicates)
 	require.EqualValues(t, 1, a.Stats().Charged)
+	require.EqualValues(t, 2, a.Stats().Repeated, "the two copies: every event applied before")
 	a.stop()
 
 	// After a restart, an old batch published again is still a duplicate.
@@ -243,6 +317,7 @@ func TestDuplicatesTakeEffectOnce(t *testing.T) {
 	f.publish(batch, "copy-3")
 	waitFor(t, "the duplicates", func() bool { return b.Stats().Duplicates == 2 })
 	require.EqualValues(t, 3, f.used(k))
+	require.EqualValues(t, 1, b.Stats().Repeated)
 }
 
 // Invariant 7 across a crash: an accountant killed while events flow (its

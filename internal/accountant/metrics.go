@@ -74,18 +74,28 @@ func (a *Accountant) setupMetrics() error {
 		metric.WithDescription("Time from an event's creation to its effect in Redis."),
 		metric.WithExplicitBucketBoundaries(telemetry.LatencyBounds...))
 	errs = append(errs, err)
+	sizes, err := m.Int64Histogram("tally_accountant_message_events",
+		metric.WithDescription("Accounting events per stream message read."),
+		metric.WithExplicitBucketBoundaries(telemetry.BatchBounds...))
+	errs = append(errs, err)
 	evs := counter("tally_accountant_events", "Accounting events, by outcome.")
 	msgs := counter("tally_accountant_messages", "Stream messages processed.")
 	dead := counter("tally_accountant_dead_letters", "Messages copied to the dead-letter stream.")
 	retries := counter("tally_accountant_retries", "Runs tried again after a failure.")
 	over := counter("tally_accountant_over_limit_units", "Units charged beyond a window's limit (admitted without a reservation).")
 	unconfirmed := counter("tally_accountant_unconfirmed", "Runs no replica confirmed in time.")
+	repeated := counter("tally_accountant_repeated_messages", "Messages whose every event had been applied before: redelivered after a hand-over, or published again (applied once: outcome=\"duplicate\").")
+	records := counter("tally_accountant_decision_records", "Decision records: published to the decisions stream, dropped.")
+	reloads := counter("tally_accountant_script_reloads", "Lua scripts sent again to a Redis node that did not have them (NOSCRIPT).")
+	backlog, err := m.Int64ObservableGauge("tally_accountant_pending_messages",
+		metric.WithDescription("Messages of the shard's accounting subject not read yet, as of the last one read."))
+	errs = append(errs, err)
 	active, err := m.Int64ObservableGauge("tally_accountant_shard_active", metric.WithDescription("Whether this process serves the shard."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	a.lagHist = lag
+	a.lagHist, a.msgEvents = lag, sizes
 	u := func(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
 	outcome := func(name string) metric.ObserveOption {
 		return metric.WithAttributes(attribute.String("outcome", name))
@@ -104,14 +114,23 @@ func (a *Accountant) setupMetrics() error {
 		o.ObserveInt64(retries, u(s.Retries))
 		o.ObserveInt64(over, u(s.OverLimit))
 		o.ObserveInt64(unconfirmed, u(s.Unconfirmed))
-		for _, st := range a.Shards() {
+		o.ObserveInt64(repeated, u(s.Repeated))
+		o.ObserveInt64(reloads, u(a.store.ScriptReloads()))
+		if b := a.decisions.Load(); b != nil {
+			bs := b.Stats()
+			o.ObserveInt64(records, u(bs.Published), outcome("published"))
+			o.ObserveInt64(records, u(bs.Dropped), outcome("dropped"))
+		}
+		for i, st := range a.Shards() {
+			shard := metric.WithAttributes(attribute.String("shard", st.Name))
 			v := int64(0)
 			if st.Active {
 				v = 1
+				o.ObserveInt64(backlog, u(a.backlog[i].Load()), shard)
 			}
-			o.ObserveInt64(active, v, metric.WithAttributes(attribute.String("shard", st.Name)))
+			o.ObserveInt64(active, v, shard)
 		}
 		return nil
-	}, evs, msgs, dead, retries, over, unconfirmed, active)
+	}, evs, msgs, dead, retries, over, unconfirmed, repeated, records, reloads, backlog, active)
 	return err
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -158,6 +159,9 @@ type Accountant struct {
 	RetryMax    time.Duration `yaml:"retry_max"`
 	MaxAttempts int           `yaml:"max_attempts"`
 	AdminListen string        `yaml:"admin_listen"`
+	// Decisions says which of the accountant's records go to the
+	// decisions stream.
+	Decisions accountant.DecisionsConfig `yaml:"decisions"`
 }
 
 // Policy is one rate limit.
@@ -403,6 +407,9 @@ func (f *File) validate() error {
 	}
 	if err := f.validateSecurity(); err != nil {
 		return err
+	}
+	if s := f.Accountant.Decisions.SampleApplied; s > 1 {
+		return fieldErr("accountant.decisions.sample_applied", "%v: want 0 to 1 (negative: none)", s)
 	}
 	return f.validateEdge()
 }

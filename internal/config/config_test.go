@@ -117,6 +117,7 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"missing CA file", "redis:\n", "redis:\n  tls: {ca_file: /nonexistent/ca.pem}\n", "redis.tls: ca_file"},
 		{"bad decision log level", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  decisions: {log_sample: 0.5, log_level: loud}", "edge.decisions.log_level"},
 		{"bad decision log sample", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  decisions: {log_sample: 2}", "edge.decisions.log_sample"},
+		{"bad accountant record sample", "policies:\n", "accountant:\n  decisions: {sample_applied: 1.5}\npolicies:\n", "accountant.decisions.sample_applied"},
 		{"two NATS credentials", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  credentials_file: a\n  nkey_file: b", "credentials_file and nkey_file: set one"},
 	}
 	for _, c := range cases {

@@ -93,6 +93,8 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	queued := gauge("tally_edge_accounting_queued", "Accounting events waiting to be delivered.")
 	records := counter("tally_edge_decision_records", "Decision records: published to the decisions stream, dropped.")
 	recordMessages := counter("tally_edge_decision_messages", "Decision messages JetStream acknowledged.")
+	recordsQueued := gauge("tally_edge_decision_records_queued", "Decision records waiting to be published (beyond edge.decisions.buffer: dropped).")
+	reloads := counter("tally_edge_script_reloads", "Lua scripts sent again to a Redis node that did not have them (NOSCRIPT).")
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -145,10 +147,14 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 			o.ObserveInt64(records, u(bs.Published), attr("outcome", "published"))
 			o.ObserveInt64(records, u(bs.Dropped), attr("outcome", "dropped"))
 			o.ObserveInt64(recordMessages, u(bs.Messages))
+			o.ObserveInt64(recordsQueued, int64(bs.Queued))
+		}
+		if st, ok := s.o.Store.(interface{ ScriptReloads() uint64 }); ok {
+			o.ObserveInt64(reloads, u(st.ScriptReloads()))
 		}
 		return nil
 	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices,
-		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages)
+		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads)
 	return err
 }
 

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -162,6 +163,8 @@ type Server struct {
 	done      sync.WaitGroup
 	closed    atomic.Bool
 	telemetry *telemetry.Metrics
+	// decisionTime records decision latency, per path.
+	decisionTime [PathFailOpen + 1]decisionTimer
 	// decisionLevel is the level of per-decision log lines.
 	decisionLevel slog.Level
 
@@ -228,6 +231,21 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s.outbox.tracer = o.Tracer
+	if s.outbox.sizes, err = meter.Int64Histogram("tally_edge_accounting_message_events",
+		metric.WithDescription("Accounting events per message published."),
+		metric.WithExplicitBucketBoundaries(telemetry.BatchBounds...)); err != nil {
+		return nil, fmt.Errorf("edge: metrics: %w", err)
+	}
+	decisionTime, err := meter.Float64Histogram("tally_edge_decision_duration", metric.WithUnit("s"),
+		metric.WithDescription("Time to decide a request against one policy, by how it was decided (path)."),
+		metric.WithExplicitBucketBoundaries(telemetry.DecisionBounds...))
+	if err != nil {
+		return nil, fmt.Errorf("edge: metrics: %w", err)
+	}
+	for p := PathCredit; p <= PathFailOpen; p++ {
+		s.decisionTime[p] = decisionTimer{decisionTime, []metric.RecordOption{
+			metric.WithAttributeSet(attribute.NewSet(attribute.String("path", p.String())))}}
+	}
 	s.dec = newDecider(o.Credit, o.Store, o.Keys, s.outbox, o.Producer, !o.DenyOnRedisError, s.log, s.publishNotice, o.Policies)
 	if o.NATS != nil {
 		dnc := o.DecisionsNATS
@@ -390,8 +408,21 @@ func cleanPath(p string) string {
 
 // check decides one request for identity under p.
 func (s *Server) check(ctx context.Context, p limiter.Policy, identity string, now time.Time) (verdict, error) {
+	start := time.Now()
 	dg := s.o.Keys.Sum(p.Name, identity)
-	return s.dec.decide(ctx, p, p.CostOrDefault(), dg, now)
+	v, err := s.dec.decide(ctx, p, p.CostOrDefault(), dg, now)
+	if err == nil && v.path >= PathCredit && v.path <= PathFailOpen {
+		t := s.decisionTime[v.path]
+		t.h.Record(ctx, time.Since(start).Seconds(), t.opts...)
+	}
+	return v, err
+}
+
+// decisionTimer is the decision latency histogram with a path's
+// attributes, made once.
+type decisionTimer struct {
+	h    metric.Float64Histogram
+	opts []metric.RecordOption
 }
 
 // record publishes a decision to the decisions stream (allowed ones

@@ -17,6 +17,7 @@ import (
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/metrics"
 )
 
 // Through the proxy: each request charged once, a 304 refunded, and a 429
@@ -56,6 +57,20 @@ func TestProxyChargesRefundsAndDenies(t *testing.T) {
 	require.EqualValues(t, 3, pl.used(k))
 	// Another client is untouched.
 	require.Equal(t, 200, get(t, e.proxy.URL, "token-b").StatusCode)
+
+	// Decision latency, by path: one observation per decision.
+	m, err := metrics.Scrape(e.admin.URL + "/metrics")
+	require.NoError(t, err)
+	var decided float64
+	for _, p := range []string{"credit", "reserve", "cache", "borrow", "fail-open"} {
+		decided += m[`tally_edge_decision_duration_seconds_count{path="`+p+`"}`]
+	}
+	require.Equal(t, 6.0, decided)
+	require.Greater(t, m[`tally_edge_decision_duration_seconds_count{path="reserve"}`], 0.0, "mode exact: each request reserves")
+	require.Equal(t, m[`tally_edge_decision_duration_seconds_count{path="reserve"}`],
+		m[`tally_edge_decision_duration_seconds_bucket{path="reserve",le="1"}`], "none longer than a second")
+	require.GreaterOrEqual(t, m["tally_edge_script_reloads_total"], 1.0, "the take script, first sent to a fresh Redis")
+	require.Contains(t, m, "tally_edge_decision_records_queued")
 }
 
 // One client's sequential burst: exactly the limit is allowed, Remaining
@@ -458,6 +473,9 @@ func TestFullStreamEdgeAppliesItself(t *testing.T) {
 	require.Zero(t, metric(t, e, `tally_edge_accounting_events_total{outcome="dropped"}`))
 	published := metric(t, e, `tally_edge_accounting_events_total{outcome="published"}`)
 	require.Greater(t, published, 0.0, "the first batches went to the stream")
+	require.GreaterOrEqual(t, metric(t, e, "tally_edge_accounting_message_events_sum"), published,
+		"every message published counted with its events (some were applied by the edge after JetStream refused them)")
+	require.Greater(t, metric(t, e, "tally_edge_accounting_message_events_count"), 0.0)
 	pl.startAccountant(small)
 	pl.waitUsed(k, 0) // 30 charges, 30 refunds: once each, whichever way they went
 	waitFor(t, "the stream's events applied", func() bool { return pl.acc.Stats().Refunded == uint64(published) })

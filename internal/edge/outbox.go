@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/events"
@@ -108,8 +109,10 @@ type outbox struct {
 	lag metric.Float64Histogram
 	// tracer, when set, makes a producer span per published batch.
 	tracer trace.Tracer
-	wg     sync.WaitGroup
-	stop   chan struct{}
+	// sizes records the events per message published.
+	sizes metric.Int64Histogram
+	wg    sync.WaitGroup
+	stop  chan struct{}
 }
 
 type queue struct {
@@ -144,7 +147,7 @@ func newOutbox(cfg OutboxConfig, producer, source, prefix string, store Store, k
 		return nil, err
 	}
 	o := &outbox{cfg: cfg.withDefaults(), producer: producer, source: source, prefix: prefix, store: store, keys: keys,
-		logger: logger, lag: lag, stop: make(chan struct{})}
+		logger: logger, lag: lag, sizes: noop.Int64Histogram{}, stop: make(chan struct{})}
 	if nc != nil {
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(o.cfg.InFlight*store.Shards()*2))
 		if err != nil {
@@ -326,6 +329,7 @@ func (o *outbox) publish(q *queue, batch []events.Accounting) flight {
 		o.logger.Error("an accounting batch could not be encoded", "shard", q.name, "err", err) // a defect
 		return f
 	}
+	o.sizes.Record(context.Background(), int64(len(batch)))
 	if o.tracer != nil {
 		ctx, span := o.tracer.Start(context.Background(), "send "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithLinks(events.Links(batch)...),

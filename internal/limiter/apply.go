@@ -227,6 +227,7 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, evs []Event, re
 	for attempt := 0; ; attempt++ {
 		v, err := n.primary.EvalSha(ctx, applyScript.Hash(), keys, args...).Int64Slice()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
+			s.reloads.Add(1)
 			if err := applyScript.Load(ctx, n.primary).Err(); err != nil {
 				return fmt.Errorf("limiter: apply on shard %s: loading the script: %w", n.name, err)
 			}
@@ -294,6 +295,7 @@ func (s *Store) holdLease(ctx context.Context, i int, owner string, ttl time.Dur
 		_, _ = pipe.Exec(ctx)
 		v, err := cmd.Int64()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
+			s.reloads.Add(1)
 			if err := leaseScript.Load(ctx, n.primary).Err(); err != nil {
 				return out, fmt.Errorf("limiter: lease on shard %s: loading the script: %w", n.name, err)
 			}
@@ -313,7 +315,7 @@ func (s *Store) holdLease(ctx context.Context, i int, owner string, ttl time.Dur
 // FreeLease gives up owner's lease on shard i, if it holds it.
 func (s *Store) FreeLease(ctx context.Context, i int, owner string) error {
 	n := s.shards[i]
-	if err := leaseScript.Run(ctx, n.primary, []string{s.keys.LeaseKey(n.name)}, "free", owner, 0).Err(); err != nil {
+	if err := s.run(ctx, n.primary, leaseScript, false, []string{s.keys.LeaseKey(n.name)}, "free", owner, 0).Err(); err != nil {
 		return fmt.Errorf("limiter: lease on shard %s: %w", n.name, scriptErr(err))
 	}
 	return nil

@@ -264,13 +264,18 @@ func TestScriptsSurviveFlushRestartAndPromotion(t *testing.T) {
 	e.apply(t, charge("p", 1, k, g.ResetAt, t0, 1))
 	require.EqualValues(t, 2, e.checkReplica(t, k).Used)
 
-	// SCRIPT FLUSH on both nodes.
+	// SCRIPT FLUSH on both nodes: each script is sent again once, and
+	// counted.
+	before := e.store.ScriptReloads()
 	require.NoError(t, e.primary.Client().ScriptFlush(ctx).Err())
 	require.NoError(t, e.replica.Client().ScriptFlush(ctx).Err())
 	require.EqualValues(t, 3, e.take(t, k, 100, 1, 1).Used)
 	require.EqualValues(t, 3, e.checkReplica(t, k).Used)
+	require.EqualValues(t, 3, e.checkReplica(t, k).Used, "cached again: no reload")
+	require.Equal(t, before+2, e.store.ScriptReloads(), "take on the primary, check on the replica")
 	require.NoError(t, e.primary.Client().ScriptFlush(ctx).Err())
 	require.Equal(t, limiter.Applied, e.apply(t, charge("p", 2, k, g.ResetAt, t0, 1))[0].Outcome)
+	require.Equal(t, before+3, e.store.ScriptReloads())
 
 	// The replica restarts (empty cache, resynced data).
 	e.replica.Restart()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -132,6 +133,7 @@ type Store struct {
 	m         *shard.Map
 	shards    []*shardNodes
 	producers sync.Map // producer id → its key (string)
+	reloads   atomic.Uint64
 }
 
 type shardNodes struct {
@@ -230,7 +232,7 @@ func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
 	keys, arg := []string{k.String()}, ms(now)
 	var buf [8]int
 	for _, i := range n.health.Candidates(now, buf[:0]) {
-		w, err := parseCheck(checkScript.RunRO(ctx, n.replicas[i], keys, arg))
+		w, err := parseCheck(s.run(ctx, n.replicas[i], checkScript, true, keys, arg))
 		if err == nil {
 			return w, nil
 		}
@@ -242,7 +244,7 @@ func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
 	if len(n.replicas) > 0 && s.opts.ReadPolicy == shard.ReadFail {
 		return Window{}, fmt.Errorf("limiter: check on shard %s: %w", n.name, ErrNoReplica)
 	}
-	w, err := parseCheck(checkScript.RunRO(ctx, n.primary, keys, arg))
+	w, err := parseCheck(s.run(ctx, n.primary, checkScript, true, keys, arg))
 	if err != nil {
 		return Window{}, fmt.Errorf("limiter: check on shard %s primary: %w", n.name, err)
 	}

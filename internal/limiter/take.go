@@ -68,7 +68,7 @@ func (s *Store) Take(ctx context.Context, k Key, now time.Time, a TakeArgs) (Gra
 		holder = a.Producer
 	}
 	n := s.shards[s.ShardOf(k)]
-	v, err := takeScript.Run(ctx, n.primary, []string{k.String(), s.producerKey(a.Producer)},
+	v, err := s.run(ctx, n.primary, takeScript, false, []string{k.String(), s.producerKey(a.Producer)},
 		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder).Int64Slice()
 	if err != nil {
 		return Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))

@@ -37,7 +37,7 @@ func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) erro
 	acc := accountant.New(js, p.store, p.keys, accountant.Config{
 		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(), Metrics: p.metrics, Tracer: p.tracing.Tracer("tally/accountant"),
 		BatchSize: a.BatchSize, BatchWait: a.BatchWait, LeaseTTL: a.LeaseTTL, PurgeEvery: a.PurgeEvery,
-		RetryMin: a.RetryMin, RetryMax: a.RetryMax, MaxAttempts: a.MaxAttempts,
+		RetryMin: a.RetryMin, RetryMax: a.RetryMax, MaxAttempts: a.MaxAttempts, Decisions: a.Decisions,
 	}, log)
 
 	runCtx, stop := context.WithCancel(ctx)

@@ -30,6 +30,15 @@ import (
 // above (the same as metrics.Histogram's).
 var LatencyBounds = metrics.Bounds
 
+// DecisionBounds are the bucket bounds, in seconds, of the edge's decision
+// latency: most decisions take microseconds (no Redis call), a reservation
+// a Redis round trip, and none longer than the Redis budget.
+var DecisionBounds = []float64{0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
+
+// BatchBounds are the bucket bounds of Tally's batch-size histograms
+// (events per message, records per message).
+var BatchBounds = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
+
 // Metrics is one process's meter provider and the registry /metrics serves.
 type Metrics struct {
 	provider *sdkmetric.MeterProvider

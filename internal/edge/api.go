@@ -86,14 +86,13 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	if req.Cost > 0 {
 		p.Cost = req.Cost
 	}
-	v, err := s.check(r.Context(), p, "h:"+req.Identity, s.o.Clock.Now())
+	v, err := s.check(r.Context(), p, "h:"+req.Identity, s.o.Clock.Now(), s.reqs.Add(1))
 	if err != nil {
 		s.unavailable(w)
 		return
 	}
 	ticket := ""
 	allowed := !v.decided || v.decision.Allowed
-	v.reqNum = s.reqs.Add(1)
 	if allowed {
 		ticket = s.ticket(v)
 	}

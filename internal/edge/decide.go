@@ -189,9 +189,9 @@ func (d *decider) entry(dg limiter.Digest, p limiter.Policy) *entry {
 // digest dg, at now (the clock read once for this request). It returns
 // errUnavailable only when Redis cannot be reached in time, the edge knows
 // nothing of the window, and it fails closed.
-func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time) (verdict, error) {
+func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (verdict, error) {
 	e := d.entry(dg, p)
-	v := verdict{policy: p, cost: cost, key: e.key, shard: e.shard, now: now}
+	v := verdict{policy: p, cost: cost, key: e.key, shard: e.shard, now: now, reqNum: reqNum}
 	mode := p.Mode.OrDefault()
 	nowMs, nowNs := now.UnixMilli(), now.UnixNano()
 	var deadline time.Time // set when the request first has to wait
@@ -501,7 +501,7 @@ func (d *decider) borrow(v verdict, e *entry, cost int64, path Path) (verdict, b
 	}
 	seq := d.outbox.add(e.shard, events.Accounting{Kind: events.Started, Time: time.Now(), Key: e.key.Digest().String(),
 		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Units: units,
-		ResetAt: time.UnixMilli(e.reset), StartedAt: v.now})
+		ResetAt: time.UnixMilli(e.reset), StartedAt: v.now, RequestID: d.requestID(v)})
 	if seq == 0 {
 		return v, false
 	}
@@ -540,13 +540,24 @@ func (d *decider) fallback(v verdict, e *entry, cost int64) (verdict, error) {
 	// Nothing known: admit, and charge by the request's start.
 	p := v.policy
 	seq := d.outbox.add(e.shard, events.Accounting{Kind: events.Started, Time: time.Now(), Key: e.key.Digest().String(),
-		Policy: p.Name, Limit: p.Limit, WindowSeconds: int64(p.Window / time.Second), Units: cost, StartedAt: v.now})
+		Policy: p.Name, Limit: p.Limit, WindowSeconds: int64(p.Window / time.Second), Units: cost, StartedAt: v.now,
+		RequestID: d.requestID(v)})
 	if seq != 0 {
 		v.chargeSeq, v.chargeProducer = seq, d.producer
 	}
 	v.path = PathFailOpen
 	d.counted(e, PathFailOpen, 1)
 	return v, nil
+}
+
+// requestID is the request id of v's decision records ("" when v has no
+// request number): accounting events carry it so that an accountant's
+// records join the edge's.
+func (d *decider) requestID(v verdict) string {
+	if v.reqNum == 0 {
+		return ""
+	}
+	return d.producer + "-" + strconv.FormatUint(v.reqNum, 10)
 }
 
 // allow fills an allowed verdict from e. Callers hold e.mu.
@@ -600,9 +611,7 @@ func (d *decider) refund(v verdict) {
 	if v.reset != 0 {
 		ev.ResetAt = time.UnixMilli(v.reset)
 	}
-	if v.reqNum != 0 { // the request id of its decision records, for analysts' joins
-		ev.RequestID = d.producer + "-" + strconv.FormatUint(v.reqNum, 10)
-	}
+	ev.RequestID = d.requestID(v)
 	if v.chargeSeq != 0 {
 		ev.ChargeProducer, ev.ChargeSeq = v.chargeProducer, v.chargeSeq
 	} else if v.reset == 0 {

@@ -406,11 +406,11 @@ func cleanPath(p string) string {
 	return path.Clean(p)
 }
 
-// check decides one request for identity under p.
-func (s *Server) check(ctx context.Context, p limiter.Policy, identity string, now time.Time) (verdict, error) {
+// check decides request reqNum for identity under p.
+func (s *Server) check(ctx context.Context, p limiter.Policy, identity string, now time.Time, reqNum uint64) (verdict, error) {
 	start := time.Now()
 	dg := s.o.Keys.Sum(p.Name, identity)
-	v, err := s.dec.decide(ctx, p, p.CostOrDefault(), dg, now)
+	v, err := s.dec.decide(ctx, p, p.CostOrDefault(), dg, now, reqNum)
 	if err == nil && v.path >= PathCredit && v.path <= PathFailOpen {
 		t := s.decisionTime[v.path]
 		t.h.Record(ctx, time.Since(start).Seconds(), t.opts...)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -340,6 +341,8 @@ func TestNATSDownEdgeAppliesItself(t *testing.T) {
 func TestPrimaryDownFollowsPolicy(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 10, Window: time.Minute, Mode: limiter.ModeExact}
+	edges := decisionRecords(t, pl)
+	accountants := decisionRecords(t, pl, events.Streams{}.AccountantDecisionsSubject())
 	open := pl.edge(nil)
 	closed := pl.edge(func(o *edge.Options) { o.DenyOnRedisError = true })
 	require.Equal(t, 200, get(t, open.proxy.URL, "known").StatusCode)
@@ -366,6 +369,17 @@ func TestPrimaryDownFollowsPolicy(t *testing.T) {
 	waitFor(t, "the charges", func() bool {
 		return pl.used(pl.keys.Key("core", "h:known")) == 1 && pl.used(pl.keys.Key("core", "h:unknown")) == 1
 	})
+
+	// The charges' records join the admissions' by request id.
+	waitFor(t, "the charges' records", func() bool { return len(accountants()) >= 2 })
+	for _, path := range []string{"borrow", "fail-open"} {
+		i := slices.IndexFunc(edges(), func(r decisionRecord) bool { return r.Path == path })
+		require.GreaterOrEqual(t, i, 0, path)
+		admission := edges()[i]
+		require.True(t, slices.ContainsFunc(accountants(), func(r decisionRecord) bool {
+			return r.RequestID == admission.RequestID && r.Key == admission.Key && r.Outcome == "charged"
+		}), "the charge of the %s admission %s", path, admission.RequestID)
+	}
 }
 
 func TestDecisionAPI(t *testing.T) {

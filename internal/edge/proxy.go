@@ -101,14 +101,14 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		v, err := s.check(r.Context(), l.policy, *id, now)
+		v, err := s.check(r.Context(), l.policy, *id, now, reqNum)
 		if err != nil {
 			s.giveBack(st.vs)
 			s.unavailable(w)
 			setStatus(span, http.StatusServiceUnavailable)
 			return
 		}
-		v.reqNum, v.traceparent = reqNum, traceparent
+		v.traceparent = traceparent
 		if v.decided && !v.decision.Allowed {
 			// Denied by one limit: what the others charged goes back, and
 			// the denial is the request's only decision record.

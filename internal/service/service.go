@@ -97,12 +97,17 @@ func GuardAdmin(token string, h http.Handler) http.Handler {
 
 // Main is the main of a Tally binary: it reads -config, logs to stderr
 // (JSON lines, or text with TALLY_LOG_FORMAT=text; TALLY_LOG_LEVEL sets the
-// level), runs run until SIGINT or SIGTERM, and exits non-zero when run
-// fails.
+// level) and, with OTEL_LOGS_EXPORTER, over OpenTelemetry too, runs run
+// until SIGINT or SIGTERM, and exits non-zero when run fails.
 func Main(name string, run func(context.Context, *config.File, *slog.Logger) error) {
 	path := flag.String("config", "tally.yaml", "configuration file (docs/configuration.md)")
 	flag.Parse()
 	h, err := telemetry.NewLogHandler(os.Stderr, os.Getenv("TALLY_LOG_FORMAT"), os.Getenv("TALLY_LOG_LEVEL"))
+	var logs *telemetry.Logs
+	if err == nil {
+		// The resource is named as open names traces and metrics.
+		h, logs, err = telemetry.SetupLogs(context.Background(), "tally-"+name, h)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, name+":", err)
 		os.Exit(2)
@@ -116,6 +121,14 @@ func Main(name string, run func(context.Context, *config.File, *slog.Logger) err
 	stop()
 	if err != nil {
 		log.Error(name+" stopped", "err", err)
+	}
+	// After the last line: push the records the log exporter holds.
+	flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if ferr := logs.Shutdown(flush); ferr != nil {
+		fmt.Fprintln(os.Stderr, name+": logs not exported:", ferr)
+	}
+	cancel()
+	if err != nil {
 		os.Exit(1)
 	}
 }

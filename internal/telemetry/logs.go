@@ -2,11 +2,17 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
+	"go.opentelemetry.io/contrib/bridges/otelslog"
+	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploghttp"
+	"go.opentelemetry.io/otel/exporters/stdout/stdoutlog"
+	sdklog "go.opentelemetry.io/otel/sdk/log"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -47,4 +53,82 @@ func (h traceHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h traceHandler) WithGroup(name string) slog.Handler {
 	return traceHandler{h.Handler.WithGroup(name)}
+}
+
+// Logs is a process's OpenTelemetry logger provider, when logs are
+// exported.
+type Logs struct {
+	provider *sdklog.LoggerProvider
+}
+
+// SetupLogs sends what h logs to an OpenTelemetry logger provider too,
+// for a binary named service, when OTEL_LOGS_EXPORTER lists "otlp" (OTLP
+// over HTTP, to OTEL_EXPORTER_OTLP_LOGS_ENDPOINT or
+// OTEL_EXPORTER_OTLP_ENDPOINT) or "console" (stdout): it returns a handler
+// that writes each record to h and to the provider (through otelslog, with
+// the trace context of the record's context and the resource of the
+// process's traces and metrics). h's level applies to both. Unlike traces
+// and metrics, an OTLP endpoint alone does not turn logs on: h (JSON lines
+// on stderr) is the default path, collected by whatever collects the
+// containers' output, and sending them over OTLP as well is opted into.
+// Without an exporter it returns h itself. Shutdown pushes what is left.
+func SetupLogs(ctx context.Context, service string, h slog.Handler) (slog.Handler, *Logs, error) {
+	want := map[string]bool{}
+	for _, e := range strings.Split(os.Getenv("OTEL_LOGS_EXPORTER"), ",") {
+		want[strings.TrimSpace(e)] = true
+	}
+	if !want["otlp"] && !want["console"] {
+		return h, &Logs{}, nil
+	}
+	res, err := newResource(ctx, service)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := []sdklog.LoggerProviderOption{sdklog.WithResource(res)}
+	if want["otlp"] {
+		exp, err := otlploghttp.New(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("telemetry: otlp logs: %w", err)
+		}
+		opts = append(opts, sdklog.WithProcessor(sdklog.NewBatchProcessor(exp)))
+	}
+	if want["console"] {
+		exp, err := stdoutlog.New()
+		if err != nil {
+			return nil, nil, fmt.Errorf("telemetry: console logs: %w", err)
+		}
+		opts = append(opts, sdklog.WithProcessor(sdklog.NewBatchProcessor(exp)))
+	}
+	l := &Logs{provider: sdklog.NewLoggerProvider(opts...)}
+	return fanOut{h, otelslog.NewHandler("github.com/tallyhq/tally", otelslog.WithLoggerProvider(l.provider))}, l, nil
+}
+
+// Shutdown exports the log records not sent yet and stops the provider.
+// Log nothing through the handler after it.
+func (l *Logs) Shutdown(ctx context.Context) error {
+	if l.provider == nil {
+		return nil
+	}
+	return l.provider.Shutdown(ctx)
+}
+
+// fanOut writes each record that first takes to second as well.
+type fanOut struct{ first, second slog.Handler }
+
+func (h fanOut) Enabled(ctx context.Context, lv slog.Level) bool { return h.first.Enabled(ctx, lv) }
+
+func (h fanOut) Handle(ctx context.Context, r slog.Record) error {
+	var err2 error
+	if h.second.Enabled(ctx, r.Level) {
+		err2 = h.second.Handle(ctx, r.Clone()) // first may add attributes to its record
+	}
+	return errors.Join(h.first.Handle(ctx, r), err2)
+}
+
+func (h fanOut) WithAttrs(as []slog.Attr) slog.Handler {
+	return fanOut{h.first.WithAttrs(as), h.second.WithAttrs(as)}
+}
+
+func (h fanOut) WithGroup(name string) slog.Handler {
+	return fanOut{h.first.WithGroup(name), h.second.WithGroup(name)}
 }

@@ -3,6 +3,7 @@ package telemetry_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -17,6 +18,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	collogspb "go.opentelemetry.io/proto/otlp/collector/logs/v1"
+	logspb "go.opentelemetry.io/proto/otlp/logs/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/telemetry"
@@ -148,4 +152,62 @@ func TestLogsCarryTraceIDs(t *testing.T) {
 	require.ErrorContains(t, err, "want json or text")
 	_, err = telemetry.NewLogHandler(&b, "text", "loud")
 	require.ErrorContains(t, err, "want debug, info, warn or error")
+}
+
+// With OTEL_LOGS_EXPORTER=otlp, what the binaries log goes to the OTLP
+// endpoint too (at the same level), with the trace context of the
+// record's context and the process's resource, while the JSON lines go on;
+// an endpoint alone does not send logs.
+func TestLogsOverOTLPFromTheEnvironment(t *testing.T) {
+	received := otlpReceiver(t, "/v1/logs")
+	var b bytes.Buffer
+	h, err := telemetry.NewLogHandler(&b, "", "info")
+	require.NoError(t, err)
+	same, off, err := telemetry.SetupLogs(context.Background(), "tally-edge-checker", h)
+	require.NoError(t, err)
+	require.Equal(t, h, same, "an endpoint alone: the JSON lines only")
+	require.NoError(t, off.Shutdown(context.Background()))
+
+	t.Setenv("OTEL_LOGS_EXPORTER", "otlp")
+	t.Setenv("OTEL_SERVICE_NAME", "tally-logged")
+	both, logs, err := telemetry.SetupLogs(context.Background(), "tally-edge-checker", h)
+	require.NoError(t, err)
+	log := slog.New(both).With("component", "edge")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2}, SpanID: trace.SpanID{3}, TraceFlags: trace.FlagsSampled})
+	log.WarnContext(trace.ContextWithSpanContext(context.Background(), sc), "upstream failed", "err", "refused")
+	log.Debug("not shown below info")
+	require.NoError(t, logs.Shutdown(context.Background()))
+
+	var records []*logspb.LogRecord
+	var service string
+	for _, body := range received() {
+		var req collogspb.ExportLogsServiceRequest
+		require.NoError(t, proto.Unmarshal(body, &req))
+		for _, rl := range req.ResourceLogs {
+			for _, a := range rl.Resource.Attributes {
+				if a.Key == "service.name" {
+					service = a.Value.GetStringValue()
+				}
+			}
+			for _, sl := range rl.ScopeLogs {
+				records = append(records, sl.LogRecords...)
+			}
+		}
+	}
+	require.Len(t, records, 1, "the record at info and above, once")
+	r := records[0]
+	require.Equal(t, "upstream failed", r.Body.GetStringValue())
+	require.Equal(t, "WARN", r.SeverityText)
+	require.Equal(t, sc.TraceID().String(), hex.EncodeToString(r.TraceId))
+	require.Equal(t, sc.SpanID().String(), hex.EncodeToString(r.SpanId))
+	attrs := map[string]string{}
+	for _, a := range r.Attributes {
+		attrs[a.Key] = a.Value.GetStringValue()
+	}
+	require.Equal(t, map[string]string{"component": "edge", "err": "refused"}, attrs, "the trace ids are the record's own fields, not attributes")
+	require.Equal(t, "tally-logged", service)
+
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	require.Len(t, lines, 1, "the JSON line too")
+	require.Contains(t, lines[0], `"trace_id":"`+sc.TraceID().String()+`"`)
 }

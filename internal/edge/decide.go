@@ -588,8 +588,8 @@ func decision(v verdict, e *entry, allowed bool, used int64) limiter.Decision {
 
 // refund gives a 304 response's charge back: into this edge's credit when
 // it was charged by a reservation in the window this edge still holds
-// (no Redis call), else through an accounting event.
-func (d *decider) refund(v verdict) {
+// (no Redis call; it reports true), else through an accounting event.
+func (d *decider) refund(v verdict) (absorbed bool) {
 	if v.chargeSeq == 0 && v.policy.Mode.OrDefault() != limiter.ModeExact {
 		if e := d.table.lookup(v.key.Digest()); e != nil {
 			e.mu.Lock()
@@ -600,7 +600,7 @@ func (d *decider) refund(v verdict) {
 			e.mu.Unlock()
 			if ok {
 				d.absorbed.Add(1)
-				return
+				return true
 			}
 		}
 	}
@@ -615,9 +615,10 @@ func (d *decider) refund(v verdict) {
 	if v.chargeSeq != 0 {
 		ev.ChargeProducer, ev.ChargeSeq = v.chargeProducer, v.chargeSeq
 	} else if v.reset == 0 {
-		return // admitted without a window and without a charge: nothing to give back
+		return false // admitted without a window and without a charge: nothing to give back
 	}
 	d.outbox.add(v.shard, ev)
+	return false
 }
 
 // evicted gives back the credit of an entry the table let go.

@@ -435,20 +435,42 @@ func (s *Server) record(v verdict, traceparent string) {
 	if s.batcher == nil {
 		return
 	}
-	if allowed && v.path != PathFailOpen {
-		rate := s.o.Decisions.SampleAllowed
-		if rate < 0 || (rate > 0 && rate < 1 && mrand.Float64() >= rate) {
-			return
-		}
+	if allowed && v.path != PathFailOpen && !s.sampled() {
+		return
 	}
+	d := s.decision(v, traceparent)
+	d.Allowed, d.Path = allowed, v.path.String()
+	s.batcher.Add(d)
+}
+
+// recordRefund publishes that an allowed request's charge went back into
+// this edge's credit (no accounting event, so no accountant's record),
+// sampled as allowed decisions are.
+func (s *Server) recordRefund(v verdict) {
+	if s.batcher == nil || !s.sampled() {
+		return
+	}
+	d := s.decision(v, v.traceparent)
+	d.Time, d.Allowed, d.Path, d.Outcome = s.o.Clock.Now(), true, PathCredit.String(), "refunded"
+	d.Used = max(0, d.Used-v.cost)
+	s.batcher.Add(d)
+}
+
+// sampled says whether to record one allowed decision.
+func (s *Server) sampled() bool {
+	rate := s.o.Decisions.SampleAllowed
+	return rate == 0 || rate >= 1 || (rate > 0 && mrand.Float64() < rate)
+}
+
+// decision is v's decision record, but for Allowed, Path and Outcome.
+func (s *Server) decision(v verdict, traceparent string) events.Decision {
 	d := events.Decision{Time: v.now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
 		Shard: s.o.Store.ShardName(v.shard), RequestNum: v.reqNum, TraceParent: traceparent, Key: v.key.Digest(),
-		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Cost: v.cost,
-		Allowed: allowed, Path: v.path.String()}
+		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Cost: v.cost}
 	if v.decided {
 		d.Used, d.ResetAt = v.decision.Used, v.decision.ResetAt
 	}
-	s.batcher.Add(d)
+	return d
 }
 
 // logDecision writes one decision to the log at the configured level.
@@ -470,12 +492,16 @@ func (s *Server) logDecision(v verdict, allowed bool, traceparent string) {
 func (s *Server) finish(vs []verdict, status int) {
 	s.finished.Add(1)
 	if status == http.StatusNotModified {
-		s.giveBack(vs)
+		for _, v := range vs {
+			if (!v.decided || v.decision.Allowed) && s.dec.refund(v) {
+				s.recordRefund(v) // an event's refund is recorded by the accountant
+			}
+		}
 	}
 }
 
-// giveBack gives back what the allowed verdicts vs charged: a 304, or a
-// request another of its limits denied.
+// giveBack gives back what the allowed verdicts vs charged for a request
+// another of its limits denied (it has no allowed decision records).
 func (s *Server) giveBack(vs []verdict) {
 	for _, v := range vs {
 		if !v.decided || v.decision.Allowed {

@@ -303,3 +303,21 @@ func TestDecisionsJoinByRequestID(t *testing.T) {
 	}
 	require.EqualValues(t, pl.used(k), n-1)
 }
+
+// A 304 refunded into the edge's own credit (mode auto: no accounting
+// event, no accountant's record) is recorded by the edge, joined to its
+// admission by request id.
+func TestAbsorbedRefundIsRecorded(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute}
+	records := decisionRecords(t, pl)
+	e := pl.edge(nil)
+	require.Equal(t, 200, get(t, e.proxy.URL, "absorbed").StatusCode)
+	require.Equal(t, 304, get(t, e.proxy.URL, "absorbed", "If-None-Match", `"v1"`).StatusCode)
+	var rs []decisionRecord
+	waitFor(t, "three records", func() bool { rs = records(); return len(rs) >= 3 })
+	id := e.srv.Producer() + "-2"
+	require.Contains(t, rs, decisionRecord{RequestID: id, Policy: "core", Allowed: true, Path: "credit", Outcome: "refunded",
+		Used: 1, Key: pl.keys.Key("core", "h:absorbed").Digest().String()})
+	require.EqualValues(t, 1, metric(t, e, "tally_edge_refunds_absorbed_total"))
+}

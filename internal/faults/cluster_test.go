@@ -31,6 +31,9 @@ var (
 	far   = config.Policy{Name: "far", Limit: limiter.MaxLimit, Window: time.Hour}
 	exact = config.Policy{Name: "exact", Limit: limiter.MaxLimit, Window: time.Hour, Mode: limiter.ModeExact}
 	tight = config.Policy{Name: "tight", Limit: 40, Window: time.Hour}
+	// loose: mode async, which may let a window go over its limit when
+	// several edges admit from what they know.
+	loose = config.Policy{Name: "loose", Limit: 30, Window: time.Hour, Mode: limiter.ModeAsync}
 )
 
 // routes: path prefix → policy and cost; /heavy costs 3 units of far.
@@ -38,6 +41,7 @@ var routes = []config.Route{
 	{Path: "/exact", Policy: exact.Name},
 	{Path: "/tight", Policy: tight.Name},
 	{Path: "/heavy", Policy: far.Name, Cost: 3},
+	{Path: "/async", Policy: loose.Name},
 }
 
 // cluster is the deployment every scenario runs against: started once, each
@@ -93,7 +97,7 @@ func newCluster(t *testing.T) *cluster {
 
 	c.cfg = &config.File{KeyPrefix: "tally", Redis: config.Redis{Shards: shards}}
 	c.cfg.NATS.URL = c.nats.Addr
-	c.cfg.Policies = []config.Policy{far, exact, tight}
+	c.cfg.Policies = []config.Policy{far, exact, tight, loose}
 	c.cfg.Routes = routes
 	c.cfg.Accountant.AdminListen = stack.FreeAddr()
 	c.cfgPath, err = c.stack.WriteConfig("tally", c.cfg)

@@ -54,6 +54,7 @@ func TestFaults(t *testing.T) {
 		{"poison-message", poisonMessage},
 		{"wrong-type-key", wrongTypeKey},
 		{"wrong-type-key-in-use", wrongTypeKeyInUse},
+		{"analyst", analyst},
 		{"no-identity-written-down", noIdentityWrittenDown},
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, c) }) && c.broken {
@@ -214,6 +215,7 @@ func primaryFrozen(t *testing.T, c *cluster) {
 	require.Positive(t, r.edge["tally_edge_reservation_errors_total"])
 	t.Logf("units of lost reservations taken back: %v", r.edge["tally_edge_recovered_units_total"])
 	require.Empty(t, r.verify(t), "dead letters")
+	analystAgrees(t, c, r.l.targets) // fail-open admissions joined to their charges
 }
 
 // A replica freezes for 3 s. Replicas are read only to recheck full windows

@@ -1,0 +1,184 @@
+// Command decisions is an analytics consumer of Tally's decisions stream:
+// it reads the stream from its first record and prints, for each window,
+// what was admitted, what was given back and by how much the window went
+// over its limit, one JSON line per window. It needs nothing of Tally's but
+// the stream (docs/events.md#decisions).
+//
+//	go run ./examples/decisions -nats nats://127.0.0.1:4222
+//
+// Counts are exact when every allowed decision and every refund is
+// recorded (edge.decisions.sample_allowed and
+// accountant.decisions.sample_applied at 1, the default).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// record is the part of a decision record this consumer reads.
+type record struct {
+	Data struct {
+		Key       string    `json:"key"`
+		Policy    string    `json:"policy"`
+		Limit     int64     `json:"limit"`
+		Cost      int64     `json:"cost"`
+		Allowed   bool      `json:"allowed"`
+		Path      string    `json:"path"`
+		ResetAt   time.Time `json:"reset_at"`
+		Outcome   string    `json:"outcome"`
+		RequestID string    `json:"request_id"`
+	} `json:"data"`
+}
+
+// Window is one rate-limit window as the stream tells it.
+type Window struct {
+	Key       string    `json:"key"`
+	Policy    string    `json:"policy"`
+	ResetAt   time.Time `json:"reset_at"`
+	Limit     int64     `json:"limit"`
+	Admitted  int64     `json:"admitted"`  // units of the requests allowed
+	Refunded  int64     `json:"refunded"`  // units given back (304 responses)
+	Net       int64     `json:"net"`       // what the window holds: admitted - refunded
+	Overshoot int64     `json:"overshoot"` // units beyond the limit
+}
+
+func main() {
+	url := flag.String("nats", nats.DefaultURL, "NATS server URL")
+	stream := flag.String("stream", "TALLY_DECISIONS", "the decisions stream")
+	idle := flag.Duration("idle", 2*time.Second, "stop once no record has come for this long")
+	flag.Parse()
+	if err := run(*url, *stream, *idle); err != nil {
+		fmt.Fprintln(os.Stderr, "decisions:", err)
+		os.Exit(1)
+	}
+}
+
+func run(url, stream string, idle time.Duration) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	// An ordered consumer: no state on the server, every record from the
+	// start of the stream, in order.
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return err
+	}
+	var a Analysis
+	for {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(idle))
+		if err != nil {
+			return err
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var recs []record // a message is a JSON array of CloudEvents
+			if err := json.Unmarshal(m.Data(), &recs); err != nil {
+				return fmt.Errorf("message %s: %w", m.Subject(), err)
+			}
+			a.Add(recs...)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+	}
+	out := json.NewEncoder(os.Stdout)
+	for _, w := range a.Windows() {
+		if err := out.Encode(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Analysis joins edges' admissions with what was given back, by request id
+// and key.
+type Analysis struct {
+	admitted map[string]*admission // request id + key
+	refunds  []string              // request id + key, once per refund
+	charged  map[string]time.Time  // request id + key → the window an accountant charged
+}
+
+type admission struct {
+	key, policy string
+	limit, cost int64
+	resetAt     time.Time // zero for a fail-open admission: its charge tells
+}
+
+// Add takes records in stream order.
+func (a *Analysis) Add(recs ...record) {
+	if a.admitted == nil {
+		a.admitted, a.charged = map[string]*admission{}, map[string]time.Time{}
+	}
+	for _, r := range recs {
+		d := r.Data
+		id := d.RequestID + " " + d.Key
+		switch {
+		case d.Outcome == "" && d.Allowed: // an edge admitted a request
+			a.admitted[id] = &admission{key: d.Key, policy: d.Policy, limit: d.Limit, cost: d.Cost, resetAt: d.ResetAt}
+		case d.Outcome == "refunded" || d.Outcome == "netted": // given back (netted: before its charge landed)
+			a.refunds = append(a.refunds, id)
+		case d.Outcome == "charged" || d.Outcome == "charged_over_limit":
+			a.charged[id] = d.ResetAt
+		}
+	}
+}
+
+// Windows returns every window with an admission, by key then reset.
+func (a *Analysis) Windows() []Window {
+	byWindow := map[string]*Window{}
+	window := func(ad *admission, id string) *Window {
+		reset := ad.resetAt
+		if reset.IsZero() {
+			reset = a.charged[id]
+		}
+		k := ad.key + " " + ad.policy + " " + reset.String()
+		w := byWindow[k]
+		if w == nil {
+			w = &Window{Key: ad.key, Policy: ad.policy, ResetAt: reset, Limit: ad.limit}
+			byWindow[k] = w
+		}
+		return w
+	}
+	for id, ad := range a.admitted {
+		window(ad, id).Admitted += ad.cost
+	}
+	for _, id := range a.refunds {
+		if ad := a.admitted[id]; ad != nil { // a refund of a request that was recorded as admitted
+			window(ad, id).Refunded += ad.cost
+		}
+	}
+	out := make([]Window, 0, len(byWindow))
+	for _, w := range byWindow {
+		w.Net = w.Admitted - w.Refunded
+		w.Overshoot = max(0, w.Net-w.Limit)
+		out = append(out, *w)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return out[i].ResetAt.Before(out[j].ResetAt)
+	})
+	return out
+}

@@ -1,0 +1,86 @@
+package events_test
+
+import (
+	"bytes"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// decisionSchema compiles the documented schema of a decision record
+// (docs/decision.schema.json), formats asserted.
+func decisionSchema(t *testing.T) *jsonschema.Schema {
+	t.Helper()
+	f, err := os.Open("../../docs/decision.schema.json")
+	require.NoError(t, err)
+	defer f.Close()
+	doc, err := jsonschema.UnmarshalJSON(f)
+	require.NoError(t, err)
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	require.NoError(t, c.AddResource("decision.schema.json", doc))
+	s, err := c.Compile("decision.schema.json")
+	require.NoError(t, err)
+	return s
+}
+
+// Every kind of record an edge or an accountant writes validates against
+// the documented schema, and the schema refuses what is not documented.
+func TestDecisionRecordsMatchTheSchema(t *testing.T) {
+	schema := decisionSchema(t)
+	dg, err := limiter.ParseDigest(key)
+	require.NoError(t, err)
+	at := time.Date(2026, 11, 21, 10, 0, 0, 123e6, time.UTC)
+	reset := at.Add(time.Minute).Truncate(time.Second)
+	edge := events.Decision{Time: at, Source: "edge-checker/host-1", Edge: "edge-7f3a", Seq: 9, Shard: "s0",
+		RequestNum: 42, Key: dg, Policy: "core", Limit: 100, WindowSeconds: 60, Cost: 1, Allowed: true,
+		Path: "credit", Used: 7, ResetAt: reset}
+	traced := edge
+	traced.TraceParent = tp
+	denied := edge
+	denied.Allowed, denied.Path, denied.Used = false, "cache", 100
+	failOpen := edge
+	failOpen.Path, failOpen.Used, failOpen.ResetAt = "fail-open", 0, time.Time{}
+	absorbed := edge
+	absorbed.Outcome = "refunded"
+	acc := events.Decision{Time: at, Source: "accountant", Edge: "accountant-1c9e", Seq: 3, Shard: "s0", Key: dg,
+		Policy: "core", Limit: 100, WindowSeconds: 60, Cost: 2, Allowed: true, Path: "accountant",
+		Outcome: "charged_over_limit", RequestID: "edge-7f3a-41", Used: 101, ResetAt: reset, Lag: 1200 * time.Microsecond}
+	late := acc
+	late.Outcome, late.ResetAt, late.Lag, late.Used = "late", time.Time{}, 0, 0
+
+	valid := func(d events.Decision) error {
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(events.AppendDecision(nil, &d)))
+		require.NoError(t, err)
+		return schema.Validate(v)
+	}
+	for name, d := range map[string]events.Decision{"allowed": edge, "traced": traced, "denied": denied,
+		"fail-open": failOpen, "absorbed refund": absorbed, "accountant": acc, "late": late} {
+		require.NoError(t, valid(d), name)
+	}
+
+	// What the schema refuses: an undocumented path or outcome, a raw
+	// identity where the digest goes, an edge record without its window.
+	bad := edge
+	bad.Path = "guess"
+	require.Error(t, valid(bad), "unknown path")
+	bad = acc
+	bad.Outcome = "applied"
+	require.Error(t, valid(bad), "unknown outcome")
+	bad = acc
+	bad.Outcome = ""
+	require.Error(t, valid(bad), "an accountant's record says what the event did")
+	bad = edge
+	bad.ResetAt = time.Time{}
+	require.Error(t, valid(bad), "a decided request's window")
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(bytes.Replace(events.AppendDecision(nil, &edge),
+		[]byte(`"key":"`+key+`"`), []byte(`"key":"alice@example.com"`), 1)))
+	require.NoError(t, err)
+	require.Error(t, schema.Validate(v), "an identity instead of a digest")
+}

@@ -506,8 +506,9 @@ type item struct {
 	seq    uint64 // stream sequence
 	evs    []events.Accounting
 	ops    []limiter.Event
-	opsFor []int // index in evs of each op
-	bad    error // why the message must be dead-lettered
+	opsFor []int      // index in evs of each op
+	bad    error      // why the message must be dead-lettered
+	span   trace.Span // its process span, when traced
 	// refused, when set, are the only events of the message to
 	// dead-letter: Redis applied the others.
 	refused []events.Accounting
@@ -533,10 +534,10 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
 			it.bad = w.convert(it)
 		}
 		if a.cfg.Tracer != nil {
-			_, span := a.cfg.Tracer.Start(events.ExtractTrace(context.Background(), m.Headers()), "process "+m.Subject(),
+			_, it.span = a.cfg.Tracer.Start(events.ExtractTrace(context.Background(), m.Headers()), "process "+m.Subject(),
 				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(events.Links(it.evs)...),
 				trace.WithAttributes(events.MessagingAttributes("process", m.Subject(), w.name, len(it.evs))...))
-			defer span.End()
+			defer it.span.End()
 		}
 	}
 	// Apply the good messages' events in runs of at most BatchSize.
@@ -605,8 +606,10 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 	if len(ops) == 0 {
 		return true
 	}
+	call, end := w.traced(ctx, items)
+	defer end()
 	for {
-		res, err := w.apply(ctx, ops)
+		res, err := w.apply(call, ops)
 		if err == nil {
 			w.delay = a.cfg.RetryMin
 			w.record(items, res)
@@ -657,10 +660,30 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 // windows, and one broken window must not take the others' refunds with
 // it); those it refuses are the only ones dead-lettered. It reports false
 // when ctx ended first.
+// traced returns ctx with the span a run's Redis calls are children of:
+// its message's process span when the run is one message, else an apply
+// span linked to each message's (end ends it). Untraced: ctx itself.
+func (w *worker) traced(ctx context.Context, items []item) (context.Context, func()) {
+	if w.a.cfg.Tracer == nil || len(items) == 0 {
+		return ctx, func() {}
+	}
+	if len(items) == 1 && items[0].span != nil {
+		return trace.ContextWithSpan(ctx, items[0].span), func() {}
+	}
+	links := make([]trace.Link, 0, len(items))
+	for j := range items {
+		if items[j].span != nil {
+			links = append(links, trace.Link{SpanContext: items[j].span.SpanContext()})
+		}
+	}
+	ctx, span := w.a.cfg.Tracer.Start(ctx, "apply "+w.name, trace.WithLinks(links...))
+	return ctx, func() { span.End() }
+}
+
 func (w *worker) applyEach(ctx context.Context, it *item) bool {
 	var refused []error
 	for n := range it.ops {
-		one := []item{{msg: it.msg, seq: it.seq, evs: it.evs, ops: it.ops[n : n+1], opsFor: it.opsFor[n : n+1]}}
+		one := []item{{msg: it.msg, seq: it.seq, evs: it.evs, ops: it.ops[n : n+1], opsFor: it.opsFor[n : n+1], span: it.span}}
 		if !w.applyRun(ctx, one) {
 			return false
 		}

@@ -14,6 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/events"
@@ -599,4 +602,32 @@ func TestEarlierBatchInTheStreamAfterALaterDirectOne(t *testing.T) {
 	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	require.EqualValues(t, 2, a.Stats().Charged)
 	require.Zero(t, a.Stats().Duplicates)
+}
+
+// Traced, the accountant's Redis calls are children of the process span of
+// the message they apply (with several messages in a run, of an apply span
+// linked to each).
+func TestRedisCallsAreChildrenOfTheMessage(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	provider := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	f := newFixture(t)
+	a := f.start(func(c *accountant.Config) { c.Tracer = provider.Tracer("tally/test") })
+	require.NoError(t, a.store.InstrumentTracing(provider))
+	k := f.keys.Key("core", "traced")
+	f.publish([]events.Accounting{started("edge-1", 1, k, reset(), 1)})
+	f.waitUsed(k, 1)
+	var process, evalsha tracetest.SpanStub
+	waitFor(t, "the process and Redis spans", func() bool {
+		for _, s := range spans.GetSpans() {
+			switch {
+			case s.SpanKind == trace.SpanKindConsumer:
+				process = s
+			case s.Name == "evalsha" || s.Name == "eval":
+				evalsha = s
+			}
+		}
+		return process.Name != "" && evalsha.Name != "" && evalsha.Parent.SpanID() == process.SpanContext.SpanID()
+	})
+	require.Equal(t, process.SpanContext.TraceID(), evalsha.SpanContext.TraceID())
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -48,6 +49,9 @@ type bench struct {
 	edges          []*stack.Proc
 	sampled        *stack.Proc // an edge that records 10% of allowed decisions
 	sampledAPI     string
+	traced         *stack.Proc // an edge that traces every request (OTLP to sink)
+	tracedAPI      string
+	sink           *traceSink
 	noopProc       *stack.Proc
 	cfg            *config.File
 	cfgPath        string
@@ -138,6 +142,14 @@ func (b *bench) run(ctx context.Context, out string) error {
 		return err
 	}
 	b.sampledAPI = sf.Edge.APIListen
+	defer func() {
+		if b.sink != nil {
+			_ = b.sink.srv.Close()
+		}
+	}()
+	if err := b.startTraced(ctx); err != nil {
+		return err
+	}
 	noopAddr := stack.FreeAddr()
 	self, _ := os.Executable()
 	if b.noopProc, err = b.stack.Start(ctx, "noop", self, "noop", "-listen", noopAddr); err != nil {
@@ -273,6 +285,7 @@ func (b *bench) targets() []target {
 		{"tally mode: exact", b.apiAddrs[0], "far-exact", b.edges[0]},
 		{"tally mode: auto", b.apiAddrs[0], "far", b.edges[0]},
 		{"tally mode: auto, 10% of allowed decisions recorded", b.sampledAPI, "far", b.sampled},
+		{"tally mode: auto, every request traced", b.tracedAPI, "far", b.traced},
 	}
 }
 
@@ -907,4 +920,50 @@ func lagQuantiles(name string, before, after map[string]float64) (p50, p99 float
 		return lo * 1000
 	}
 	return q(0.5), q(0.99), uint64(total)
+}
+
+// startTraced starts an edge with the default configuration that traces
+// every request (OTEL_TRACES_SAMPLER=always_on) and exports its spans over
+// OTLP/HTTP to a sink in this process, which reads and discards them: the
+// cost of tracing, as a collector on the same machine would see it.
+func (b *bench) startTraced(ctx context.Context) error {
+	sink, err := startTraceSink()
+	if err != nil {
+		return err
+	}
+	b.sink = sink
+	f := *b.cfg
+	f.Edge.APIListen, f.Edge.AdminListen = stack.FreeAddr(), stack.FreeAddr()
+	path, err := b.stack.WriteConfig("edge-traced", &f)
+	if err != nil {
+		return err
+	}
+	b.traced, err = b.stack.Edge(ctx, "edge-traced", path, f.Edge.AdminListen, "OTEL_TRACES_EXPORTER=otlp",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=http://"+sink.addr, "OTEL_TRACES_SAMPLER=always_on", "OTEL_SERVICE_NAME=tally-edge-bench")
+	b.tracedAPI = f.Edge.APIListen
+	return err
+}
+
+// traceSink stands in for an OpenTelemetry collector: it accepts OTLP/HTTP
+// exports and counts their bytes.
+type traceSink struct {
+	addr          string
+	srv           *http.Server
+	exports, size atomic.Int64
+}
+
+func startTraceSink() (*traceSink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &traceSink{addr: ln.Addr().String()}
+	s.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		s.exports.Add(1)
+		s.size.Add(n)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
 }

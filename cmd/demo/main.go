@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -90,7 +91,9 @@ func run(ctx context.Context, st *stack.Stack) error {
 	}
 	done()
 	step("edge-checker (proxy mode)")
-	edge, err := st.Edge(ctx, "edge-checker", path, cfg.Edge.AdminListen)
+	// Every request traced, its spans written to the edge's log.
+	edge, err := st.Edge(ctx, "edge-checker", path, cfg.Edge.AdminListen, "OTEL_TRACES_EXPORTER=console",
+		"OTEL_TRACES_SAMPLER=always_on")
 	if err != nil {
 		return err
 	}
@@ -150,7 +153,34 @@ Summary:
 		am[`tally_accountant_events_total{outcome="charged"}`], am[`tally_accountant_events_total{outcome="duplicate"}`],
 		am[`tally_accountant_events_total{outcome="late"}`], am["tally_accountant_dead_letters_total"], lag(am))
 	fmt.Println("\nUsage is read from the shard primaries after the edge stopped: what each client used,")
-	fmt.Println("304s refunded. Stopping everything.")
+	fmt.Println("304s refunded.")
+	return whereToLook(ctx, cfg, edge.LogFile())
+}
+
+// whereToLook shows what the telemetry of the run holds, and where it is
+// in a deployment.
+func whereToLook(ctx context.Context, cfg *config.File, edgeLog string) error {
+	records, denial, err := decisions(ctx, cfg.NATS.URL, cfg.NATS.Streams.WithDefaults().Decisions.Name)
+	if err != nil {
+		return fmt.Errorf("reading the decisions stream: %w", err)
+	}
+	id, spans, err := aTrace(edgeLog)
+	if err != nil {
+		return err
+	}
+	fmt.Printf(`
+Where to look:
+  metrics     each process's /metrics (the figures above came from http://%s/metrics and
+              http://%s/metrics); alert rules and a dashboard in deploy/
+  decisions   %d records on the stream %s; the first denial:
+              %s
+              per window, from the stream alone: go run ./examples/decisions -nats <url> (here %s)
+  traces      every request was traced to the edge's log (OTEL_TRACES_EXPORTER=console); trace %s: %s.
+              A request whose events go to the stream adds the publish span, and the accountant's
+              process span continues it; set OTEL_EXPORTER_OTLP_ENDPOINT to send them to a collector.
+Stopping everything.
+`, cfg.Edge.AdminListen, cfg.Accountant.AdminListen, records, cfg.NATS.Streams.WithDefaults().Decisions.Name, denial,
+		cfg.NATS.URL, id, strings.Join(spans, " → "))
 	return nil
 }
 

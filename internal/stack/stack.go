@@ -55,6 +55,7 @@ type Proc struct {
 
 	bin  string
 	args []string
+	env  []string // added to the stack's
 	log  string
 	// ready waits until a (re)started process serves; nil: at once.
 	ready func(context.Context) error
@@ -73,13 +74,21 @@ func (s *Stack) Start(ctx context.Context, name, bin string, args ...string) (*P
 		return nil, err
 	}
 	p := &Proc{Name: name, bin: bin, args: args, log: filepath.Join(s.Dir, name+".log")}
-	if err := s.launch(p, os.O_TRUNC); err != nil {
+	if err := s.add(p); err != nil {
 		return nil, err
+	}
+	return p, nil
+}
+
+// add launches p and adds it to the stack.
+func (s *Stack) add(p *Proc) error {
+	if err := s.launch(p, os.O_TRUNC); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
-	return p, nil
+	return nil
 }
 
 // launch starts p's command; its output goes to p's log, opened with
@@ -91,7 +100,7 @@ func (s *Stack) launch(p *Proc, mode int) error {
 	}
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = append(os.Environ(), s.Env...)
+	cmd.Env = append(append(os.Environ(), s.Env...), p.env...)
 	// A Ctrl-C reaches only the caller, which stops the processes in order;
 	// if the caller dies anyway, the kernel stops them.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -266,13 +275,18 @@ func (s *Stack) Accountant(ctx context.Context, name, cfg, adminAddr string) (*P
 
 // Edge starts an edge-checker with the configuration at cfg and waits until
 // its /readyz answers on adminAddr.
-func (s *Stack) Edge(ctx context.Context, name, cfg, adminAddr string) (*Proc, error) {
-	return s.service(ctx, name, "edge-checker", cfg, adminAddr)
+// env ("NAME=value") is added to its environment.
+func (s *Stack) Edge(ctx context.Context, name, cfg, adminAddr string, env ...string) (*Proc, error) {
+	return s.service(ctx, name, "edge-checker", cfg, adminAddr, env...)
 }
 
-func (s *Stack) service(ctx context.Context, name, bin, cfg, adminAddr string) (*Proc, error) {
-	p, err := s.Start(ctx, name, filepath.Join(s.Bin, bin), "-config", cfg)
-	if err != nil {
+func (s *Stack) service(ctx context.Context, name, bin, cfg, adminAddr string, env ...string) (*Proc, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p := &Proc{Name: name, bin: filepath.Join(s.Bin, bin), args: []string{"-config", cfg}, env: env,
+		log: filepath.Join(s.Dir, name+".log")}
+	if err := s.add(p); err != nil {
 		return nil, err
 	}
 	p.AdminAddr = adminAddr

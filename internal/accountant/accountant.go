@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -227,7 +226,7 @@ func (a *Accountant) recordDecision(shard string, e *events.Accounting, outcome 
 	}
 	switch outcome {
 	case "charged", "refunded", "released", "netted":
-		if rate := a.cfg.Decisions.SampleApplied; rate < 0 || (rate > 0 && rate < 1 && mrand.Float64() >= rate) {
+		if !events.Sampled(a.cfg.Decisions.SampleApplied) {
 			return
 		}
 	}
@@ -655,11 +654,6 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 	}
 }
 
-// applyEach applies the events of a message Redis keeps refusing one at a
-// time: those it accepts take effect (a message mixes the events of many
-// windows, and one broken window must not take the others' refunds with
-// it); those it refuses are the only ones dead-lettered. It reports false
-// when ctx ended first.
 // traced returns ctx with the span a run's Redis calls are children of:
 // its message's process span when the run is one message, else an apply
 // span linked to each message's (end ends it). Untraced: ctx itself.
@@ -680,6 +674,11 @@ func (w *worker) traced(ctx context.Context, items []item) (context.Context, fun
 	return ctx, func() { span.End() }
 }
 
+// applyEach applies the events of a message Redis keeps refusing one at a
+// time: those it accepts take effect (a message mixes the events of many
+// windows, and one broken window must not take the others' refunds with
+// it); those it refuses are the only ones dead-lettered. It reports false
+// when ctx ended first.
 func (w *worker) applyEach(ctx context.Context, it *item) bool {
 	var refused []error
 	for n := range it.ops {

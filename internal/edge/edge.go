@@ -435,7 +435,7 @@ func (s *Server) record(v verdict, traceparent string) {
 	if s.batcher == nil {
 		return
 	}
-	if allowed && v.path != PathFailOpen && !s.sampled() {
+	if allowed && v.path != PathFailOpen && !events.Sampled(s.o.Decisions.SampleAllowed) {
 		return
 	}
 	d := s.decision(v, traceparent)
@@ -447,19 +447,13 @@ func (s *Server) record(v verdict, traceparent string) {
 // this edge's credit (no accounting event, so no accountant's record),
 // sampled as allowed decisions are.
 func (s *Server) recordRefund(v verdict) {
-	if s.batcher == nil || !s.sampled() {
+	if s.batcher == nil || !events.Sampled(s.o.Decisions.SampleAllowed) {
 		return
 	}
 	d := s.decision(v, v.traceparent)
 	d.Time, d.Allowed, d.Path, d.Outcome = s.o.Clock.Now(), true, PathCredit.String(), "refunded"
 	d.Used = max(0, d.Used-v.cost)
 	s.batcher.Add(d)
-}
-
-// sampled says whether to record one allowed decision.
-func (s *Server) sampled() bool {
-	rate := s.o.Decisions.SampleAllowed
-	return rate == 0 || rate >= 1 || (rate > 0 && mrand.Float64() < rate)
 }
 
 // decision is v's decision record, but for Allowed, Path and Outcome.

@@ -1,6 +1,7 @@
 package events
 
 import (
+	mrand "math/rand/v2"
 	"strconv"
 	"time"
 
@@ -104,6 +105,13 @@ func AppendDecision(b []byte, d *Decision) []byte {
 	b = appendStringField(b, "edge", d.Edge)
 	b = appendStringField(b, "shard", d.Shard)
 	return append(b, '}', '}')
+}
+
+// Sampled says whether to record one record of a kind sampled at rate: a
+// share from 0 to 1, where 0 (unset) and 1 record all and a negative rate
+// none.
+func Sampled(rate float64) bool {
+	return rate == 0 || rate >= 1 || (rate > 0 && mrand.Float64() < rate)
 }
 
 // DecisionsMsg wraps a JSON batch body (a JSON array of AppendDecision

@@ -84,3 +84,19 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 	require.NoError(t, err)
 	require.Error(t, schema.Validate(v), "an identity instead of a digest")
 }
+
+// Sampling: unset and 1 keep every record, a negative rate none, a share
+// about that share.
+func TestSampled(t *testing.T) {
+	for _, rate := range []float64{0, 1} {
+		require.True(t, events.Sampled(rate), rate)
+	}
+	require.False(t, events.Sampled(-1))
+	kept := 0
+	for range 10000 {
+		if events.Sampled(0.1) {
+			kept++
+		}
+	}
+	require.InDelta(t, 1000, kept, 200)
+}

@@ -19,6 +19,9 @@
 --                           the charge, when it comes, nets to zero
 --                They expire ARGV[5] ms after their last write.
 -- KEYS[P+1..] -> window hashes (keys.go), each named once
+-- KEYS[#KEYS] -> when ARGV[6] names a call: the caller's reply key (keys.go),
+--                a string "<call>|<count>|<reply>" holding what the last call
+--                through it returned
 -- ARGV[1] -> now, ms since the Unix epoch
 -- ARGV[2] -> P, the number of producer hashes (1 .. 1000)
 -- ARGV[3] -> grace, ms (1000 .. 1e12): see window.lua
@@ -26,7 +29,15 @@
 --            have started up to this much before its window
 -- ARGV[5] -> producer hash lifetime, ms (1000 .. 1e12): longer than an event
 --            can wait in the stream
--- ARGV[6..] -> events, 10 arguments each (a producer's usually in order):
+-- ARGV[6] -> call, 0 .. 999999999999999: 0 for none; otherwise the caller's
+--            number for this run of events, the same each time it sends the
+--            same run again. When the reply key holds this call's reply, the
+--            script returns it and changes nothing: a call whose answer was
+--            lost (a timeout after the primary ran it) and is tried again
+--            learns what it did, instead of finding its events applied
+--            before (duplicate).
+-- ARGV[7] -> reply lifetime, ms (1000 .. 1e12): how long the reply key is kept
+-- ARGV[8..] -> events, 10 arguments each (a producer's usually in order):
 --   1 producer    index into KEYS (1 .. P)
 --   2 seq         the producer's sequence number (1 .. 999999999999999)
 --   3 kind        "c" charge units; "r" refund units of an earlier charge;
@@ -72,17 +83,24 @@ local tol = arg_int(4, 0, 1000000000000)
 if tol == nil then return redis.error_reply("ERR tally: invalid skew tolerance") end
 local ttl = arg_int(5, 1000, 1000000000000)
 if ttl == nil then return redis.error_reply("ERR tally: invalid producer lifetime") end
+local call = arg_int(6, 0, 999999999999999)
+if call == nil then return redis.error_reply("ERR tally: invalid call") end
+local replyTTL = arg_int(7, 1000, 1000000000000)
+if replyTTL == nil then return redis.error_reply("ERR tally: invalid reply lifetime") end
+local lastWin = #KEYS
+if call > 0 then lastWin = #KEYS - 1 end
+if np > lastWin then return redis.error_reply("ERR tally: invalid producer count") end
 local FIELDS = 10
-local nev = (#ARGV - 5) / FIELDS
+local nev = (#ARGV - 7) / FIELDS
 if nev ~= math.floor(nev) then return redis.error_reply("ERR tally: invalid event count") end
 
 -- Validate every event before the first write.
 local evs = {}
 for i = 1, nev do
-  local b = 5 + (i - 1) * FIELDS
+  local b = 7 + (i - 1) * FIELDS
   local e = {
     prod = arg_int(b + 1, 1, np), seq = arg_int(b + 2, 1, 999999999999999), kind = ARGV[b + 3],
-    win = arg_int(b + 4, np + 1, #KEYS), reset = arg_int(b + 5, 0, MAX_MS), start = arg_int(b + 6, 0, MAX_MS),
+    win = arg_int(b + 4, np + 1, lastWin), reset = arg_int(b + 5, 0, MAX_MS), start = arg_int(b + 6, 0, MAX_MS),
     len = arg_int(b + 7, 1000, 1000000000000), units = arg_int(b + 8, 1, MAX_UNITS),
     ref = arg_int(b + 9, 0, np), refseq = arg_int(b + 10, 0, 999999999999999),
   }
@@ -104,6 +122,24 @@ for i = 1, nev do
     return redis.error_reply("ERR tally: invalid " .. bad .. " of event " .. i)
   end
   evs[i] = e
+end
+
+-- A call sent again: what it did the first time.
+if call > 0 then
+  local memo = redis.call("GET", KEYS[#KEYS])
+  if memo then
+    local c, n, reply = string.match(memo, "^(%d+)|(%d+)|(.*)$")
+    if c == num(call) then
+      if tonumber(n) ~= nev then
+        return redis.error_reply("ERR tally: invalid call: sent again with other events")
+      end
+      local out = {}
+      for v in string.gmatch(reply, "%d+") do
+        table.insert(out, tonumber(v))
+      end
+      return out
+    end
+  end
 end
 
 local MAXGAPS = 64
@@ -300,5 +336,12 @@ for i, p in pairs(prods) do
     redis.call("HSET", KEYS[i], unpack(fields))
     redis.call("PEXPIRE", KEYS[i], num(ttl))
   end
+end
+if call > 0 then
+  local parts = {}
+  for i = 1, #out do
+    parts[i] = num(out[i])
+  end
+  redis.call("SET", KEYS[#KEYS], num(call) .. "|" .. num(nev) .. "|" .. table.concat(parts, ","), "PX", num(replyTTL))
 end
 return out

@@ -3,6 +3,7 @@ package accountant
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -159,6 +160,7 @@ type Accountant struct {
 	lagHist                                                                 metric.Float64Histogram
 	decisions                                                               atomic.Pointer[events.Batcher]
 	dseq                                                                    atomic.Uint64
+	runs                                                                    atomic.Uint64 // the last run sent (limiter.Run); a random start, so that a process reusing an Owner never reuses a number
 
 	mu     sync.Mutex
 	states []ShardState
@@ -171,6 +173,9 @@ func New(js jetstream.JetStream, store *limiter.Store, keys *limiter.KeySpace, c
 	}
 	a := &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now,
 		lagHist: noop.Float64Histogram{}, msgEvents: noop.Int64Histogram{}}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	a.runs.Store(binary.BigEndian.Uint64(b[:]) >> 16) // below 2^48: room for 2^49 runs under limiter.MaxSeq
 	a.backlog = make([]atomic.Uint64, store.Shards())
 	a.states = make([]ShardState, store.Shards())
 	for i := range a.states {
@@ -607,8 +612,9 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 	}
 	call, end := w.traced(ctx, items)
 	defer end()
+	run := limiter.Run{Caller: a.cfg.Owner, Seq: a.runs.Add(1)} // a retry sends the same run again
 	for {
-		res, err := w.apply(call, ops)
+		res, err := w.apply(call, run, ops)
 		if err == nil {
 			w.delay = a.cfg.RetryMin
 			w.record(items, res)
@@ -698,12 +704,13 @@ func (w *worker) applyEach(ctx context.Context, it *item) bool {
 	return true
 }
 
-// apply applies ops (the store bounds each script call). The run in hand
-// finishes even when shutdown has begun.
-func (w *worker) apply(ctx context.Context, ops []limiter.Event) (limiter.ApplyResult, error) {
+// apply applies ops as run (the store bounds each script call): sent again
+// after an answer was lost, a run's results are what the lost call did.
+// The run in hand finishes even when shutdown has begun.
+func (w *worker) apply(ctx context.Context, run limiter.Run, ops []limiter.Event) (limiter.ApplyResult, error) {
 	call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	return w.a.store.Apply(call, w.shard, w.a.now(), ops)
+	return w.a.store.ApplyRun(call, w.shard, w.a.now(), run, ops)
 }
 
 // record counts what a run did and notes the windows that have room again.

@@ -257,25 +257,56 @@ func TestAnomaliesAreNeverSampledAway(t *testing.T) {
 	f.waitUsed(k, 110)
 	waitFor(t, "the duplicate", func() bool { return a.Stats().Duplicates == 1 })
 
+	outcomes := f.outcomes(2)
+	require.ElementsMatch(t, []string{"charged_over_limit", "duplicate"}, outcomes, "the ordinary charge sampled away")
+}
+
+// outcomes reads the decisions stream from its start until it holds at
+// least n records (bounded), and a while longer in case more come; it
+// returns their outcomes in order.
+func (f *fixture) outcomes(n int) []string {
+	f.t.Helper()
 	sub, err := f.js.OrderedConsumer(context.Background(), f.streams.Decisions.Name, jetstream.OrderedConsumerConfig{})
-	require.NoError(t, err)
+	require.NoError(f.t, err)
 	var outcomes []string
 	read := func(wait time.Duration) {
 		b, err := sub.Fetch(10, jetstream.FetchMaxWait(wait))
-		require.NoError(t, err)
+		require.NoError(f.t, err)
 		for m := range b.Messages() {
 			var recs []struct {
 				Data struct{ Outcome string } `json:"data"`
 			}
-			require.NoError(t, json.Unmarshal(m.Data(), &recs))
+			require.NoError(f.t, json.Unmarshal(m.Data(), &recs))
 			for _, r := range recs {
 				outcomes = append(outcomes, r.Data.Outcome)
 			}
 		}
 	}
-	waitFor(t, "two records", func() bool { read(100 * time.Millisecond); return len(outcomes) >= 2 })
+	waitFor(f.t, "the records", func() bool { read(100 * time.Millisecond); return len(outcomes) >= n })
 	read(300 * time.Millisecond) // and nothing more
-	require.ElementsMatch(t, []string{"charged_over_limit", "duplicate"}, outcomes, "the ordinary charge sampled away")
+	return outcomes
+}
+
+// A script call whose answer is lost (the primary froze past the read
+// timeout, then ran it) is tried again; the records say what the lost call
+// did — the refund was applied — not that the retry found it applied
+// before.
+func TestLostAnswerIsRecordedAsWhatItDid(t *testing.T) {
+	f := newFixture(t)
+	k, r := f.keys.Key("core", "alice"), reset()
+	a := f.start()
+	f.publish([]events.Accounting{started("edge-1", 1, k, r, 5)})
+	f.waitUsed(k, 5)
+
+	f.primary.Pause()
+	f.publish([]events.Accounting{finished("edge-1", 2, k, r, 304, "edge-1", 1)})
+	waitFor(t, "a call that timed out", func() bool { return a.Stats().Retries > 0 })
+	f.primary.Resume()
+	f.waitUsed(k, 4)
+	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	require.Equal(t, []string{"charged", "refunded"}, f.outcomes(2))
+	require.EqualValues(t, 1, a.Stats().Refunded)
+	require.Zero(t, a.Stats().Duplicates)
 }
 
 // scrape reads an accountant's /metrics.

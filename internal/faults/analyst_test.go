@@ -47,28 +47,11 @@ func analyst(t *testing.T, c *cluster) {
 
 	// Every record validates against the documented schema.
 	schema := decisionSchema(t)
-	cons, err := c.js.OrderedConsumer(context.Background(), c.streams.Decisions.Name, jetstream.OrderedConsumerConfig{})
-	require.NoError(t, err)
 	records := 0
-	for {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
-		require.NoError(t, err)
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			v, err := jsonschema.UnmarshalJSON(bytes.NewReader(m.Data()))
-			require.NoError(t, err)
-			recs, ok := v.([]any)
-			require.True(t, ok, "a message is a JSON array of records")
-			for _, rec := range recs {
-				require.NoError(t, schema.Validate(rec))
-				records++
-			}
-		}
-		if n == 0 {
-			break
-		}
-	}
+	eachRecord(t, c, func(rec any) {
+		require.NoError(t, schema.Validate(rec))
+		records++
+	})
 	t.Logf("%d decision records valid against docs/decision.schema.json", records)
 	require.Positive(t, records)
 }
@@ -129,6 +112,9 @@ func analystAgrees(t *testing.T, c *cluster, targets []*target) int64 {
 			continue // no request of this key was allowed
 		}
 		require.True(t, ok, "%s: no window from the stream, %d on the primary", tg.identity, used)
+		if used != w.Net {
+			logRecords(t, c, w.Key)
+		}
 		require.Equal(t, used, w.Net, "%s: the stream's count (admitted %d, refunded %d) against the primary's", tg.identity,
 			w.Admitted, w.Refunded)
 		require.Equal(t, max(0, used-tg.policy.Limit), w.Overshoot, tg.identity)
@@ -139,4 +125,44 @@ func analystAgrees(t *testing.T, c *cluster, targets []*target) int64 {
 		len(windows), admitted, overshoot)
 
 	return overshoot
+}
+
+// eachRecord calls f with every record of the decisions stream, in order.
+func eachRecord(t *testing.T, c *cluster, f func(rec any)) {
+	t.Helper()
+	cons, err := c.js.OrderedConsumer(context.Background(), c.streams.Decisions.Name, jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
+	for {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		require.NoError(t, err)
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			v, err := jsonschema.UnmarshalJSON(bytes.NewReader(m.Data()))
+			require.NoError(t, err)
+			recs, ok := v.([]any)
+			require.True(t, ok, "a message is a JSON array of records")
+			for _, rec := range recs {
+				f(rec)
+			}
+		}
+		if n == 0 {
+			return
+		}
+	}
+}
+
+// logRecords logs the data of every record of the key with digest key, for
+// a disagreement to be read.
+func logRecords(t *testing.T, c *cluster, key string) {
+	t.Helper()
+	eachRecord(t, c, func(rec any) {
+		m, _ := rec.(map[string]any)
+		d, _ := m["data"].(map[string]any)
+		if d["key"] != key {
+			return
+		}
+		b, _ := json.Marshal(d)
+		t.Logf("%s %s", m["source"], b)
+	})
 }

@@ -156,24 +156,57 @@ const MaxApply = 4096
 // Any other failure (connection loss, READONLY after a failover, a
 // restarting primary) returns an error: the events of some calls may have
 // been applied, none twice, and running the same events again is always
-// safe. NOSCRIPT (an empty script cache after a restart, SCRIPT FLUSH or a
-// promotion) is handled here.
+// safe — though the events a lost call applied then come back Duplicate
+// (ApplyRun says what they did). NOSCRIPT (an empty script cache after a
+// restart, SCRIPT FLUSH or a promotion) is handled here.
 func (s *Store) Apply(ctx context.Context, i int, now time.Time, evs []Event) (ApplyResult, error) {
+	return s.ApplyRun(ctx, i, now, Run{}, evs)
+}
+
+// Run names a run of events its caller may send again after a failure: the
+// same Caller and Seq for the same events, a new Seq for other events.
+type Run struct {
+	// Caller is the process sending the run (an accountant's owner id;
+	// ValidProducer). Each caller has its own reply keys on a primary.
+	Caller string
+	// Seq numbers the caller's runs, from 1; 0 with Caller "" is no run.
+	Seq uint64
+}
+
+// ReplyLifetime is how long a primary keeps the answer of a named run's
+// last call (Run): a retry later than that, of a call whose answer was
+// lost, finds its events applied before (Duplicate) — they still take
+// effect once.
+const ReplyLifetime = time.Hour
+
+// ApplyRun is Apply for a named run: when a call's answer is lost (a
+// timeout after the primary ran it) and the same run is sent again, each
+// call returns what it did the first time, so every event's result is
+// what happened to it (Applied, Netted, ...) rather than Duplicate.
+func (s *Store) ApplyRun(ctx context.Context, i int, now time.Time, run Run, evs []Event) (ApplyResult, error) {
 	out := ApplyResult{Results: make([]Result, len(evs))}
 	if len(evs) > MaxApply {
 		return out, fmt.Errorf("%w: %d events: at most %d per call", ErrInvalidArgument, len(evs), MaxApply)
 	}
+	if run != (Run{}) && (!ValidProducer(run.Caller) || run.Seq < 1 || run.Seq > MaxSeq) {
+		return out, fmt.Errorf("%w: run %d of %q", ErrInvalidArgument, run.Seq, truncate(run.Caller, 70))
+	}
 	for from := 0; from < len(evs); from += s.opts.ScriptEvents {
 		to := min(from+s.opts.ScriptEvents, len(evs))
-		if err := s.apply(ctx, i, now, evs[from:to], out.Results[from:to]); err != nil {
+		reply := ""
+		if run.Seq != 0 {
+			reply = s.keys.ReplyKey(run.Caller, from/s.opts.ScriptEvents)
+		}
+		if err := s.apply(ctx, i, now, run.Seq, reply, evs[from:to], out.Results[from:to]); err != nil {
 			return out, err
 		}
 	}
 	return out, nil
 }
 
-// apply applies evs in one script call, filling results.
-func (s *Store) apply(ctx context.Context, i int, now time.Time, evs []Event, results []Result) error {
+// apply applies evs in one script call, filling results; call and reply
+// are the call's number and reply key (0, "": none).
+func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, reply string, evs []Event, results []Result) error {
 	n := s.shards[i]
 	out := ApplyResult{Results: results}
 	keys := make([]string, 0, 16)
@@ -208,8 +241,9 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, evs []Event, re
 		return nil
 	}
 	np := len(keys)
-	args := make([]any, 0, 5+10*len(valid))
-	args = append(args, ms(now), np, s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(), s.opts.ProducerTTL.Milliseconds())
+	args := make([]any, 0, 7+10*len(valid))
+	args = append(args, ms(now), np, s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(), s.opts.ProducerTTL.Milliseconds(),
+		call, ReplyLifetime.Milliseconds())
 	for _, j := range valid {
 		e := &evs[j]
 		var reset int64
@@ -222,6 +256,9 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, evs []Event, re
 		}
 		args = append(args, idx[s.producerKey(e.Producer)], e.Seq, kindArg[e.Kind], index(e.Key.String()),
 			reset, ms(e.Start), e.Window.Milliseconds(), e.Units, ref, e.RefSeq)
+	}
+	if reply != "" {
+		keys = append(keys, reply)
 	}
 
 	for attempt := 0; ; attempt++ {

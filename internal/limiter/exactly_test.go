@@ -301,3 +301,60 @@ func TestConcurrentApplyIsExactlyOnce(t *testing.T) {
 	require.EqualValues(t, 8000, applied.Load())
 	require.EqualValues(t, 8000, e.used(t, k))
 }
+
+// A named run sent again is told what each of its script calls did, also
+// when the first answer was lost: the primary froze past the read timeout
+// and then ran the call. The events still take effect once; a run number
+// reused for other events is refused, and nothing runs.
+func TestRunSentAgainIsToldWhatItDid(t *testing.T) {
+	e := newEnv(t, limiter.Options{ScriptEvents: 2, ReadTimeout: 200 * time.Millisecond})
+	ctx := context.Background()
+	reset := t0.Add(minute).Truncate(time.Second).Add(time.Second)
+	k := e.keys.Key("core", "lost")
+	A, D, N, P := limiter.Applied, limiter.Duplicate, limiter.Netted, limiter.Pending
+	e.apply(t, charge("edge-a", 1, k, reset, t0, 5))
+	evs := []limiter.Event{ // two script calls of two events
+		refund("edge-a", 2, k, reset, t0, 1, "edge-a", 1), charge("edge-a", 3, k, reset, t0, 2),
+		refund("edge-a", 4, k, reset, t0, 1, "edge-a", 6), // before its charge
+		charge("edge-a", 6, k, reset, t0, 1),
+	}
+	run := limiter.Run{Caller: "accountant-1", Seq: 41}
+
+	e.primary.Pause()
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := e.store.ApplyRun(short, 0, e.clock.Now(), run, evs)
+	cancel()
+	require.Error(t, err, "the primary is frozen")
+	e.primary.Resume()
+	// The frozen primary ran the first call when it woke (its socket held
+	// it): 5 - 1 + 2.
+	require.Eventually(t, func() bool { return e.used(t, k) == 6 }, 5*time.Second, 20*time.Millisecond)
+	// The run sent again learns what that call did, and runs the rest.
+	res, err := e.store.ApplyRun(ctx, 0, e.clock.Now(), run, evs)
+	require.NoError(t, err)
+	require.Equal(t, []limiter.Outcome{A, A, P, N}, outcomes(res.Results))
+	require.EqualValues(t, []int64{4, 6, 0, 0}, []int64{res.Results[0].Used, res.Results[1].Used, res.Results[2].Used, res.Results[3].Used})
+	require.EqualValues(t, 6, e.used(t, k))
+
+	// Sent again once more: the same answer, nothing applied twice.
+	again, err := e.store.ApplyRun(ctx, 0, e.clock.Now(), run, evs)
+	require.NoError(t, err)
+	require.Equal(t, res.Results, again.Results)
+	require.EqualValues(t, 6, e.used(t, k))
+
+	// Without a run (or as another run), the same events are duplicates.
+	require.Equal(t, []limiter.Outcome{D, D, D, D}, outcomes(e.apply(t, evs...)))
+	other, err := e.store.ApplyRun(ctx, 0, e.clock.Now(), limiter.Run{Caller: "accountant-1", Seq: 42}, evs)
+	require.NoError(t, err)
+	require.Equal(t, []limiter.Outcome{D, D, D, D}, outcomes(other.Results))
+
+	// Run 42's number reused for events of another count: refused, nothing
+	// changes.
+	_, err = e.store.ApplyRun(ctx, 0, e.clock.Now(), limiter.Run{Caller: "accountant-1", Seq: 42},
+		[]limiter.Event{charge("edge-a", 7, k, reset, t0, 1)})
+	require.ErrorIs(t, err, limiter.ErrInvalidArgument)
+	require.EqualValues(t, 6, e.used(t, k))
+
+	_, err = e.store.ApplyRun(ctx, 0, e.clock.Now(), limiter.Run{Caller: "a b", Seq: 1}, evs)
+	require.ErrorIs(t, err, limiter.ErrInvalidArgument, "a caller id that cannot name a key")
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"strconv"
 	"sync"
 )
 
@@ -18,6 +19,7 @@ import (
 //	<prefix>:{<digest>}            hash: one window (u, s, r, p)
 //	<prefix>:producer:{<digest>}   hash: one producer's applied sequence on a shard
 //	<prefix>:lease:<shard>         string: the accountant that holds a shard
+//	<prefix>:reply:{<digest>}:<n>  string: the last answer of a caller's runs, script call n
 //
 // A window digest is 32 lower-case hex digits: the first 128 bits of
 // HMAC-SHA256(secret, "tally/key/v1" ‖ len(resource) ‖ resource ‖
@@ -201,6 +203,20 @@ func (ks *KeySpace) ProducerKey(producer string) string {
 	b = append(b, ":producer:{"...)
 	b = d.AppendHex(b)
 	b = append(b, '}')
+	return string(b)
+}
+
+// ReplyKey holds what the last call of a caller's runs (Run) through
+// script call slot chunk returned, for that call sent again to learn what
+// it did. The caller id is hashed like producer ids are.
+func (ks *KeySpace) ReplyKey(caller string, chunk int) string {
+	d := ks.sum("tally/reply/v1", caller, "")
+	b := make([]byte, 0, len(ks.prefix)+16+2*len(d))
+	b = append(b, ks.prefix...)
+	b = append(b, ":reply:{"...)
+	b = d.AppendHex(b)
+	b = append(b, "}:"...)
+	b = strconv.AppendInt(b, int64(chunk), 10)
 	return string(b)
 }
 

@@ -89,16 +89,16 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 		}{
 			"check": {lua.Check, []string{k.String()}, []string{now}},
 			"take":  {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000", "edge-1.7"}},
-			"apply": {lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000",
+			"apply": {lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000",
 				"1", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
 			"lease": {lua.Lease, []string{"tally:lease:s0"}, []string{"hold", "acc-1", "1000"}},
 		}
 		bad := []string{"", "-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"}
 		special := map[string][]string{ // arguments that are not numbers
-			"apply/8": {"", "C", "cc", "z", "1"},
-			"lease/1": {"", "HOLD", "take", "1"},
-			"lease/2": {"", "a b", "{x}", strings.Repeat("a", 65), "é"},
-			"take/7":  {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é"},
+			"apply/10": {"", "C", "cc", "z", "1"},
+			"lease/1":  {"", "HOLD", "take", "1"},
+			"lease/2":  {"", "a b", "{x}", strings.Repeat("a", 65), "é"},
+			"take/7":   {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é"},
 		}
 		before := state(t, rdb, k, pk)
 		for name, sc := range scripts {
@@ -132,15 +132,16 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			{"take: need over limit", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "101", "101", "60000", "h"}},
 			{"take: want under need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "5", "4", "60000", "h"}},
 			{"take: want without need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "0", "4", "60000", "h"}},
-			{"apply: producer index out of range", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "2", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
-			{"apply: window index is a producer", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c", "1", r, now, "60000", "1", "0", "0"}},
-			{"apply: fractional reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c", "2", r + "1", now, "60000", "1", "0", "0"}},
-			{"apply: charge with a ref", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c", "2", r, now, "60000", "1", "1", "1"}},
-			{"apply: release without reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "x", "2", "0", now, "60000", "1", "0", "0"}},
-			{"apply: a good event then a bad one", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000",
+			{"apply: producer index out of range", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "2", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
+			{"apply: window index is a producer", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "c", "1", r, now, "60000", "1", "0", "0"}},
+			{"apply: fractional reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "c", "2", r + "1", now, "60000", "1", "0", "0"}},
+			{"apply: charge with a ref", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "c", "2", r, now, "60000", "1", "1", "1"}},
+			{"apply: release without reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "x", "2", "0", now, "60000", "1", "0", "0"}},
+			{"apply: a good event then a bad one", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000",
 				"1", "2", "c", "2", r, now, "60000", "1", "0", "0", "1", "3", "c", "2", r, now, "60000", "0", "0", "0"}},
-			{"apply: a partial event", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "1", "2", "c"}},
-			{"apply: more producers than keys", lua.Apply, []string{pk, k.String()}, []string{now, "3", "60000", "2000", "90000000"}},
+			{"apply: a partial event", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "c"}},
+			{"apply: a call without its reply key", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "7", "60000", "1", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
+			{"apply: more producers than keys", lua.Apply, []string{pk, k.String()}, []string{now, "3", "60000", "2000", "90000000", "0", "60000"}},
 		} {
 			err := rdb.Eval(ctx, c.src, c.keys, toAny(c.args)...).Err()
 			require.Error(t, err, c.name)

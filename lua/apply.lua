@@ -21,7 +21,7 @@
 -- KEYS[P+1..] -> window hashes (keys.go), each named once
 -- KEYS[#KEYS] -> when ARGV[6] names a call: the caller's reply key (keys.go),
 --                a string "<call>|<count>|<reply>" holding what the last call
---                through it returned
+--                through it returned (<reply> in MessagePack)
 -- ARGV[1] -> now, ms since the Unix epoch
 -- ARGV[2] -> P, the number of producer hashes (1 .. 1000)
 -- ARGV[3] -> grace, ms (1000 .. 1e12): see window.lua
@@ -128,16 +128,12 @@ end
 if call > 0 then
   local memo = redis.call("GET", KEYS[#KEYS])
   if memo then
-    local c, n, reply = string.match(memo, "^(%d+)|(%d+)|(.*)$")
+    local c, n, at = string.match(memo, "^(%d+)|(%d+)|()")
     if c == num(call) then
       if tonumber(n) ~= nev then
         return redis.error_reply("ERR tally: invalid call: sent again with other events")
       end
-      local out = {}
-      for v in string.gmatch(reply, "%d+") do
-        table.insert(out, tonumber(v))
-      end
-      return out
+      return cmsgpack.unpack(string.sub(memo, at))
     end
   end
 end
@@ -338,10 +334,6 @@ for i, p in pairs(prods) do
   end
 end
 if call > 0 then
-  local parts = {}
-  for i = 1, #out do
-    parts[i] = num(out[i])
-  end
-  redis.call("SET", KEYS[#KEYS], num(call) .. "|" .. num(nev) .. "|" .. table.concat(parts, ","), "PX", num(replyTTL))
+  redis.call("SET", KEYS[#KEYS], num(call) .. "|" .. num(nev) .. "|" .. cmsgpack.pack(out), "PX", num(replyTTL))
 end
 return out

@@ -76,7 +76,7 @@
 local now = arg_int(1, 0, MAX_MS)
 if now == nil then return redis.error_reply("ERR tally: invalid now") end
 local np = arg_int(2, 1, 1000)
-if np == nil or np > #KEYS then return redis.error_reply("ERR tally: invalid producer count") end
+if np == nil then return redis.error_reply("ERR tally: invalid producer count") end
 local grace = arg_int(3, 1000, 1000000000000)
 if grace == nil then return redis.error_reply("ERR tally: invalid grace") end
 local tol = arg_int(4, 0, 1000000000000)

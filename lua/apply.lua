@@ -14,7 +14,9 @@
 --                           oldest is forgotten and its numbers count as
 --                           applied)
 --                  g:<a>    "<b>": numbers a to b, below s, not applied yet
---                  c        how many n:<seq> markers there are
+--                  c        how many n:<seq> markers there are (at most
+--                           10000; beyond, a refund that comes before its
+--                           charge is late: it changes nothing)
 --                  n:<seq>  a refund that arrived before its charge <seq>:
 --                           the charge, when it comes, nets to zero
 --                They expire ARGV[5] ms after their last write.
@@ -37,42 +39,57 @@
 --            learns what it did, instead of finding its events applied
 --            before (duplicate).
 -- ARGV[7] -> reply lifetime, ms (1000 .. 1e12): how long the reply key is kept
--- ARGV[8..] -> events, 10 arguments each (a producer's usually in order):
+-- ARGV[8 .. 7+P] -> the producer ids of KEYS[1..P] (keys.go's ValidProducer):
+--            what a producer charges and gives back is counted in each
+--            window's c:<producer> (window.lua)
+-- ARGV[8+P ..] -> events, 10 arguments each (a producer's usually in order):
 --   1 producer    index into KEYS (1 .. P)
 --   2 seq         the producer's sequence number (1 .. 999999999999999)
 --   3 kind        "c" charge units; "r" refund units of an earlier charge;
 --                 "x" release units an edge reserved and did not use
 --   4 window      index into KEYS (P+1 .. #KEYS)
 --   5 reset_at    ms, a whole second: the window the event belongs to, as the
---                 edge's response showed it; 0: place the event by its start
+--                 edge's response showed it; 0: place the event by its start.
+--                 A window resets after its requests start, and at most its
+--                 length and 61 s (rounding, clocks) after: start < reset_at
+--                 <= start + length + 61000
 --   6 start       ms: when the request started (used when reset_at is 0)
 --   7 length      window length, ms (1000 .. 1e12)
 --   8 units       1 .. 1e9
---   9 ref         refunds only: index into KEYS of the charge's producer, or
---                 0 when the charge was a reservation (known to be applied)
---  10 ref seq     refunds with a ref: the charge's sequence; otherwise 0
+--   9 ref         refunds only: the event's own producer index when it names
+--                 the charge it refunds (a producer refunds only its own
+--                 charges), or 0 when the charge was a reservation
+--  10 ref seq     refunds with a ref: the charge's sequence, below the
+--                 refund's own; otherwise 0
 --
 -- Rules:
 --   charge   by reset_at: added to that window while it is live; opens it
 --            when no window is live (a primary that lost its data); late
 --            when another window has replaced it or it has ended.
 --            by start: see place in window.lua. A charge whose refund came
---            first nets to zero.
---   refund   given back to the charge's window while it is live, never below
---            zero; when its charge has not been applied yet, it is kept as a
+--            first nets to zero. Counted in c:<producer>.
+--   refund   given back to the charge's window while it is live: at most
+--            what the producer holds in it (c:<producer>), never below zero;
+--            when its charge has not been applied yet, it is kept as a
 --            marker and the charge nets to zero.
 --   release  like a refund of a reservation.
+--   Nothing is written before every key has been read: a key of the wrong
+--   type fails the whole call before its first write.
 --
 -- Returns: a flat list, 4 values per event: outcome, used, reset_at, amount
 --   outcome 1 applied    used: the window's units after it, amount: added or
---                        given back
+--                        given back (for a refund, at most what the producer
+--                        held in the window)
 --           2 duplicate  the producer's event was applied before (or its
 --                        number is older than every gap remembered)
---           3 late       its window has ended or been replaced
+--           3 late       its window has ended or been replaced (or, for a
+--                        refund before its charge, the producer has too many
+--                        such refunds waiting)
 --           4 netted     a charge whose refund came first
 --           5 pending    a refund whose charge has not come yet
 --   used, reset_at and amount are 0 unless the outcome is applied.
--- Errors: "ERR tally: invalid <argument>"; nothing is written then.
+-- Errors: "ERR tally: invalid <argument>", or WRONGTYPE for a key that holds
+-- another kind of value; nothing is written then.
 local now = arg_int(1, 0, MAX_MS)
 if now == nil then return redis.error_reply("ERR tally: invalid now") end
 local np = arg_int(2, 1, 1000)
@@ -90,14 +107,20 @@ if replyTTL == nil then return redis.error_reply("ERR tally: invalid reply lifet
 local lastWin = #KEYS
 if call > 0 then lastWin = #KEYS - 1 end
 if np > lastWin then return redis.error_reply("ERR tally: invalid producer count") end
+local names = {}
+for i = 1, np do
+  names[i] = ARGV[7 + i]
+  if not valid_producer(names[i]) then return redis.error_reply("ERR tally: invalid producer id " .. i) end
+end
 local FIELDS = 10
-local nev = (#ARGV - 7) / FIELDS
-if nev ~= math.floor(nev) then return redis.error_reply("ERR tally: invalid event count") end
+local first = 7 + np
+local nev = (#ARGV - first) / FIELDS
+if nev < 0 or nev ~= math.floor(nev) then return redis.error_reply("ERR tally: invalid event count") end
 
 -- Validate every event before the first write.
 local evs = {}
 for i = 1, nev do
-  local b = 7 + (i - 1) * FIELDS
+  local b = first + (i - 1) * FIELDS
   local e = {
     prod = arg_int(b + 1, 1, np), seq = arg_int(b + 2, 1, 999999999999999), kind = ARGV[b + 3],
     win = arg_int(b + 4, np + 1, lastWin), reset = arg_int(b + 5, 0, MAX_MS), start = arg_int(b + 6, 0, MAX_MS),
@@ -116,7 +139,9 @@ for i = 1, nev do
   elseif e.ref == nil or e.refseq == nil then bad = "ref"
   elseif e.kind ~= "r" and (e.ref ~= 0 or e.refseq ~= 0) then bad = "ref"
   elseif e.kind == "r" and (e.ref == 0) ~= (e.refseq == 0) then bad = "ref"
+  elseif e.ref ~= 0 and (e.ref ~= e.prod or e.refseq >= e.seq) then bad = "ref"
   elseif e.kind ~= "c" and e.ref == 0 and e.reset == 0 then bad = "reset_at"
+  elseif e.reset > 0 and (e.start >= e.reset or e.reset > e.start + e.len + MAX_RESET_AHEAD) then bad = "reset_at"
   end
   if bad ~= nil then
     return redis.error_reply("ERR tally: invalid " .. bad .. " of event " .. i)
@@ -139,15 +164,21 @@ if call > 0 then
 end
 
 local MAXGAPS = 64
+local MAXMARKS = 10000
+
+-- Read every key before the first write: one of the wrong type fails the
+-- call here, with nothing written.
 local prods = {}
+for i = 1, np do
+  local f = redis.call("HMGET", KEYS[i], "s", "c", "g")
+  prods[i] = { i = i, s = tonumber(f[1]) or 0, c = tonumber(f[2]) or 0, g = tonumber(f[3]) or 0 }
+end
+local wins = {}
+for i = np + 1, lastWin do
+  wins[i] = load(KEYS[i]) or false
+end
 local function producer(i)
-  local p = prods[i]
-  if p == nil then
-    local f = redis.call("HMGET", KEYS[i], "s", "c", "g")
-    p = { i = i, s = tonumber(f[1]) or 0, c = tonumber(f[2]) or 0, g = tonumber(f[3]) or 0 }
-    prods[i] = p
-  end
-  return p
+  return prods[i]
 end
 
 -- gaps loads p's gaps ({from, to} pairs) once.
@@ -225,15 +256,22 @@ local function mark(p, seq)
   p.g, p.gapsDirty = #gs, true
 end
 
-local wins = {}
 local touched = {}
-local function window(i)
-  local w = wins[i]
-  if w == nil then
-    w = load(KEYS[i]) or false
-    wins[i] = w
+-- held is what producer prod holds in window i (c:<producer>), read once.
+local held = {}
+local function holding(i, prod)
+  local h = held[i]
+  if h == nil then
+    h = {}
+    held[i] = h
   end
-  return w or nil
+  if h[prod] == nil then
+    h[prod] = { n = tonumber(redis.call("HGET", KEYS[i], "c:" .. names[prod])) or 0, dirty = false }
+  end
+  return h[prod]
+end
+local function window(i)
+  return wins[i] or nil
 end
 
 -- live reports whether the stored window w is the event's window and live.
@@ -271,8 +309,11 @@ local function charge(e, p)
       w = fresh(t, e.len, prev)
     end
     wins[e.win] = w
+    held[e.win] = {} -- a new window: nobody holds anything in it yet
   end
   w.u = w.u + e.units
+  local h = holding(e.win, e.prod)
+  h.n, h.dirty = h.n + e.units, true
   touched[e.win] = true
   return 1, w.u, w.r, e.units
 end
@@ -281,6 +322,9 @@ local function giveback(e)
   if e.ref > 0 then
     local rp = producer(e.ref)
     if unapplied(rp, e.refseq) then
+      if rp.c >= MAXMARKS then
+        return 3, 0, 0, 0
+      end
       redis.call("HSET", KEYS[e.ref], "n:" .. num(e.refseq), num(e.units))
       rp.c = rp.c + 1
       rp.dirty = true
@@ -291,8 +335,10 @@ local function giveback(e)
   if not live(w, e) then
     return 3, 0, 0, 0
   end
-  local amount = math.min(e.units, w.u)
+  local h = holding(e.win, e.prod)
+  local amount = math.min(e.units, w.u, h.n)
   w.u = w.u - amount
+  h.n, h.dirty = h.n - amount, true
   touched[e.win] = true
   return 1, w.u, w.r, amount
 end
@@ -316,6 +362,11 @@ end
 
 for i in pairs(touched) do
   save(KEYS[i], wins[i], grace)
+  for prod, h in pairs(held[i] or {}) do
+    if h.dirty then
+      redis.call("HSET", KEYS[i], "c:" .. names[prod], num(h.n))
+    end
+  end
 end
 for i, p in pairs(prods) do
   if p.dirty then

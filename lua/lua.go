@@ -2,8 +2,8 @@
 //
 // Each script opens with its contract: the KEYS and ARGV it takes, what it
 // returns, and which node it runs on. The scripts that change windows (take,
-// apply) share the window model in window.lua, which is prepended to them
-// here; check runs alone, read-only, on replicas; lease keeps one
+// apply, finish) share the window model in window.lua, which is prepended to
+// them here; check runs alone, read-only, on replicas; lease keeps one
 // accountant active per shard.
 //
 // Scripts touch only the keys passed in KEYS, validate every argument before
@@ -27,6 +27,9 @@ var (
 	Apply = withWindow("apply.lua")
 	// Lease holds or frees an accountant's lease on a shard.
 	Lease = read("lease.lua")
+	// Finish finishes a decision-API request once, giving a 304's charge
+	// back.
+	Finish = withWindow("finish.lua")
 )
 
 func read(name string) string {

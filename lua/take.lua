@@ -7,9 +7,9 @@
 --
 -- KEYS[1] -> the window hash of one (resource, identity) key (keys.go)
 -- KEYS[2] -> the calling edge's producer hash on this shard (keys.go); read
---            only: its field "s" is the edge's applied event sequence
---            (apply.lua), so that the edge can tell which of its own events
---            the returned count already holds
+--            only: what of the edge's events apply.lua applied, so that the
+--            edge can tell which of its own events the returned count
+--            already holds
 -- ARGV[1] -> now, ms since the Unix epoch (the edge's clock, read once for
 --            the decision)
 -- ARGV[2] -> window length, ms (1000 .. 1e12)
@@ -25,14 +25,25 @@
 --            "g:<holder>", every unit ever reserved for the holder in it, so
 --            that a holder whose answer was lost (a timeout while the
 --            primary was frozen, after which Redis ran the script anyway)
---            learns from its next call what it was given
+--            learns from its next call what it was given. It is the
+--            producer, or begins with the producer and a dot
+-- ARGV[8] -> producer, the calling edge's producer id (keys.go's
+--            ValidProducer): what is reserved is added to the window's
+--            c:<producer>, what the edge may give back later
+-- ARGV[9] -> owed: the edge's charges of this window sent as accounting
+--            events (mode async) that may not be applied yet, as
+--            "<seq>:<units>" pairs separated by commas (at most 64; "" for
+--            none). Those whose seq is beyond applied (below) count as used:
+--            a reservation never takes room the edge has already admitted
+--            requests into
 --
 -- Returns: {granted, used, reset_at, start, opened, applied, mine}
 --   granted   units reserved: 0, or from need to want (as much as is left)
 --   used      the window's units after the call, every reservation included
 --   reset_at, start  the window, ms; both 0 when need is 0 and none is live
 --   opened    1 when this call opened the window, else 0
---   applied   the producer's applied sequence, 0 when it has none
+--   applied   the highest n such that every event 1..n of the producer has
+--             been applied here (0 when none has)
 --   mine      every unit reserved for the holder in this window so far, this
 --             call's included (0 when no window is live)
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
@@ -52,9 +63,32 @@ local holder = ARGV[7]
 if type(holder) ~= "string" or #holder < 1 or #holder > 100 or not string.match(holder, "^[%w_.-]+$") then
   return redis.error_reply("ERR tally: invalid holder")
 end
+local producer = ARGV[8]
+if not valid_producer(producer) or (holder ~= producer and string.sub(holder, 1, #producer + 1) ~= producer .. ".") then
+  return redis.error_reply("ERR tally: invalid producer")
+end
 local mine_field = "g:" .. holder
+local owedArg = ARGV[9]
+if type(owedArg) ~= "string" or #owedArg > 64 * 28 or (#owedArg > 0 and (not string.match(owedArg, "^[%d:,]+$")
+    or string.sub(owedArg, 1, 1) == "," or string.sub(owedArg, -1) == "," or string.find(owedArg, ",,", 1, true))) then
+  return redis.error_reply("ERR tally: invalid owed")
+end
+local owedPairs = {}
+for tok in string.gmatch(owedArg, "[^,]+") do
+  local sq, un = string.match(tok, "^(%d+):(%d+)$")
+  if sq == nil or #sq > 15 or #un > 10 or tonumber(sq) < 1 or tonumber(un) < 1 or tonumber(un) > MAX_UNITS or #owedPairs == 64 then
+    return redis.error_reply("ERR tally: invalid owed")
+  end
+  table.insert(owedPairs, { tonumber(sq), tonumber(un) })
+end
 
-local applied = tonumber(redis.call("HGET", KEYS[2], "s")) or 0
+local applied = applied_prefix(KEYS[2])
+local owed = 0
+for _, o in ipairs(owedPairs) do
+  if o[1] > applied then
+    owed = owed + o[2]
+  end
+end
 local w = load(KEYS[1])
 local opened = 0
 if w == nil or w.r <= now then
@@ -67,12 +101,13 @@ if w == nil or w.r <= now then
   end
   w = fresh(now, len, p)
   opened = 1
+  owed = 0 -- what the edge owes is for a window that has ended
 end
 if need == 0 then
   return { 0, w.u, w.r, w.s, 0, applied, tonumber(redis.call("HGET", KEYS[1], mine_field)) or 0 }
 end
 local granted = 0
-local room = limit - w.u
+local room = limit - w.u - owed
 if room >= need then
   granted = math.min(want, room)
   w.u = w.u + granted
@@ -83,6 +118,7 @@ end
 local mine = 0
 if granted > 0 then
   mine = redis.call("HINCRBY", KEYS[1], mine_field, granted)
+  redis.call("HINCRBY", KEYS[1], "c:" .. producer, granted)
 else
   mine = tonumber(redis.call("HGET", KEYS[1], mine_field)) or 0
 end

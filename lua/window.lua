@@ -9,6 +9,11 @@
 --   p   the earliest event start the window accepts: the previous window's
 --       reset_at, or (for a first window) the oldest start whose window could
 --       already have been garbage collected
+--   c:<producer>  the units one producer holds in the window: what its
+--       reservations (take.lua) and charges (apply.lua) added, less what its
+--       refunds and releases gave back. A producer never gives back more
+--       than it holds: no one can refund another producer's charges
+--   g:<holder>    every unit ever reserved for one holder (take.lua)
 --
 -- The hash expires at r + grace; expiry is garbage collection only, every
 -- read compares r with the caller's clock.
@@ -17,6 +22,9 @@
 -- Lua double).
 local MAX_MS = 100000000000000
 local MAX_UNITS = 1000000000
+-- A window resets at most its length and this much (ms) after a request
+-- in it started: a second of rounding, and a minute for clocks that differ.
+local MAX_RESET_AHEAD = 61000
 
 -- arg_int returns ARGV[i] as an integer in [lo, hi], or nil when it is not
 -- made of 1 to 15 decimal digits or lies outside the range.
@@ -30,6 +38,35 @@ local function arg_int(i, lo, hi)
     return nil
   end
   return v
+end
+
+-- valid_producer reports whether s is a producer id: 1 to 64 of
+-- [A-Za-z0-9_.-], dot-separated tokens none of which is empty (keys.go's
+-- ValidProducer).
+local function valid_producer(s)
+  return type(s) == "string" and #s >= 1 and #s <= 64 and string.match(s, "^[%w_.-]+$") ~= nil
+    and string.sub(s, 1, 1) ~= "." and string.sub(s, -1) ~= "." and string.find(s, "..", 1, true) == nil
+end
+
+-- applied_prefix returns the highest n such that every event 1..n of the
+-- producer whose hash is key has been applied: its highest applied number,
+-- or below the oldest number it is still missing (a gap, when a later batch
+-- was applied first).
+local function applied_prefix(key)
+  local f = redis.call("HMGET", key, "s", "g")
+  local applied = tonumber(f[1]) or 0
+  if (tonumber(f[2]) or 0) > 0 then
+    local all = redis.call("HGETALL", key)
+    for j = 1, #all, 2 do
+      if string.sub(all[j], 1, 2) == "g:" then
+        local from = tonumber(string.sub(all[j], 3))
+        if from ~= nil and from - 1 < applied then
+          applied = from - 1
+        end
+      end
+    end
+  end
+  return applied
 end
 
 -- num renders an integer-valued number without an exponent.

@@ -73,7 +73,7 @@ func newBench(bin string, short bool) (*bench, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &bench{stack: stack.New(dir, bin, "TALLY_KEY_SECRET=bench-secret"), short: short,
+	b := &bench{stack: stack.New(dir, bin), short: short,
 		reps: 5, satDur: 6 * time.Second, olDur: 6 * time.Second, warm: 2 * time.Second, report: &report{}}
 	if short {
 		b.reps, b.satDur, b.olDur, b.warm = 1, 3*time.Second, 2*time.Second, time.Second
@@ -110,7 +110,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 	if b.nats, err = b.stack.NATS(ctx); err != nil {
 		return err
 	}
-	if b.nc, err = nats.Connect(b.nats.Addr); err != nil {
+	if b.nc, err = nats.Connect(b.nats.Addr, b.stack.NATSOptions("operator")...); err != nil {
 		return err
 	}
 	defer b.nc.Close()
@@ -623,7 +623,7 @@ func (b *bench) roundTrips(ctx context.Context) error {
 		}
 		js.Record(time.Since(start))
 	}
-	ks, _ := limiter.NewKeySpace("tally", []byte("bench-secret"))
+	ks, _ := limiter.NewKeySpace("tally", b.stack.Secret())
 	store, err := limiter.NewStore(b.shards, ks, limiter.Options{})
 	if err != nil {
 		return err
@@ -695,7 +695,7 @@ func (b *bench) accountantThroughput(ctx context.Context) error {
 // applyEvents publishes n charge events in batches of 512 over both shards
 // and returns the rate at which the accountant applied them.
 func (b *bench) applyEvents(ctx context.Context, n int, producer string) (float64, error) {
-	ks, _ := limiter.NewKeySpace("tally", []byte("bench-secret"))
+	ks, _ := limiter.NewKeySpace("tally", b.stack.Secret())
 	m := shard.NewMap([]string{b.shards[0].Name, b.shards[1].Name})
 	byShard := map[string][]events.Accounting{}
 	seq := map[string]uint64{}

@@ -15,8 +15,8 @@ import (
 
 // decisions reads the decisions stream: how many records it holds and the
 // first denial's record.
-func decisions(ctx context.Context, natsURL, stream string) (records int, denial string, err error) {
-	nc, err := nats.Connect(natsURL)
+func decisions(ctx context.Context, natsURL, stream string, opts []nats.Option) (records int, denial string, err error) {
+	nc, err := nats.Connect(natsURL, opts...)
 	if err != nil {
 		return 0, "", err
 	}

@@ -23,14 +23,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/shard"
 	"github.com/tallyhq/tally/internal/stack"
 )
-
-const secret = "demo-secret"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -40,7 +40,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-	st := stack.New(dir, "bin", "TALLY_KEY_SECRET="+secret)
+	st := stack.New(dir, "bin") // a key secret and NATS passwords of its own
 	err = run(ctx, st)
 	st.StopAll()
 	switch {
@@ -111,7 +111,7 @@ func run(ctx context.Context, st *stack.Stack) error {
 	edge.Stop()
 	am := settle("http://" + cfg.Accountant.AdminListen + "/metrics")
 
-	keys, err := limiter.NewKeySpace(cfg.KeyPrefix, []byte(secret))
+	keys, err := limiter.NewKeySpace(cfg.KeyPrefix, st.Secret())
 	if err != nil {
 		return err
 	}
@@ -154,13 +154,13 @@ Summary:
 		am[`tally_accountant_events_total{outcome="late"}`], am["tally_accountant_dead_letters_total"], lag(am))
 	fmt.Println("\nUsage is read from the shard primaries after the edge stopped: what each client used,")
 	fmt.Println("304s refunded.")
-	return whereToLook(ctx, cfg, edge.LogFile())
+	return whereToLook(ctx, cfg, edge.LogFile(), st.NATSOptions("analytics"))
 }
 
 // whereToLook shows what the telemetry of the run holds, and where it is
 // in a deployment.
-func whereToLook(ctx context.Context, cfg *config.File, edgeLog string) error {
-	records, denial, err := decisions(ctx, cfg.NATS.URL, cfg.NATS.Streams.WithDefaults().Decisions.Name)
+func whereToLook(ctx context.Context, cfg *config.File, edgeLog string, natsOpts []nats.Option) error {
+	records, denial, err := decisions(ctx, cfg.NATS.URL, cfg.NATS.Streams.WithDefaults().Decisions.Name, natsOpts)
 	if err != nil {
 		return fmt.Errorf("reading the decisions stream: %w", err)
 	}

@@ -4,7 +4,11 @@
 // over its limit, one JSON line per window. It needs nothing of Tally's but
 // the stream (docs/events.md#decisions).
 //
-//	go run ./examples/decisions -nats nats://127.0.0.1:4222
+//	NATS_PASSWORD=… go run ./examples/decisions -nats nats://127.0.0.1:4222 -user analytics
+//
+// With the NATS permissions Tally ships (deploy/nats/tally.conf), the
+// analytics user reads the decisions stream, with replies on its own inbox
+// prefix (_INBOX_analytics), and can publish nothing.
 //
 // Counts are exact when every allowed decision and every refund is
 // recorded (edge.decisions.sample_allowed and
@@ -54,17 +58,29 @@ type Window struct {
 
 func main() {
 	url := flag.String("nats", nats.DefaultURL, "NATS server URL")
+	user := flag.String("user", os.Getenv("NATS_USER"), "NATS user (its password in $NATS_PASSWORD)")
+	inbox := flag.String("inbox", "", "inbox prefix (default _INBOX_<user> with a user, as deploy/nats/tally.conf grants)")
 	stream := flag.String("stream", "TALLY_DECISIONS", "the decisions stream")
 	idle := flag.Duration("idle", 2*time.Second, "stop once no record has come for this long")
 	flag.Parse()
-	if err := run(*url, *stream, *idle); err != nil {
+	var opts []nats.Option
+	if *user != "" {
+		opts = append(opts, nats.UserInfo(*user, os.Getenv("NATS_PASSWORD")))
+		if *inbox == "" {
+			*inbox = "_INBOX_" + *user
+		}
+	}
+	if *inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(*inbox))
+	}
+	if err := run(*url, *stream, *idle, opts...); err != nil {
 		fmt.Fprintln(os.Stderr, "decisions:", err)
 		os.Exit(1)
 	}
 }
 
-func run(url, stream string, idle time.Duration) error {
-	nc, err := nats.Connect(url)
+func run(url, stream string, idle time.Duration, opts ...nats.Option) error {
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return err
 	}

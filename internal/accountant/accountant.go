@@ -121,11 +121,14 @@ type Stats struct {
 	Netted                      uint64 // charges cancelled by a refund that came first
 	Pending                     uint64 // refunds that came before their charge
 	Ignored                     uint64 // finished events with nothing to refund
-	DeadLettered                uint64 // messages copied to the dead-letter stream
-	Retries                     uint64 // runs tried again after a failure
-	Unconfirmed                 uint64 // purges held back: no replica confirmed in time
-	Messages                    uint64 // stream messages processed
-	Repeated                    uint64 // messages whose every event was applied before (read or published again)
+	// NotHeld counts refunds and releases (among those applied) of units
+	// their producer did not hold in the window: nothing given back.
+	NotHeld      uint64
+	DeadLettered uint64 // messages copied to the dead-letter stream
+	Retries      uint64 // runs tried again after a failure
+	Unconfirmed  uint64 // purges held back: no replica confirmed in time
+	Messages     uint64 // stream messages processed
+	Repeated     uint64 // messages whose every event was applied before (read or published again)
 	// OverLimit counts units charged beyond a window's limit: admissions
 	// made without a reservation (mode async over credit, or with Redis
 	// unreachable) that turned out to exceed it.
@@ -137,6 +140,9 @@ type Stats struct {
 type ShardState struct {
 	Name   string
 	Active bool // this process holds the lease and reads the shard
+	// Leasing: the shard's lease has been asked for at least once (held
+	// here, or found held by another accountant): its primary answered.
+	Leasing bool
 	// Err is the last failure, and Since when the shard has been failing
 	// (zero when it is not).
 	Err   error
@@ -153,6 +159,7 @@ type Accountant struct {
 	now   func() time.Time
 
 	charged, refunded, released, duplicates, late, netted, pending, ignored atomic.Uint64
+	notHeld                                                                 atomic.Uint64
 	dead, retries, unconfirmed, messages, overLimit, repeated               atomic.Uint64
 	backlog                                                                 []atomic.Uint64 // per shard: messages left to read, as of the last one read
 	msgEvents                                                               metric.Int64Histogram
@@ -161,6 +168,11 @@ type Accountant struct {
 	decisions                                                               atomic.Pointer[events.Batcher]
 	dseq                                                                    atomic.Uint64
 	runs                                                                    atomic.Uint64 // the last run sent (limiter.Run); a random start, so that a process reusing an Owner never reuses a number
+
+	// signer signs the room notices the accountant sends.
+	signer *events.Notices
+	// streamsReady is set once the streams exist.
+	streamsReady atomic.Bool
 
 	mu     sync.Mutex
 	states []ShardState
@@ -172,7 +184,7 @@ func New(js jetstream.JetStream, store *limiter.Store, keys *limiter.KeySpace, c
 		log = slog.Default()
 	}
 	a := &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now,
-		lagHist: noop.Float64Histogram{}, msgEvents: noop.Int64Histogram{}}
+		lagHist: noop.Float64Histogram{}, msgEvents: noop.Int64Histogram{}, signer: events.NewNotices(keys.Derive(events.NoticeKeyLabel))}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	a.runs.Store(binary.BigEndian.Uint64(b[:]) >> 16) // below 2^48: room for 2^49 runs under limiter.MaxSeq
@@ -191,7 +203,11 @@ func New(js jetstream.JetStream, store *limiter.Store, keys *limiter.KeySpace, c
 // yet), then serves every shard until ctx ends. A shard that fails retries
 // by itself (see Shards); Run returns nil after a clean shutdown.
 func (a *Accountant) Run(ctx context.Context) error {
-	err := events.EnsureStreamsRetry(ctx, a.js, a.cfg.Streams, 2*time.Second, func(err error) {
+	names := make([]string, a.store.Shards())
+	for i := range names {
+		names[i] = a.store.ShardName(i)
+	}
+	err := events.EnsureStreamsRetry(ctx, a.js, a.cfg.Streams, names, 2*time.Second, func(err error) {
 		a.log.Warn("creating streams failed; retrying", "err", err)
 	})
 	if err != nil {
@@ -200,6 +216,7 @@ func (a *Accountant) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	a.streamsReady.Store(true)
 	if !a.cfg.Decisions.Disabled {
 		b, err := events.NewBatcher(a.js.Conn(), a.cfg.Streams.AccountantDecisionsSubject(), a.cfg.Decisions.BatcherConfig)
 		if err != nil {
@@ -230,7 +247,7 @@ func (a *Accountant) recordDecision(shard string, e *events.Accounting, outcome 
 		return
 	}
 	switch outcome {
-	case "charged", "refunded", "released", "netted":
+	case "charged", "refunded", "released", "netted": // the ordinary; anomalies are always recorded
 		if !events.Sampled(a.cfg.Decisions.SampleApplied) {
 			return
 		}
@@ -239,9 +256,13 @@ func (a *Accountant) recordDecision(shard string, e *events.Accounting, outcome 
 	if err != nil {
 		return
 	}
+	cost := e.Units
+	if outcome == "refunded" || outcome == "released" {
+		cost = r.Amount // at most what the producer held in the window
+	}
 	d := events.Decision{Time: now, Source: "accountant", Edge: a.cfg.Owner, Seq: a.dseq.Add(1), Shard: shard,
 		TraceParent: e.TraceParent, Key: dg, Policy: e.Policy, Limit: e.Limit, WindowSeconds: e.WindowSeconds,
-		Cost: e.Units, Allowed: true, Path: "accountant", Outcome: outcome, RequestID: e.RequestID, Used: r.Used,
+		Cost: cost, Allowed: true, Path: "accountant", Outcome: outcome, RequestID: e.RequestID, Used: r.Used,
 		ResetAt: r.ResetAt, Lag: max(0, now.Sub(e.Time))}
 	b.Add(d)
 }
@@ -259,6 +280,9 @@ func (a *Accountant) setState(i int, active bool, err error) {
 	s := &a.states[i]
 	s.Active = active
 	if err == nil {
+		s.Leasing = true
+	}
+	if err == nil {
 		s.Err, s.Since = nil, time.Time{}
 		return
 	}
@@ -273,7 +297,7 @@ func (a *Accountant) Stats() Stats {
 	return Stats{
 		Charged: a.charged.Load(), Refunded: a.refunded.Load(), Released: a.released.Load(),
 		Duplicates: a.duplicates.Load(), Late: a.late.Load(), Netted: a.netted.Load(), Pending: a.pending.Load(),
-		Ignored: a.ignored.Load(), DeadLettered: a.dead.Load(), Retries: a.retries.Load(),
+		Ignored: a.ignored.Load(), NotHeld: a.notHeld.Load(), DeadLettered: a.dead.Load(), Retries: a.retries.Load(),
 		Unconfirmed: a.unconfirmed.Load(), Messages: a.messages.Load(), Repeated: a.repeated.Load(), OverLimit: a.overLimit.Load(), Lag: a.lag.Snapshot(),
 	}
 }
@@ -366,7 +390,7 @@ func (a *Accountant) lead(ctx context.Context, i int) error {
 // applies it, until ctx ends or reading fails.
 func (a *Accountant) consume(ctx context.Context, i int) error {
 	name := a.store.ShardName(i)
-	subject := events.AccountingSubject(a.cfg.Streams.Accounting.SubjectPrefix, name)
+	subject := events.ShardSubjects(a.cfg.Streams.Accounting.SubjectPrefix, name)
 	a.backlog[i].Store(0)
 	stream, err := a.js.Stream(ctx, a.cfg.Streams.Accounting.Name)
 	if err != nil {
@@ -532,7 +556,13 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
 			it.seq = md.Sequence.Stream
 			a.backlog[w.shard].Store(md.NumPending)
 		}
-		it.evs, it.bad = events.DecodeAccounting(w.name, m.Data())
+		producer := events.ProducerOfSubject(a.cfg.Streams.Accounting.SubjectPrefix, w.name, m.Subject())
+		if producer == "" {
+			it.bad = fmt.Errorf("%w: the subject names no producer (want %s.<producer>)", events.ErrInvalidEvent,
+				events.AccountingSubject(a.cfg.Streams.Accounting.SubjectPrefix, w.name, ""))
+		} else {
+			it.evs, it.bad = events.DecodeAccounting(w.name, producer, m.Data())
+		}
 		a.msgEvents.Record(context.Background(), int64(len(it.evs)))
 		if it.bad == nil {
 			it.bad = w.convert(it)
@@ -573,6 +603,10 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
 func (w *worker) convert(it *item) error {
 	for k := range it.evs {
 		e := &it.evs[k]
+		if e.KeyID != w.a.keys.KeyID() {
+			return fmt.Errorf("%w: event %d: tallykeyid %s is not this deployment's (%s): its key digest was made with another "+
+				"TALLY_KEY_SECRET and names another window", events.ErrInvalidEvent, k+1, e.KeyID, w.a.keys.KeyID())
+		}
 		if p, ok := w.a.cfg.Policies[e.Policy]; len(w.a.cfg.Policies) > 0 &&
 			(!ok || p.Limit != e.Limit || p.Window != time.Duration(e.WindowSeconds)*time.Second) {
 			return fmt.Errorf("%w: event %d: policy %q with limit %d per %ds is not configured", events.ErrInvalidEvent,
@@ -742,23 +776,29 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 			outcome := r.Outcome.String()
 			switch r.Outcome {
 			case limiter.Applied:
-				switch op.Kind {
-				case limiter.Charge:
+				switch {
+				case op.Kind == limiter.Charge:
 					a.charged.Add(1)
 					outcome = "charged"
 					if over := r.Used - e.Limit; over > 0 {
 						a.overLimit.Add(uint64(min(over, r.Amount)))
 						outcome = "charged_over_limit"
 					}
-				case limiter.Refund:
+				case r.Amount == 0:
+					// A refund or release of units its producer did not hold
+					// in the window: nothing given back (a producer's bug, or
+					// one trying to give back what others charged).
+					a.notHeld.Add(1)
+					outcome = "not_held"
+				case op.Kind == limiter.Refund:
 					a.refunded.Add(1)
 					outcome = "refunded"
-				case limiter.Release:
+				case op.Kind == limiter.Release:
 					a.released.Add(1)
 					outcome = "released"
 				}
-				if op.Kind != limiter.Charge {
-					w.notices = events.AppendNotice(w.notices, events.Notice{Key: e.Key, ResetAt: r.ResetAt, Used: r.Used})
+				if op.Kind != limiter.Charge && r.Amount > 0 {
+					w.notices = a.signer.Append(w.notices, events.Notice{Key: e.Key, ResetAt: r.ResetAt, Used: r.Used}, now)
 				}
 			case limiter.Duplicate:
 				a.duplicates.Add(1)

@@ -50,14 +50,17 @@ func newFixture(t *testing.T) *fixture {
 	_, js := ns.Connect()
 	f := &fixture{t: t, primary: p, replica: r, nats: ns, js: js, streams: events.Streams{}.WithDefaults()}
 	var err error
-	f.keys, err = limiter.NewKeySpace("tally", []byte("secret"))
+	f.keys, err = limiter.NewKeySpace("tally", []byte(testSecret))
 	require.NoError(t, err)
 	f.store = f.newStore()
 	f.cfg = accountant.Config{LeaseTTL: time.Second, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 		PurgeEvery: 20 * time.Millisecond, MaxAttempts: 3}
-	require.NoError(t, events.EnsureStreams(context.Background(), js, f.streams))
+	require.NoError(t, events.EnsureStreams(context.Background(), js, f.streams, []string{"s0"}))
 	return f
 }
+
+// testSecret is the tests' key secret (32 bytes).
+const testSecret = "accountant-tests-secret-01234567"
 
 func (f *fixture) newStore() *limiter.Store {
 	st, err := limiter.NewStore([]shard.Config{{Name: "s0", Primary: shard.Node{Addr: f.primary.Addr},
@@ -76,16 +79,23 @@ type running struct {
 	crash func() // connections cut at once, lease left behind
 }
 
-// start runs an accountant with its own NATS connection and Redis store.
+// start runs an accountant with its own NATS connection (as the shipped
+// permissions' accountant) and Redis store.
 func (f *fixture) start(mut ...func(*accountant.Config)) *running {
 	f.t.Helper()
-	nc, js := f.nats.Connect()
+	return f.startWithKeys(f.keys, mut...)
+}
+
+// startWithKeys is start with another key space (another secret).
+func (f *fixture) startWithKeys(keys *limiter.KeySpace, mut ...func(*accountant.Config)) *running {
+	f.t.Helper()
+	nc, js := f.nats.ConnectAs("accountant")
 	cfg := f.cfg
 	for _, m := range mut {
 		m(&cfg)
 	}
 	st := f.newStore()
-	a := accountant.New(js, st, f.keys, cfg, quiet)
+	a := accountant.New(js, st, keys, cfg, quiet)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var runErr error
@@ -130,6 +140,11 @@ func released(producer string, seq uint64, k limiter.Key, r time.Time, units int
 // (so that JetStream stores a republished batch again).
 func (f *fixture) publish(batch []events.Accounting, msgID ...string) {
 	f.t.Helper()
+	for i := range batch {
+		if batch[i].KeyID == "" {
+			batch[i].KeyID = f.keys.KeyID()
+		}
+	}
 	m, err := events.AccountingMsg(f.streams.Accounting.SubjectPrefix, "s0", batch, nil)
 	require.NoError(f.t, err)
 	if len(msgID) > 0 {
@@ -139,10 +154,22 @@ func (f *fixture) publish(batch []events.Accounting, msgID ...string) {
 	require.NoError(f.t, err)
 }
 
+// publishRaw publishes body as producer "raw" on shard s0.
 func (f *fixture) publishRaw(body string) {
 	f.t.Helper()
-	_, err := f.js.Publish(context.Background(), f.streams.Accounting.SubjectPrefix+".s0", []byte(body))
+	_, err := f.js.Publish(context.Background(), events.AccountingSubject(f.streams.Accounting.SubjectPrefix, "s0", "raw"), []byte(body))
 	require.NoError(f.t, err)
+}
+
+// take reserves units of k's one-minute window for producer, as an edge
+// does before it admits requests.
+func (f *fixture) take(producer string, k limiter.Key, units int64) limiter.Grant {
+	f.t.Helper()
+	g, err := f.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 100,
+		Need: units, Want: units, Producer: producer})
+	require.NoError(f.t, err)
+	require.EqualValues(f.t, units, g.Granted)
+	return g
 }
 
 func (f *fixture) used(k limiter.Key) int64 {
@@ -188,7 +215,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // applied; other statuses change nothing; the stream keeps nothing applied.
 func TestAppliesAndEmptiesTheStream(t *testing.T) {
 	f := newFixture(t)
-	k, r := f.keys.Key("core", "alice"), reset()
+	k := f.keys.Key("core", "alice")
+	r := f.take("edge-2", k, 4).ResetAt // what edge-2 gives back below
 	a := f.start()
 	f.publish([]events.Accounting{
 		started("edge-1", 1, k, r, 5),
@@ -197,7 +225,7 @@ func TestAppliesAndEmptiesTheStream(t *testing.T) {
 		started("edge-1", 4, k, time.Time{}, 2),       // placed by its start
 	})
 	f.publish([]events.Accounting{finished("edge-2", 1, k, r, 304, "", 0), released("edge-2", 2, k, r, 3)})
-	f.waitUsed(k, 5-1+2-1-3)
+	f.waitUsed(k, 4+5-1+2-1-3)
 	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	s := a.Stats()
 	require.EqualValues(t, 2, s.Charged)
@@ -215,8 +243,8 @@ func TestAppliesAndEmptiesTheStream(t *testing.T) {
 	over := started("edge-3", 1, k, r, 100)
 	f.publish([]events.Accounting{over})
 	waitFor(t, "the charge", func() bool { return a.Stats().Charged == 3 })
-	require.EqualValues(t, 2, a.Stats().OverLimit, "2 used + 100 charged: 2 over the limit of 100")
-	f.waitUsed(k, 102)
+	require.EqualValues(t, 6, a.Stats().OverLimit, "6 used + 100 charged: 6 over the limit of 100")
+	f.waitUsed(k, 106)
 
 	// What an operator reads on /metrics.
 	waitFor(t, "a record per event applied (none for the 200)", func() bool {
@@ -231,7 +259,7 @@ func TestAppliesAndEmptiesTheStream(t *testing.T) {
 		`tally_accountant_message_events_sum`:                        7,
 		`tally_accountant_message_events_bucket{le="4"}`:             3,
 		`tally_accountant_message_events_bucket{le="2"}`:             2,
-		`tally_accountant_over_limit_units_total`:                    2,
+		`tally_accountant_over_limit_units_total`:                    6,
 		`tally_accountant_pending_messages{shard="s0"}`:              0,
 		`tally_accountant_shard_active{shard="s0"}`:                  1,
 		`tally_accountant_repeated_messages_total`:                   0,
@@ -408,7 +436,7 @@ func TestGracefulHandOver(t *testing.T) {
 	a := f.start()
 	waitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
 	b := f.start()
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, "b to ask for the lease", func() bool { return b.Shards()[0].Leasing })
 	require.False(t, b.Shards()[0].Active, "one accountant per shard")
 	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
 	f.waitUsed(k, 1)
@@ -444,7 +472,7 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 		m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
 		require.NoError(t, err)
 		reasons = append(reasons, m.Headers().Get(accountant.HeaderDeadReason))
-		require.Equal(t, f.streams.Accounting.SubjectPrefix+".s0", m.Headers().Get(accountant.HeaderDeadSubject))
+		require.Contains(t, []string{"tally.accounting.s0.raw", "tally.accounting.s0.edge-9"}, m.Headers().Get(accountant.HeaderDeadSubject))
 		require.NotEmpty(t, m.Headers().Get(accountant.HeaderDeadSeq))
 	}
 	require.Contains(t, reasons[0], "invalid event")
@@ -489,7 +517,7 @@ func TestRefusedEventIsSetAsideAlone(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "1 of its 3 events")
 	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "WRONGTYPE")
-	evs, err := events.DecodeAccounting("s0", m.Data())
+	evs, err := events.DecodeAccounting("s0", "edge-1", m.Data())
 	require.NoError(t, err)
 	require.Len(t, evs, 1)
 	require.Equal(t, bad.Digest().String(), evs[0].Key)
@@ -524,7 +552,10 @@ func TestTransientFailuresWaitThenApply(t *testing.T) {
 		f.publish([]events.Accounting{started("edge-1", i+11, k, r, 1)})
 	}
 	waitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
-	time.Sleep(100 * time.Millisecond)
+	// Failing long enough for the accountant to say it is not ready (twice
+	// the lease's lifetime): every attempt meanwhile could have deleted
+	// them had it wrongly believed them applied.
+	waitFor(t, "the shard failing for two lease lifetimes", func() bool { return a.Ready(ctx, nil) != nil })
 	require.EqualValues(t, 10, f.streamMsgs(), "nothing is deleted that was not applied")
 	f.primary.Restart() // empty: no persistence in tests
 	f.replica.WaitLinkUp()
@@ -544,7 +575,7 @@ func TestStreamKeepsWhatNoReplicaConfirmed(t *testing.T) {
 	f.publish([]events.Accounting{started("edge-1", 2, k, r, 1)})
 	f.waitUsed(k, 2)
 	waitFor(t, "an unconfirmed run", func() bool { return a.Stats().Unconfirmed > 0 })
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, "a second purge, unconfirmed too", func() bool { return a.Stats().Unconfirmed > 1 })
 	require.EqualValues(t, 1, f.streamMsgs(), "applied, not confirmed: kept")
 	f.replica.Restart()
 	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
@@ -567,7 +598,7 @@ func TestRoomNotices(t *testing.T) {
 	select {
 	case m := <-got:
 		require.Equal(t, f.streams.NoticePrefix+".s0", m.Subject)
-		ns, err := events.DecodeNotices(m.Data)
+		ns, err := events.NewNotices(f.keys.Derive(events.NoticeKeyLabel)).Decode(m.Data, time.Now())
 		require.NoError(t, err)
 		require.Equal(t, []events.Notice{{Full: false, Key: k.Digest().String(), ResetAt: r, Used: 2}},
 			[]events.Notice{{Full: ns[0].Full, Key: ns[0].Key, ResetAt: ns[0].ResetAt.Round(0).In(r.Location()), Used: ns[0].Used}})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -15,8 +16,7 @@ import (
 )
 
 // AdminHandler serves /healthz, /readyz and /metrics (Prometheus text).
-// Ready means ready(ctx) returns nil (NATS connected) and no shard has been
-// failing for longer than twice the lease lifetime.
+// Ready means what Ready says.
 func (a *Accountant) AdminHandler(ready func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -35,14 +35,27 @@ func (a *Accountant) AdminHandler(ready func(context.Context) error) http.Handle
 	return mux
 }
 
-// Ready reports whether the accountant can do its work: ready(ctx) (NATS)
-// returns nil and no shard has been failing for longer than twice the lease
-// lifetime.
+// Ready reports whether the accountant does its work: ready(ctx) (NATS)
+// returns nil, its streams exist, every shard's lease has been asked for
+// (held here or by another accountant: its primary answered), and no
+// shard has been failing for longer than twice the lease lifetime.
 func (a *Accountant) Ready(ctx context.Context, ready func(context.Context) error) error {
 	if ready != nil {
 		if err := ready(ctx); err != nil {
 			return err
 		}
+	}
+	if !a.streamsReady.Load() {
+		return errors.New("the streams are not created yet")
+	}
+	var waiting []string
+	for _, st := range a.Shards() {
+		if !st.Leasing {
+			waiting = append(waiting, st.Name)
+		}
+	}
+	if len(waiting) > 0 {
+		return fmt.Errorf("no lease asked for yet on shard(s) %s", strings.Join(waiting, ", "))
 	}
 	for _, st := range a.Shards() {
 		if st.Err != nil && a.now().Sub(st.Since) > 2*a.cfg.LeaseTTL {
@@ -106,7 +119,7 @@ func (a *Accountant) setupMetrics() error {
 			name string
 			n    uint64
 		}{{"charged", s.Charged}, {"refunded", s.Refunded}, {"released", s.Released}, {"duplicate", s.Duplicates},
-			{"late", s.Late}, {"netted", s.Netted}, {"pending", s.Pending}, {"ignored", s.Ignored}} {
+			{"late", s.Late}, {"netted", s.Netted}, {"pending", s.Pending}, {"ignored", s.Ignored}, {"not_held", s.NotHeld}} {
 			o.ObserveInt64(evs, u(e.n), outcome(e.name))
 		}
 		o.ObserveInt64(msgs, u(s.Messages))

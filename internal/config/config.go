@@ -48,7 +48,9 @@ type File struct {
 	Policies   []Policy   `yaml:"policies"`
 	Routes     []Route    `yaml:"routes"`
 
-	// KeySecret keys the identity hash (TALLY_KEY_SECRET). Never in the file.
+	// KeySecret keys the identity hash and signs request ids and notices
+	// (TALLY_KEY_SECRET, at least 32 random bytes in hex or base64:
+	// ParseSecret). Required; never in the file.
 	KeySecret []byte `yaml:"-"`
 	// APIToken is the bearer token the decision API requires
 	// (TALLY_API_TOKEN); AdminToken the one /metrics and /debug/pprof/
@@ -103,6 +105,11 @@ type NATS struct {
 	NKeyFile        string `yaml:"nkey_file"`
 	User            string `yaml:"-"`
 	Password        string `yaml:"-"`
+	// InboxPrefix is the prefix of the subjects replies come back on
+	// (TALLY_NATS_INBOX_PREFIX wins). Default _INBOX; the shipped
+	// permissions (deploy/nats) give each role its own, so that no role
+	// reads another's replies.
+	InboxPrefix string `yaml:"inbox_prefix"`
 }
 
 // Edge configures the edge-checker.
@@ -118,6 +125,16 @@ type Edge struct {
 	OnRedisError string `yaml:"on_redis_error"`
 	// MaxHeaderBytes bounds request headers (431 above). Default 16 KiB.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// Timeouts of the edge's listeners (proxy, decision API, admin):
+	// reading a request's headers (default 5s), reading a whole request
+	// with its body (30s), writing a response, the upstream's time
+	// included in proxy mode (60s), and how long an idle keep-alive
+	// connection stays open (120s). A slow client holds a connection at
+	// most this long.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	ReadTimeout       time.Duration `yaml:"read_timeout"`
+	WriteTimeout      time.Duration `yaml:"write_timeout"`
+	IdleTimeout       time.Duration `yaml:"idle_timeout"`
 	// ShutdownTimeout bounds the graceful shutdown. Default 15s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	Identity        Identity      `yaml:"identity"`
@@ -251,6 +268,7 @@ const (
 	EnvRedisPassword = "TALLY_REDIS_PASSWORD"
 	EnvNATSUser      = "TALLY_NATS_USER"
 	EnvNATSPassword  = "TALLY_NATS_PASSWORD"
+	EnvNATSInbox     = "TALLY_NATS_INBOX_PREFIX"
 	EnvAPIToken      = "TALLY_API_TOKEN"
 	EnvAdminToken    = "TALLY_ADMIN_TOKEN"
 	// TALLY_SHARD_<NAME>_PRIMARY and TALLY_SHARD_<NAME>_REPLICAS (comma
@@ -262,9 +280,15 @@ func (f *File) applyEnv(env func(string) string) error {
 	if env == nil {
 		env = func(string) string { return "" }
 	}
-	f.KeySecret = []byte(env(EnvKeySecret))
+	var err error
+	if f.KeySecret, err = ParseSecret(env(EnvKeySecret)); err != nil {
+		return err
+	}
 	f.APIToken, f.AdminToken = env(EnvAPIToken), env(EnvAdminToken)
 	f.NATS.User, f.NATS.Password = env(EnvNATSUser), env(EnvNATSPassword)
+	if v := env(EnvNATSInbox); v != "" {
+		f.NATS.InboxPrefix = v
+	}
 	if v := env(EnvNATSURL); v != "" {
 		f.NATS.URL = v
 	}
@@ -319,7 +343,7 @@ func (f *File) validate() error {
 	if f.KeyPrefix == "" {
 		f.KeyPrefix = "tally"
 	}
-	if _, err := limiter.NewKeySpace(f.KeyPrefix, nil); err != nil {
+	if _, err := limiter.NewKeySpace(f.KeyPrefix, f.KeySecret); err != nil {
 		return fieldErr("key_prefix", "%v", err)
 	}
 	if err := shard.Validate(f.Redis.Shards); err != nil {
@@ -432,8 +456,24 @@ func (f *File) validateEdge() error {
 	if e.MaxHeaderBytes == 0 {
 		e.MaxHeaderBytes = 16 << 10
 	}
-	if e.MaxHeaderBytes < 1024 {
-		return fieldErr("edge.max_header_bytes", "%d: want at least 1024", e.MaxHeaderBytes)
+	if e.MaxHeaderBytes < 1024 || e.MaxHeaderBytes > 1<<20 {
+		return fieldErr("edge.max_header_bytes", "%d: want 1024 to 1048576", e.MaxHeaderBytes)
+	}
+	for _, d := range []struct {
+		field string
+		v     *time.Duration
+		def   time.Duration
+	}{{"read_header_timeout", &e.ReadHeaderTimeout, 5 * time.Second}, {"read_timeout", &e.ReadTimeout, 30 * time.Second},
+		{"write_timeout", &e.WriteTimeout, 60 * time.Second}, {"idle_timeout", &e.IdleTimeout, 120 * time.Second}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+		if *d.v < 100*time.Millisecond || *d.v > time.Hour {
+			return fieldErr("edge."+d.field, "%v: want 100ms to 1h", *d.v)
+		}
+	}
+	if e.ReadHeaderTimeout > e.ReadTimeout {
+		return fieldErr("edge.read_header_timeout", "%v: want at most read_timeout (%v)", e.ReadHeaderTimeout, e.ReadTimeout)
 	}
 	if e.ShutdownTimeout == 0 {
 		e.ShutdownTimeout = 15 * time.Second
@@ -484,9 +524,6 @@ func (f *File) validateSecurity() error {
 		e.AdminListen = "127.0.0.1:9090"
 	}
 	if e.APIListen != "" {
-		if len(f.KeySecret) == 0 {
-			return fieldErr("edge.api_listen", "the decision API needs %s (its request ids are signed with it)", EnvKeySecret)
-		}
 		if f.APIToken == "" && !Loopback(e.APIListen) {
 			return fieldErr("edge.api_listen", "%q is reachable beyond loopback: set %s, the bearer token the API then requires",
 				e.APIListen, EnvAPIToken)
@@ -578,7 +615,32 @@ func (n NATS) options() ([]nats.Option, error) {
 	if n.User != "" {
 		opts = append(opts, nats.UserInfo(n.User, n.Password))
 	}
+	if n.InboxPrefix != "" {
+		if !validPrefixTokens(n.InboxPrefix) {
+			return nil, fmt.Errorf("inbox_prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", n.InboxPrefix)
+		}
+		opts = append(opts, nats.CustomInboxPrefix(n.InboxPrefix))
+	}
 	return opts, nil
+}
+
+// validPrefixTokens reports whether s is subject tokens of [A-Za-z0-9_-]
+// separated by dots.
+func validPrefixTokens(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" {
+			return false
+		}
+		for i := 0; i < len(tok); i++ {
+			if c := tok[i]; (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // NATSOptions are the connection options the file sets: TLS and

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"encoding/base64"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -37,15 +39,26 @@ routes:
     cost: 2
 `
 
+// secret is a valid TALLY_KEY_SECRET: 32 bytes in hex.
+var secret = strings.Repeat("ab", 32)
+
+// withSecret is an environment with only the key secret.
+func withSecret(k string) string {
+	if k == EnvKeySecret {
+		return secret
+	}
+	return ""
+}
+
 func TestParseGood(t *testing.T) {
 	f, err := Parse([]byte(good), func(k string) string {
 		return map[string]string{
-			EnvKeySecret: "s3cret", EnvRedisPassword: "pw",
+			EnvKeySecret: secret, EnvRedisPassword: "pw",
 			"TALLY_SHARD_S0_REPLICAS": "127.0.0.1:7002, 127.0.0.1:7003",
 		}[k]
 	})
 	require.NoError(t, err)
-	require.Equal(t, []byte("s3cret"), f.KeySecret)
+	require.Equal(t, []byte(strings.Repeat("\xab", 32)), f.KeySecret)
 	require.Equal(t, time.Minute, f.PolicyMap()["core"].Window)
 	require.Len(t, f.Redis.Shards[0].Replicas, 2)
 	require.Equal(t, "127.0.0.1:7003", f.Redis.Shards[0].Replicas[1].Addr)
@@ -58,7 +71,7 @@ func TestParseGood(t *testing.T) {
 // secret) the file loads, and the tokens come from the environment only.
 func TestAPIsBeyondLoopbackNeedTokens(t *testing.T) {
 	src := strings.Replace(good, "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  api_listen: 0.0.0.0:8081\n  admin_listen: 10.1.2.3:9090", 1)
-	env := map[string]string{EnvKeySecret: "s3cret"}
+	env := map[string]string{EnvKeySecret: secret}
 	get := func(k string) string { return env[k] }
 	_, err := Parse([]byte(src), get)
 	require.ErrorContains(t, err, "edge.api_listen: \"0.0.0.0:8081\" is reachable beyond loopback: set TALLY_API_TOKEN")
@@ -83,7 +96,7 @@ func TestSeveralPolicies(t *testing.T) {
 	src := strings.Replace(good, "    policy: search\n", "    policies: [search, core]\n", 1)
 	src = strings.Replace(src, "  identity:", "  global_policies: [per-address]\n  identity:", 1)
 	src = strings.Replace(src, "routes:", "  - name: per-address\n    limit: 1000\n    window: 1h\n    key: address\nroutes:", 1)
-	f, err := Parse([]byte(src), nil)
+	f, err := Parse([]byte(src), withSecret)
 	require.NoError(t, err)
 	require.Equal(t, []string{"search", "core"}, f.Routes[0].Names())
 	require.Equal(t, []string{"per-address"}, f.Edge.GlobalPolicies)
@@ -105,7 +118,9 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"bad mode", "    limit: 100", "    limit: 100\n    mode: fast", "line 20: policies[0].mode"},
 		{"bad stream", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  streams: {storage: tape}", "nats.streams: storage"},
 		{"bad on_redis_error", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  on_redis_error: maybe", "line 13: edge.on_redis_error"},
-		{"decision API without a key secret", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  api_listen: 127.0.0.1:8081", "line 13: edge.api_listen: the decision API needs TALLY_KEY_SECRET"},
+		{"slow-client timeouts out of range", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  read_timeout: 2h", "edge.read_timeout: 2h0m0s: want 100ms to 1h"},
+		{"header timeout beyond the read timeout", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  read_header_timeout: 40s", "edge.read_header_timeout"},
+		{"bad inbox prefix", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  inbox_prefix: \"_INBOX.>\"", "nats: inbox_prefix"},
 		{"admin beyond loopback without a token", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  admin_listen: :9090", "line 13: edge.admin_listen: \":9090\" is reachable beyond loopback: set TALLY_ADMIN_TOKEN"},
 		{"policy and policies", "    policy: search", "    policy: search\n    policies: [core]", "routes[0]: set policy or policies, not both"},
 		{"unknown policy in a list", "    policy: search", "    policies: [search, nope]", "line 26: routes[0].policies: unknown policy \"nope\""},
@@ -124,9 +139,48 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			src := strings.Replace(good, c.from, c.to, 1)
 			require.NotEqual(t, good, src, "the case changed nothing")
-			_, err := Parse([]byte(src), nil)
+			_, err := Parse([]byte(src), withSecret)
 			require.ErrorIs(t, err, ErrInvalid)
 			require.ErrorContains(t, err, c.want)
 		})
+	}
+}
+
+// The key secret is at least 32 random bytes, in hex or base64, and every
+// binary refuses anything else with what to do: a short secret lets
+// anyone who sees a window key recover guessable identities by hashing
+// candidates.
+func TestKeySecretIsRequiredAndLongEnough(t *testing.T) {
+	raw := []byte("0123456789abcdef0123456789abcdef") // 32 bytes
+	for name, v := range map[string]string{
+		"hex":                 hex.EncodeToString(raw),
+		"hex, upper case":     strings.ToUpper(hex.EncodeToString(raw)),
+		"base64":              base64.StdEncoding.EncodeToString(raw),
+		"base64 without pads": base64.RawStdEncoding.EncodeToString(raw),
+		"base64url":           base64.RawURLEncoding.EncodeToString(append(raw, 0xfb, 0xff)),
+		"a file's newline":    hex.EncodeToString(raw) + "\n",
+	} {
+		b, err := ParseSecret(v)
+		require.NoError(t, err, name)
+		require.GreaterOrEqual(t, len(b), 32, name)
+	}
+	for name, v := range map[string]string{
+		"unset":          "",
+		"a password":     "s3cret",
+		"31 bytes (hex)": hex.EncodeToString(raw[:31]),
+		"31 bytes (b64)": base64.StdEncoding.EncodeToString(raw[:31]),
+		"not encoded":    strings.Repeat("secret! ", 8),
+		"inner newline":  hex.EncodeToString(raw[:16]) + "\n" + hex.EncodeToString(raw[16:]),
+	} {
+		_, err := ParseSecret(v)
+		require.ErrorIs(t, err, ErrInvalid, name)
+		require.ErrorContains(t, err, "TALLY_KEY_SECRET", name)
+		_, err = Parse([]byte(good), func(k string) string {
+			if k == EnvKeySecret {
+				return v
+			}
+			return ""
+		})
+		require.ErrorContains(t, err, "TALLY_KEY_SECRET", name)
 	}
 }

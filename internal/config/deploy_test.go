@@ -7,8 +7,7 @@ import (
 
 // The example in deploy/ stays valid.
 func TestDeployExampleLoads(t *testing.T) {
-	env := map[string]string{EnvKeySecret: "s3cret"}
-	if _, err := Load("../../deploy/tally.yaml", func(k string) string { return env[k] }); err != nil {
+	if _, err := Load("../../deploy/tally.yaml", withSecret); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -16,12 +16,15 @@ import (
 // AdminHandler serves /healthz (the process is up), /readyz and /metrics
 // (Prometheus text format).
 //
-// An edge is ready while it can decide, that is unless it is draining: with
-// NATS down it applies accounting events on the primaries itself, and with a
-// primary down it decides from what it knows (or by on_redis_error). Such
-// degradations show in /metrics and the logs, and in /readyz's body, not in
-// its status: failing every edge at once when a shared dependency blips
-// would take the API down with it.
+// An edge is ready once it decides normally: it has reached every shard's
+// primary (its scripts loaded there) and, with NATS, found or created its
+// streams; until then /readyz answers 503 and names what is missing. Once
+// ready it stays ready unless it is draining: with NATS down it applies
+// accounting events on the primaries itself, and with a primary down it
+// decides from what it knows (or by on_redis_error). Such degradations show
+// in /metrics and the logs, and in /readyz's body, not in its status:
+// failing every edge at once when a shared dependency blips would take the
+// API down with it.
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -30,6 +33,10 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if s.draining.Load() {
 			http.Error(w, "not ready: draining", http.StatusServiceUnavailable)
+			return
+		}
+		if m := s.missing(); m != "" {
+			http.Error(w, "not ready: "+m, http.StatusServiceUnavailable)
 			return
 		}
 		var degraded []string
@@ -83,7 +90,8 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	recovered := counter("tally_edge_recovered_units", "Units of reservations whose answer was lost (the primary made them after the edge stopped waiting), taken back into credit.")
 	released := counter("tally_edge_released_units", "Reserved units given back unused.")
 	absorbed := counter("tally_edge_refunds_absorbed", "304 refunds taken back into the edge's own credit (no event).")
-	notices := counter("tally_edge_notices", "Notices of full windows sent, and notices received.")
+	notices := counter("tally_edge_notices", "Notices of full windows sent, notices received, and notices refused (not signed with the deployment's secret, or replayed).")
+	finishes := counter("tally_edge_finishes", "Decision-API finishes, by result: finished, already_finished (409), expired (410), unavailable (503).")
 	rechecks := counter("tally_edge_rechecks", "Reads of windows known to be full, in case a notice was lost, and of windows a lost reservation may have changed.")
 	keys := gauge("tally_edge_keys", "Keys the edge remembers.")
 	evicted := counter("tally_edge_keys_evicted", "Keys forgotten to bound memory.")
@@ -132,6 +140,10 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		o.ObserveInt64(absorbed, u(d.absorbed.Load()))
 		o.ObserveInt64(notices, u(d.noticesUp.Load()), attr("direction", "sent"))
 		o.ObserveInt64(notices, u(d.noticesIn.Load()), attr("direction", "received"))
+		o.ObserveInt64(notices, u(d.noticesRefused.Load()), attr("direction", "refused"))
+		for i := range s.finishes {
+			o.ObserveInt64(finishes, u(s.finishes[i].Load()), attr("result", finishNames[i]))
+		}
 		o.ObserveInt64(rechecks, u(d.rechecks.Load()))
 		o.ObserveInt64(keys, max(0, d.table.size.Load()))
 		o.ObserveInt64(evicted, u(d.table.evicted.Load()))
@@ -153,7 +165,7 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 			o.ObserveInt64(reloads, u(st.ScriptReloads()))
 		}
 		return nil
-	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices,
+	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices, finishes,
 		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads)
 	return err
 }

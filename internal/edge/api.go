@@ -2,12 +2,16 @@ package edge
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
 )
 
 // maxAPIBody bounds decision-API request bodies.
@@ -51,6 +55,15 @@ type FinishRequest struct {
 	Status    int    `json:"status"`
 }
 
+// FinishResponse is the answer of POST /v1/finish when the request is
+// finished (status 200): what its 304 gave back. A request already
+// finished is answered 409, one whose window has reset 410, an unknown
+// request id 400 (problem details).
+type FinishResponse struct {
+	Finished bool  `json:"finished"`
+	Refunded int64 `json:"refunded"`
+}
+
 // APIHandler serves the decision API: POST /v1/check decides and charges a
 // request, POST /v1/finish reports its response status (304 refunds). When
 // the edge makes spans, each API request has a server span, the child of
@@ -86,7 +99,7 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	if req.Cost > 0 {
 		p.Cost = req.Cost
 	}
-	v, err := s.check(r.Context(), p, "h:"+req.Identity, s.o.Clock.Now(), s.reqs.Add(1))
+	v, err := s.check(r.Context(), p, s.o.Keys.Sum(p.Name, "h:"+req.Identity), s.o.Clock.Now(), s.reqs.Add(1))
 	if err != nil {
 		s.unavailable(w)
 		return
@@ -145,30 +158,117 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 	}
 	v, err := s.readTicket(req.RequestID)
 	if err != nil {
-		s.badRequest(w, "request_id: "+err.Error())
+		s.badRequests.Add(1)
+		problem(w, http.StatusBadRequest, "unknown-request-id", "Bad Request", "request_id: "+err.Error())
 		return
 	}
-	s.finish([]verdict{v}, req.Status)
-	w.WriteHeader(http.StatusAccepted)
+	now := s.o.Clock.Now()
+	if !now.Before(v.expires()) {
+		s.finishes[finishExpired].Add(1)
+		problem(w, http.StatusGone, "request-expired", "Gone",
+			"the request's window has reset: there is nothing left to finish")
+		return
+	}
+	if !v.decided && v.chargeSeq == 0 {
+		// Admitted without a window and never charged (its charge event was
+		// dropped): nothing to give back, nothing to mark.
+		s.finishes[finishDone].Add(1)
+		writeFinished(w, 0)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), finishTimeout)
+	res, err := s.dec.finish(ctx, v, req.Status, now)
+	cancel()
+	if err != nil {
+		s.finishes[finishFailed].Add(1)
+		s.log.Warn("finishing a request on the primary failed; the caller may send it again", "shard", s.o.Store.ShardName(v.shard), "err", err)
+		s.unavailable(w)
+		return
+	}
+	switch res.Outcome {
+	case limiter.Finished, limiter.FinishPending:
+		s.finishes[finishDone].Add(1)
+		refunded := res.Amount
+		if res.Outcome == limiter.FinishPending {
+			refunded = v.cost // its charge nets to zero when it is applied
+		}
+		if req.Status == http.StatusNotModified {
+			s.recordFinish(v, res, now)
+		}
+		writeFinished(w, refunded)
+	case limiter.AlreadyFinished:
+		s.finishes[finishRepeated].Add(1)
+		problem(w, http.StatusConflict, "already-finished", "Conflict",
+			"this request was finished before: a request is finished once, and this finish changed nothing")
+	default:
+		s.finishes[finishExpired].Add(1)
+		problem(w, http.StatusGone, "request-expired", "Gone",
+			"the request's window has reset: there is nothing left to finish")
+	}
 }
 
-// readBody reads a request body of at most maxAPIBody bytes.
+// finishTimeout bounds a finish's script call on the primary.
+const finishTimeout = time.Second
+
+// Counts of /v1/finish answers, by what they were.
+const (
+	finishDone     = iota // finished (a 304's charge given back)
+	finishRepeated        // already finished: 409
+	finishExpired         // the window has reset: 410
+	finishFailed          // the primary could not be reached: 503
+	finishKinds
+)
+
+var finishNames = [finishKinds]string{"finished", "already_finished", "expired", "unavailable"}
+
+func writeFinished(w http.ResponseWriter, refunded int64) {
+	b := make([]byte, 0, 48)
+	b = append(b, `{"finished":true,"refunded":`...)
+	b = strconv.AppendInt(b, refunded, 10)
+	b = append(b, "}\n"...)
+	h := w.Header()
+	h["Content-Type"], h["Cache-Control"] = jsonContentType, noStore
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// readBody reads a request body of at most maxAPIBody bytes, into memory
+// that grows with what arrives: a Content-Length header allocates nothing
+// (a client that claims 64 KiB and sends slowly holds no 64 KiB buffer).
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	var body []byte
-	var err error
-	if n := r.ContentLength; n >= 0 && n <= maxAPIBody {
-		body = make([]byte, n)
-		_, err = io.ReadFull(r.Body, body)
-	} else {
-		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, maxAPIBody))
-	}
-	if err != nil {
-		s.badRequests.Add(1)
-		problem(w, http.StatusRequestEntityTooLarge, "body-too-large", "Content Too Large",
-			fmt.Sprintf("the body must be at most %d bytes", maxAPIBody))
+	if r.ContentLength > maxAPIBody {
+		s.tooLarge(w)
 		return nil, false
 	}
+	var small [512]byte
+	body := small[:0]
+	rd := http.MaxBytesReader(w, r.Body, maxAPIBody)
+	for {
+		if len(body) == cap(body) {
+			body = append(body, 0)[:len(body)] // grow as the body arrives
+		}
+		n, err := rd.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				s.tooLarge(w)
+			} else {
+				s.badRequest(w, "body: "+err.Error())
+			}
+			return nil, false
+		}
+	}
 	return body, true
+}
+
+func (s *Server) tooLarge(w http.ResponseWriter) {
+	s.badRequests.Add(1)
+	problem(w, http.StatusRequestEntityTooLarge, "body-too-large", "Content Too Large",
+		fmt.Sprintf("the body must be at most %d bytes", maxAPIBody))
 }
 
 // decodeJSON decodes one JSON object into v, strictly (no unknown fields,

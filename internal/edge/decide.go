@@ -82,9 +82,13 @@ const (
 	// PathFailOpen: admitted with no knowledge of the window because Redis
 	// could not be reached (on_redis_error: allow); charged by an event.
 	PathFailOpen
+	// PathFinish: a decision-API request finished on the primary by the
+	// edge (a 304's charge given back); only in decision records.
+	PathFinish
 )
 
-var pathNames = [...]string{PathCredit: "credit", PathReserve: "reserve", PathCache: "cache", PathBorrow: "borrow", PathFailOpen: "fail-open"}
+var pathNames = [...]string{PathCredit: "credit", PathReserve: "reserve", PathCache: "cache", PathBorrow: "borrow",
+	PathFailOpen: "fail-open", PathFinish: "finish"}
 
 func (p Path) String() string {
 	if int(p) < len(pathNames) && pathNames[p] != "" {
@@ -111,12 +115,19 @@ type verdict struct {
 	now     time.Time
 	reset   int64 // ms: the window the response showed (0 when not decided)
 	// How the request was charged when allowed: by a reservation, or by the
-	// accounting event chargeSeq (> 0) of producer chargeProducer.
+	// accounting event chargeSeq (> 0) of producer chargeProducer (the
+	// deciding edge).
 	chargeSeq      uint64
 	chargeProducer string
-	// reqNum numbers the request at the edge that decided it (its request
-	// id, with the edge's producer id).
-	reqNum uint64
+	// producer is the edge that decided the request; reqNum numbers the
+	// request there (its request id is both). holderNum names the table
+	// entry that admitted it (holder <producer>.<holderNum base 36>), and n
+	// is its number among that entry's admissions in the window: where its
+	// finish is marked.
+	producer  string
+	reqNum    uint64
+	holderNum uint64
+	n         uint64
 	// traceparent is the request's trace context (validated), carried by
 	// the events its finish sends.
 	traceparent string
@@ -150,6 +161,7 @@ type decider struct {
 	released, absorbed   atomic.Uint64
 	rechecks             atomic.Uint64
 	noticesIn, noticesUp atomic.Uint64
+	noticesRefused       atomic.Uint64 // unsigned, forged, or replayed long after they were sent
 	unavailable          atomic.Uint64
 	wg                   sync.WaitGroup
 }
@@ -179,8 +191,9 @@ func (d *decider) counted(e *entry, path Path, allowed int) {
 func (d *decider) entry(dg limiter.Digest, p limiter.Policy) *entry {
 	return d.table.get(dg, func() *entry {
 		k := d.keys.KeyOf(dg)
+		num := d.gen.Add(1)
 		return &entry{key: k, shard: d.store.ShardOf(k), policy: p.Name, limit: p.Limit, window: p.Window.Milliseconds(),
-			holder: d.producer + "." + strconv.FormatUint(d.gen.Add(1), 36), exact: p.Mode.OrDefault() == limiter.ModeExact,
+			holder: holderOf(d.producer, num), holderNum: num, exact: p.Mode.OrDefault() == limiter.ModeExact,
 			counts: d.byPolicy[p.Name]}
 	}, d.evicted)
 }
@@ -191,7 +204,8 @@ func (d *decider) entry(dg limiter.Digest, p limiter.Policy) *entry {
 // nothing of the window, and it fails closed.
 func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (verdict, error) {
 	e := d.entry(dg, p)
-	v := verdict{policy: p, cost: cost, key: e.key, shard: e.shard, now: now, reqNum: reqNum}
+	v := verdict{policy: p, cost: cost, key: e.key, shard: e.shard, now: now, producer: d.producer, reqNum: reqNum,
+		holderNum: e.holderNum}
 	mode := p.Mode.OrDefault()
 	nowMs, nowNs := now.UnixMilli(), now.UnixNano()
 	var deadline time.Time // set when the request first has to wait
@@ -204,7 +218,7 @@ func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg l
 		if e.reset != 0 && nowMs >= e.reset {
 			e.expire()
 		}
-		if mode != limiter.ModeExact && e.credit >= cost {
+		if mode != limiter.ModeExact && e.spendable(cost) {
 			e.credit -= cost
 			e.admitted += cost
 			d.prefetch(e, p, cost, now)
@@ -249,6 +263,26 @@ func (d *decider) decide(ctx context.Context, p limiter.Policy, cost int64, dg l
 	}
 }
 
+// peek reports a denial from what the edge knows of the key's window under
+// p — full, with less room than cost — without creating an entry or
+// calling Redis: a request held to several limits is checked against each
+// before any of them reserves.
+func (d *decider) peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (verdict, bool) {
+	e := d.table.lookup(dg)
+	if e == nil {
+		return verdict{}, false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.full || e.reset == 0 || now.UnixMilli() >= e.reset || e.limit-e.used-e.debtUnits()+e.credit >= cost {
+		return verdict{}, false
+	}
+	e.deniedSince, e.lastCost = true, cost
+	v := verdict{policy: p, cost: cost, key: e.key, shard: e.shard, now: now, producer: d.producer, reqNum: reqNum,
+		holderNum: e.holderNum}
+	return d.deny(v, e, PathCache), true
+}
+
 // wait releases e's lock until the reservation in flight (ch) is in, the
 // deadline passes or ctx ends; it reports whether the reservation came in.
 func (d *decider) wait(ctx context.Context, e *entry, ch chan struct{}, deadline time.Time) bool {
@@ -277,10 +311,11 @@ func (d *decider) reserveNow(ctx context.Context, v verdict, e *entry, p limiter
 		defer d.probing[e.shard].Store(false)
 	}
 	e.inflight++
+	owed := e.owed()
 	e.mu.Unlock()
 	c, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	g, err := d.store.Take(c, e.key, now, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: cost, Want: cost,
-		Producer: d.producer, Holder: e.holder})
+		Producer: d.producer, Holder: e.holder, Owed: owed})
 	cancel()
 	e.mu.Lock()
 	e.inflight--
@@ -313,12 +348,13 @@ func (d *decider) startTake(e *entry, p limiter.Policy, cost int64, now time.Tim
 	ch := make(chan struct{})
 	e.refill = ch
 	e.inflight++
+	owed := e.owed()
 	d.wg.Go(func() {
 		// Longer than a request's budget: a late result still serves the
 		// next requests.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		g, err := d.store.Take(ctx, e.key, now, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: need, Want: want,
-			Producer: d.producer, Holder: e.holder})
+			Producer: d.producer, Holder: e.holder, Owed: owed})
 		cancel()
 		d.takes.Add(1)
 		e.mu.Lock()
@@ -386,7 +422,16 @@ func (d *decider) grant(e *entry, g limiter.Grant, now time.Time) bool {
 		}
 	}
 	e.admitted, e.lastTake = 0, now.UnixNano()
-	if g.Granted == 0 {
+	// Credit the edge can never spend goes back at once: a reservation made
+	// while admissions over credit (mode async) were on their way may hold
+	// room they took already (spendable).
+	if surplus := e.credit - max(0, e.limit-e.used-e.debtUnits()+e.credit); surplus > 0 && e.start != 0 {
+		d.releaseUnits(e, surplus, now)
+	}
+	if g.Granted == 0 || g.Used >= e.limit {
+		// No reservation is possible: when the credit is gone, deny from
+		// memory (and a request held to other limits as well is denied
+		// before it reserves on them: peek).
 		e.full = true
 	}
 	return g.Used >= e.limit
@@ -496,7 +541,7 @@ func (d *decider) borrow(v verdict, e *entry, cost int64, path Path) (verdict, b
 		return v, false
 	}
 	units := cost - e.credit // > 0: callers use credit when it suffices
-	if units <= 0 {
+	if units <= 0 || len(e.debts) >= limiter.MaxOwed {
 		return v, false
 	}
 	seq := d.outbox.add(e.shard, events.Accounting{Kind: events.Started, Time: time.Now(), Key: e.key.Digest().String(),
@@ -518,7 +563,7 @@ func (d *decider) borrow(v verdict, e *entry, cost int64, path Path) (verdict, b
 func (d *decider) fallback(v verdict, e *entry, cost int64) (verdict, error) {
 	known := e.reset != 0 && v.now.UnixMilli() < e.reset
 	if known {
-		if e.credit >= cost && v.policy.Mode.OrDefault() != limiter.ModeExact { // a reservation came in meanwhile
+		if e.spendable(cost) && v.policy.Mode.OrDefault() != limiter.ModeExact { // a reservation came in meanwhile
 			e.credit -= cost
 			e.admitted += cost
 			return d.allow(v, e, PathCredit), nil
@@ -553,16 +598,25 @@ func (d *decider) fallback(v verdict, e *entry, cost int64) (verdict, error) {
 // requestID is the request id of v's decision records ("" when v has no
 // request number): accounting events carry it so that an accountant's
 // records join the edge's.
-func (d *decider) requestID(v verdict) string {
-	if v.reqNum == 0 {
+func (d *decider) requestID(v verdict) string { return requestID(v) }
+
+func requestID(v verdict) string {
+	if v.reqNum == 0 || v.producer == "" {
 		return ""
 	}
-	return d.producer + "-" + strconv.FormatUint(v.reqNum, 10)
+	return v.producer + "-" + strconv.FormatUint(v.reqNum, 10)
+}
+
+// holderOf names an edge's table entry in the windows it reserves in.
+func holderOf(producer string, num uint64) string {
+	return producer + "." + strconv.FormatUint(num, 36)
 }
 
 // allow fills an allowed verdict from e. Callers hold e.mu.
 func (d *decider) allow(v verdict, e *entry, path Path) verdict {
 	v.path, v.decided, v.reset = path, true, e.reset
+	v.n = e.served
+	e.served++
 	d.counted(e, path, 1)
 	used := e.used + e.debtUnits() - e.credit
 	v.decision = decision(v, e, true, used)
@@ -621,6 +675,53 @@ func (d *decider) refund(v verdict) (absorbed bool) {
 	return false
 }
 
+// expires is when v's request can no longer be finished: its window's
+// reset, or, for a request admitted without knowing its window, the latest
+// that window can reset.
+func (v verdict) expires() time.Time {
+	if v.decided {
+		return time.UnixMilli(v.reset)
+	}
+	return v.now.Add(v.policy.Window + time.Second)
+}
+
+// finish finishes a decision-API request once on its window's primary
+// (limiter.Store.Finish): the first finish of its ticket, on any edge,
+// gives a 304's charge back; every later one changes nothing.
+func (d *decider) finish(ctx context.Context, v verdict, status int, now time.Time) (limiter.FinishResult, error) {
+	a := limiter.FinishArgs{Start: v.now, Window: v.policy.Window, Producer: v.producer, Holder: holderOf(v.producer, v.holderNum),
+		N: v.n, Units: v.cost, ChargeSeq: v.chargeSeq, Status: status}
+	if v.decided {
+		a.ResetAt = time.UnixMilli(v.reset)
+	}
+	res, err := d.store.Finish(ctx, v.key, now, a)
+	if err == nil && res.Outcome == limiter.Finished && res.Amount > 0 {
+		d.learn(v.shard, v.key.Digest(), res.ResetAt, res.Used)
+	}
+	return res, err
+}
+
+// learn takes into this edge's entry of a window what a refund or release
+// the edge applied on the primary itself left in it, and tells the other
+// edges (a room notice), as an accountant does for what it applies: a
+// client's 304s that made room are not answered 429 from a stale count.
+func (d *decider) learn(shard int, dg limiter.Digest, reset time.Time, used int64) {
+	if reset.IsZero() {
+		return
+	}
+	if e := d.table.lookup(dg); e != nil {
+		e.mu.Lock()
+		if e.reset == reset.UnixMilli() {
+			e.used = used
+			if e.full && e.limit-e.used-e.debtUnits()+e.credit >= max(1, e.lastCost) {
+				e.full = false
+			}
+		}
+		e.mu.Unlock()
+	}
+	d.notify(shard, events.Notice{Key: dg.String(), ResetAt: reset, Used: used})
+}
+
 // evicted gives back the credit of an entry the table let go.
 func (d *decider) evicted(e *entry) {
 	e.mu.Lock()
@@ -630,17 +731,27 @@ func (d *decider) evicted(e *entry) {
 
 // release gives e's unused credit back to its window. Callers hold e.mu.
 func (d *decider) release(e *entry, now time.Time) {
-	if e.credit == 0 || e.reset == 0 || now.UnixMilli() >= e.reset {
+	d.releaseUnits(e, e.credit, now)
+}
+
+// releaseUnits gives units of e's credit back to its window. Callers hold
+// e.mu.
+func (d *decider) releaseUnits(e *entry, units int64, now time.Time) {
+	units = min(units, e.credit)
+	if units <= 0 {
+		return
+	}
+	if e.reset == 0 || now.UnixMilli() >= e.reset {
 		e.credit = 0
 		return
 	}
 	ev := events.Accounting{Kind: events.Released, Time: now, Key: e.key.Digest().String(), Policy: e.policy,
-		Limit: e.limit, WindowSeconds: e.window / 1000, Units: e.credit, ResetAt: time.UnixMilli(e.reset),
+		Limit: e.limit, WindowSeconds: e.window / 1000, Units: units, ResetAt: time.UnixMilli(e.reset),
 		StartedAt: time.UnixMilli(e.start)}
 	if d.outbox.add(e.shard, ev) != 0 {
-		d.released.Add(uint64(e.credit))
-		e.used -= e.credit
-		e.credit = 0
+		d.released.Add(uint64(units))
+		e.used -= units
+		e.credit -= units
 	}
 }
 

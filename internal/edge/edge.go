@@ -34,6 +34,8 @@ import (
 type Store interface {
 	Take(ctx context.Context, k limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error)
 	Apply(ctx context.Context, shard int, now time.Time, evs []limiter.Event) (limiter.ApplyResult, error)
+	Finish(ctx context.Context, k limiter.Key, now time.Time, a limiter.FinishArgs) (limiter.FinishResult, error)
+	LoadScripts(ctx context.Context, shard int) error
 	Check(ctx context.Context, k limiter.Key) (limiter.Window, error)
 	ShardOf(k limiter.Key) int
 	ShardName(i int) string
@@ -89,7 +91,9 @@ type DecisionsConfig struct {
 // Options configure a Server. Store, Keys and Policies are required.
 type Options struct {
 	Store Store
-	Keys  *limiter.KeySpace
+	// Keys builds window keys; request ids and notices are signed with keys
+	// derived from its secret.
+	Keys *limiter.KeySpace
 	// NATS carries accounting events and notices. Without it the edge
 	// applies its accounting events on the primaries itself and publishes
 	// no decisions.
@@ -124,11 +128,10 @@ type Options struct {
 	Upstream *url.URL
 	// Source is the CloudEvents source of what the edge publishes.
 	Source string
-	// Producer names this edge process in accounting events; default a
-	// random id, new at every start.
+	// Producer names this edge process in accounting events; default
+	// "edge." and a random id, new at every start (the NATS permissions in
+	// deploy/nats let edges publish as edge.*).
 	Producer string
-	// TicketSecret signs decision-API request ids (the key secret).
-	TicketSecret []byte
 	// Pprof serves net/http/pprof's profiles under /debug/pprof/ on the
 	// admin handler.
 	Pprof bool
@@ -153,6 +156,9 @@ type Server struct {
 	dec       *decider
 	outbox    *outbox
 	batcher   *events.Batcher
+	notices   *events.Notices
+	ticketKey []byte
+	ready     *readiness
 	sub       *nats.Subscription
 	log       *rateLog
 	draining  atomic.Bool
@@ -169,6 +175,8 @@ type Server struct {
 	decisionLevel slog.Level
 
 	badRequests, finished atomic.Uint64
+	// finishes counts /v1/finish answers by kind (finishNames).
+	finishes [finishKinds]atomic.Uint64
 }
 
 // New validates o and starts the server's background work. Call Close to
@@ -193,7 +201,7 @@ func New(o Options) (*Server, error) {
 	if o.Producer == "" {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
-		o.Producer = "edge-" + hex.EncodeToString(b[:])
+		o.Producer = "edge." + hex.EncodeToString(b[:])
 	}
 	if !limiter.ValidProducer(o.Producer) {
 		return nil, fmt.Errorf("edge: producer %q: want 1 to %d of [A-Za-z0-9_.-]", o.Producer, limiter.MaxProducerLen)
@@ -203,7 +211,9 @@ func New(o Options) (*Server, error) {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
-	s := &Server{o: o, log: newRateLog(o.Log, 5*time.Second), stop: make(chan struct{}), decisionLevel: slog.LevelDebug}
+	s := &Server{o: o, log: newRateLog(o.Log, 5*time.Second), stop: make(chan struct{}), decisionLevel: slog.LevelDebug,
+		notices: events.NewNotices(o.Keys.Derive(events.NoticeKeyLabel)), ticketKey: o.Keys.Derive(ticketKeyLabel),
+		ready: newReadiness(o.Store.Shards())}
 	if o.Decisions.LogLevel != "" {
 		if err := s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)); err != nil {
 			return nil, fmt.Errorf("edge: decisions log level %q: want debug, info, warn or error", o.Decisions.LogLevel)
@@ -247,6 +257,7 @@ func New(o Options) (*Server, error) {
 			metric.WithAttributeSet(attribute.NewSet(attribute.String("path", p.String())))}}
 	}
 	s.dec = newDecider(o.Credit, o.Store, o.Keys, s.outbox, o.Producer, !o.DenyOnRedisError, s.log, s.publishNotice, o.Policies)
+	s.outbox.learn = s.dec.learn
 	if o.NATS != nil {
 		dnc := o.DecisionsNATS
 		if dnc == nil {
@@ -256,9 +267,10 @@ func New(o Options) (*Server, error) {
 			return nil, err
 		}
 		s.sub, err = o.NATS.Subscribe(o.Streams.NoticePrefix+".>", func(m *nats.Msg) {
-			ns, err := events.DecodeNotices(m.Data)
+			ns, err := s.notices.Decode(m.Data, s.o.Clock.Now())
 			if err != nil {
-				s.log.Warn("a notice could not be read", "subject", m.Subject, "err", err)
+				s.dec.noticesRefused.Add(1)
+				s.log.Warn("a notice was refused", "subject", m.Subject, "err", err)
 			}
 			for _, n := range ns {
 				s.dec.notice(n)
@@ -275,6 +287,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("edge: metrics: %w", err)
 	}
 	s.done.Go(s.sweep)
+	s.done.Go(s.warm)
 	return s, nil
 }
 
@@ -299,7 +312,7 @@ func (s *Server) publishNotice(shard int, n events.Notice) {
 		return
 	}
 	subject := events.NoticeSubject(s.o.Streams.NoticePrefix, s.o.Store.ShardName(shard))
-	_ = s.o.NATS.Publish(subject, events.AppendNotice(nil, n))
+	_ = s.o.NATS.Publish(subject, s.notices.Append(nil, n, s.o.Clock.Now()))
 }
 
 // Producer is the id of this edge in accounting events.
@@ -381,11 +394,9 @@ func (s *Server) resolveRoutes() error {
 	return nil
 }
 
-// limitsFor returns the limits a request path is held to (none: not
-// limited). The path is cleaned first, so that //search, /./search and
-// /x/../search are held to the limits of /search.
+// limitsFor returns the limits a request path (requestPath's: no dot
+// segments, no empty segments) is held to (none: not limited).
 func (s *Server) limitsFor(p string) []limit {
-	p = cleanPath(p)
 	for i := range s.routes {
 		r := &s.routes[i]
 		if p == r.Path || strings.HasPrefix(p, r.under) {
@@ -406,10 +417,9 @@ func cleanPath(p string) string {
 	return path.Clean(p)
 }
 
-// check decides request reqNum for identity under p.
-func (s *Server) check(ctx context.Context, p limiter.Policy, identity string, now time.Time, reqNum uint64) (verdict, error) {
+// check decides request reqNum for the key with digest dg under p.
+func (s *Server) check(ctx context.Context, p limiter.Policy, dg limiter.Digest, now time.Time, reqNum uint64) (verdict, error) {
 	start := time.Now()
-	dg := s.o.Keys.Sum(p.Name, identity)
 	v, err := s.dec.decide(ctx, p, p.CostOrDefault(), dg, now, reqNum)
 	if err == nil && v.path >= PathCredit && v.path <= PathFailOpen {
 		t := s.decisionTime[v.path]
@@ -453,6 +463,30 @@ func (s *Server) recordRefund(v verdict) {
 	d := s.decision(v, v.traceparent)
 	d.Time, d.Allowed, d.Path, d.Outcome = s.o.Clock.Now(), true, PathCredit.String(), "refunded"
 	d.Used = max(0, d.Used-v.cost)
+	s.batcher.Add(d)
+}
+
+// recordFinish publishes what a decision-API finish of a 304 did on the
+// primary (no accounting event, so no accountant's record): outcome
+// "refunded" with the units given back, or "pending" when the request's
+// charge event had not been applied yet (the accountant records it
+// "netted" when it is). The request id is that of the edge that decided
+// the request, so the record joins its decision.
+func (s *Server) recordFinish(v verdict, res limiter.FinishResult, now time.Time) {
+	if s.batcher == nil || !events.Sampled(s.o.Decisions.SampleAllowed) {
+		return
+	}
+	d := s.decision(v, "")
+	d.Time, d.Allowed, d.Path, d.Edge, d.RequestID = now, true, PathFinish.String(), s.o.Producer, requestID(v)
+	if res.Outcome == limiter.FinishPending {
+		d.Outcome, d.Used = "pending", 0
+		d.ResetAt = time.Time{}
+	} else {
+		d.Outcome, d.Cost, d.Used, d.ResetAt = "refunded", res.Amount, res.Used, res.ResetAt
+		if res.Amount == 0 {
+			return // nothing given back: the producer held nothing more in the window
+		}
+	}
 	s.batcher.Add(d)
 }
 

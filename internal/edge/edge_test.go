@@ -70,7 +70,7 @@ func TestProxyChargesRefundsAndDenies(t *testing.T) {
 	require.Greater(t, m[`tally_edge_decision_duration_seconds_count{path="reserve"}`], 0.0, "mode exact: each request reserves")
 	require.Equal(t, m[`tally_edge_decision_duration_seconds_count{path="reserve"}`],
 		m[`tally_edge_decision_duration_seconds_bucket{path="reserve",le="1"}`], "none longer than a second")
-	require.GreaterOrEqual(t, m["tally_edge_script_reloads_total"], 1.0, "the take script, first sent to a fresh Redis")
+	require.Zero(t, m["tally_edge_script_reloads_total"], "the scripts were loaded before the edge said it was ready")
 	require.Contains(t, m, "tally_edge_decision_records_queued")
 }
 
@@ -224,26 +224,21 @@ func TestLostNoticeConverges(t *testing.T) {
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 5, Window: time.Minute}
 	a := pl.edge(nil)
 	b := pl.edge(func(o *edge.Options) { o.Credit.Recheck = 2 * time.Second })
+	var tickets []string
 	for range 5 {
-		require.Equal(t, 200, get(t, a.proxy.URL, "lost").StatusCode)
+		resp, m := check(t, a, "lost")
+		require.Equal(t, 200, resp.StatusCode)
+		tickets = append(tickets, m["request_id"].(string))
 	}
 	require.Equal(t, 429, get(t, b.proxy.URL, "lost").StatusCode)
-	// b stops hearing notices; a 304 refund arrives through the accountant
-	// and announces room, which b misses.
+	// b stops hearing notices; two 304s finished at a make room, and a's
+	// room notice is lost on b.
 	require.NoError(t, b.nc.Drain())
-	k := pl.keys.Key("core", "h:lost")
-	resp, m := check(t, a, "lost")
-	require.Equal(t, 429, resp.StatusCode, m)
-	// Give back two units from a third place (an external publisher).
-	var reset time.Time
-	for range 1 {
-		g, err := pl.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 5, Producer: "reader"})
-		require.NoError(t, err)
-		reset = g.ResetAt
+	for _, tk := range tickets[:2] {
+		resp, _ := post(t, a.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304}`, tk))
+		require.Equal(t, 200, resp.StatusCode)
 	}
-	_, err := pl.store.Apply(context.Background(), 0, time.Now(), []limiter.Event{{Producer: "ops", Seq: 1, Kind: limiter.Release,
-		Key: k, ResetAt: reset, Start: time.Now(), Window: time.Minute, Units: 2}})
-	require.NoError(t, err)
+	pl.waitUsed(pl.keys.Key("core", "h:lost"), 3)
 	require.Equal(t, 429, get(t, b.proxy.URL, "lost").StatusCode, "b still believes the window full")
 	waitFor(t, "b reads again and admits", func() bool { return get(t, b.proxy.URL, "lost").StatusCode == 200 })
 	require.GreaterOrEqual(t, metric(t, b, "tally_edge_rechecks_total"), 1.0)
@@ -400,9 +395,10 @@ func TestDecisionAPI(t *testing.T) {
 	require.EqualValues(t, 1, pl.used(k))
 
 	// The finish goes to another edge: any edge takes a ticket.
-	resp, _ = post(t, other.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304}`, ticket))
-	require.Equal(t, 202, resp.StatusCode)
-	pl.waitUsed(k, 0)
+	resp, m = post(t, other.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304}`, ticket))
+	require.Equal(t, 200, resp.StatusCode)
+	require.Equal(t, map[string]any{"finished": true, "refunded": 1.0}, m)
+	require.EqualValues(t, 0, pl.used(k), "given back before the answer")
 
 	// Malformed requests: clear 4xx, nothing charged.
 	for _, c := range []struct{ path, body, want string }{
@@ -478,7 +474,7 @@ func TestFullStreamEdgeAppliesItself(t *testing.T) {
 	// A stream of 2 KiB: a couple of batches fill it.
 	small := events.Streams{Accounting: events.StreamConfig{MaxBytes: 2048}}
 	_, js := pl.nats.Connect()
-	require.NoError(t, events.EnsureStreams(context.Background(), js, small))
+	require.NoError(t, events.EnsureStreams(context.Background(), js, small, []string{"s0"}))
 	e := pl.edge(func(o *edge.Options) { o.Streams = small })
 	k := pl.keys.Key("core", "h:full")
 	for range 30 {
@@ -515,24 +511,47 @@ func TestDirectRoute(t *testing.T) {
 	})
 	require.Zero(t, pl.acc.Stats().Messages, "nothing went through the stream")
 
-	// The primary hangs: a refund goes to JetStream and waits there; the
-	// accountant applies it when the primary is back.
-	resp, m := check(t, e, "direct")
-	require.Equal(t, 200, resp.StatusCode)
-	pl.waitUsed(k, 1)
+	// The primary hangs: a request is admitted from what the edge knows
+	// (borrowed, charged by an event) and its 304 refunded by another; both
+	// go to JetStream when the primary does not answer, and the accountant
+	// applies them when it is back.
 	pl.primary.Pause()
-	resp, _ = post(t, e.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304}`, m["request_id"]))
-	require.Equal(t, 202, resp.StatusCode)
-	waitFor(t, "the refund handed to JetStream", func() bool {
-		return metric(t, e, `tally_edge_accounting_events_total{outcome="published"}`) == 1
+	require.Equal(t, 304, get(t, e.proxy.URL, "direct", "If-None-Match", `"v1"`).StatusCode)
+	waitFor(t, "the events handed to JetStream", func() bool {
+		return metric(t, e, `tally_edge_accounting_events_total{outcome="published"}`) == 2
 	})
 	pl.primary.Resume()
 	pl.waitUsed(k, 0)
-	// The edge's attempt may have reached the hung primary and been applied
-	// when it came back; then the JetStream copy is a duplicate. Once.
-	waitFor(t, "the accountant read it", func() bool { return pl.acc.Stats().Messages == 1 })
-	s := pl.acc.Stats()
-	require.EqualValues(t, 1, s.Refunded+s.Duplicates)
+	// The edge's attempts may have reached the hung primary and been
+	// applied when it came back; then the JetStream copies are duplicates.
+	// Each event once.
+	waitFor(t, "the accountant read them", func() bool {
+		s := pl.acc.Stats()
+		return s.Charged+s.Netted+s.Refunded+s.Pending+s.Duplicates == 2
+	})
+	require.Zero(t, pl.acc.Stats().DeadLettered)
+}
+
+// A decision-API finish is applied on the primary before it is answered:
+// with the primary hung, the caller is told to retry (503), and a retry
+// after the hung primary ran the first attempt is answered as already
+// finished — the charge given back once either way.
+func TestFinishWhilePrimaryHangs(t *testing.T) {
+	pl := newPipeline(t)
+	e := pl.edge(nil)
+	k := pl.keys.Key("core", "h:hung")
+	resp, m := check(t, e, "hung")
+	require.Equal(t, 200, resp.StatusCode)
+	body := fmt.Sprintf(`{"request_id":%q,"status":304}`, m["request_id"])
+	pl.primary.Pause()
+	resp, _ = post(t, e.api.URL+"/v1/finish", body)
+	require.Equal(t, 503, resp.StatusCode)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	pl.primary.Resume()
+	pl.waitUsed(k, 0) // the hung primary ran it when it woke
+	resp, _ = post(t, e.api.URL+"/v1/finish", body)
+	require.Equal(t, 409, resp.StatusCode)
+	require.EqualValues(t, 0, pl.used(k))
 }
 
 // observed wraps the real store and records, per window (by its reset),

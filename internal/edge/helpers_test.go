@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/accountant"
@@ -27,6 +28,9 @@ import (
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testSecret is the tests' key secret (32 bytes).
+const testSecret = "edge-tests-secret-0123456789abcd"
 
 // pipeline: one shard (a primary and a replica), JetStream, an accountant,
 // an upstream that serves ETags and 304s, and edges in front of it.
@@ -45,6 +49,8 @@ type pipeline struct {
 	// accConfig, when set, changes the configuration of the accountants
 	// started after it was.
 	accConfig func(*accountant.Config)
+	// js is the test's own JetStream connection (as the operator).
+	js jetstream.JetStream
 }
 
 func newPipeline(t *testing.T) *pipeline {
@@ -55,7 +61,7 @@ func newPipeline(t *testing.T) *pipeline {
 		policies: map[string]limiter.Policy{"core": {Name: "core", Limit: 3, Window: time.Minute}},
 	}
 	var err error
-	pl.keys, err = limiter.NewKeySpace("tally", []byte("secret"))
+	pl.keys, err = limiter.NewKeySpace("tally", []byte(testSecret))
 	require.NoError(t, err)
 	pl.store = pl.newStore()
 	pl.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -74,7 +80,7 @@ func newPipeline(t *testing.T) *pipeline {
 // startAccountant runs an accountant until the test ends (or stopAcc),
 // with the streams' configuration when given.
 func (pl *pipeline) startAccountant(streams ...events.Streams) {
-	_, js := pl.nats.Connect()
+	_, js := pl.nats.ConnectAs("accountant")
 	cfg := accountant.Config{LeaseTTL: time.Second, PurgeEvery: 20 * time.Millisecond}
 	if len(streams) > 0 {
 		cfg.Streams = streams[0]
@@ -118,13 +124,13 @@ type edgeUnderTest struct {
 // change its options.
 func (pl *pipeline) edge(mut func(*edge.Options)) *edgeUnderTest {
 	pl.t.Helper()
-	nc, _ := pl.nats.Connect()
+	nc, _ := pl.nats.ConnectAs("edge")
 	u, _ := url.Parse(pl.upstream.URL)
 	st := pl.newStore()
 	o := edge.Options{
 		Store: st, Keys: pl.keys, NATS: nc, Policies: pl.policies,
 		DefaultPolicy: "core", Identity: edge.Identifier{Header: "Authorization", IPv4Prefix: 32, IPv6Prefix: 64},
-		Upstream: u, TicketSecret: []byte("secret"), Log: quiet,
+		Upstream: u, Log: quiet,
 		Outbox: edge.OutboxConfig{PublishTimeout: 200 * time.Millisecond},
 		Credit: edge.CreditConfig{Recheck: 200 * time.Millisecond, RedisBudget: 200 * time.Millisecond},
 	}
@@ -135,6 +141,7 @@ func (pl *pipeline) edge(mut func(*edge.Options)) *edgeUnderTest {
 	require.NoError(pl.t, err)
 	e := &edgeUnderTest{srv: srv, proxy: httptest.NewServer(srv.ProxyHandler()), api: httptest.NewServer(srv.APIHandler()),
 		admin: httptest.NewServer(srv.AdminHandler()), nc: nc, store: st}
+	waitFor(pl.t, "the edge ready", func() bool { return readyz(pl.t, e) == http.StatusOK })
 	pl.t.Cleanup(func() {
 		e.proxy.Close()
 		e.api.Close()
@@ -212,6 +219,27 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// streamMsgs is how many messages the accounting stream holds.
+func (pl *pipeline) streamMsgs() uint64 {
+	if pl.js == nil {
+		_, pl.js = pl.nats.Connect()
+	}
+	st, err := pl.js.Stream(context.Background(), events.Streams{}.WithDefaults().Accounting.Name)
+	require.NoError(pl.t, err)
+	info, err := st.Info(context.Background())
+	require.NoError(pl.t, err)
+	return info.State.Msgs
+}
+
+// readyz is the status of the edge's /readyz.
+func readyz(t *testing.T, e *edgeUnderTest) int {
+	t.Helper()
+	resp, err := http.Get(e.admin.URL + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // metric reads one value from an edge's /metrics ("name{labels}").

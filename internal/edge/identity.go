@@ -5,13 +5,17 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/textproto"
 	"strings"
 )
 
 // MaxIdentityLen bounds an identity header's value.
 const MaxIdentityLen = 4096
 
-var errIdentityTooLong = errors.New("identity header too long")
+var (
+	errIdentityTooLong  = errors.New("identity header too long")
+	errIdentityRepeated = errors.New("the identity header appears more than once")
+)
 
 // Identifier derives whose window a request counts against.
 type Identifier struct {
@@ -26,16 +30,62 @@ type Identifier struct {
 // Identity returns the request's identity string. Header identities and IP
 // identities live in separate namespaces ("h:" and "ip:"), so a header
 // value can never impersonate an address.
+//
+// The header's value is normalised first, so that one credential is one
+// identity however it is spelled: surrounding whitespace is dropped, and
+// for Authorization and Proxy-Authorization the scheme is compared without
+// case ("bearer x" is "Bearer x") and the whitespace after it is one space.
+// A request that sends the header twice is refused (which one the
+// upstream believes is the upstream's choice). A header named in the
+// request's Connection header is hop-by-hop: the proxy removes it before
+// the upstream, which never sees it, so it is treated as absent here too
+// (the request is keyed by its address).
 func (id Identifier) Identity(r *http.Request) (string, error) {
-	if id.Header != "" {
-		if v := r.Header.Get(id.Header); v != "" {
-			if len(v) > MaxIdentityLen {
+	if id.Header != "" && !hopByHop(r.Header, id.Header) {
+		vs := r.Header.Values(id.Header)
+		if len(vs) > 1 {
+			return "", errIdentityRepeated
+		}
+		if len(vs) == 1 {
+			if len(vs[0]) > MaxIdentityLen {
 				return "", errIdentityTooLong
 			}
-			return "h:" + v, nil
+			if v := normaliseCredential(id.Header, vs[0]); v != "" {
+				return "h:" + v, nil
+			}
 		}
 	}
 	return id.Address(r), nil
+}
+
+// hopByHop reports whether the Connection header names header: the proxy
+// removes such headers before the upstream (RFC 9110, section 7.6.1).
+func hopByHop(h http.Header, header string) bool {
+	for _, v := range h.Values("Connection") {
+		for _, tok := range strings.Split(v, ",") {
+			if strings.EqualFold(textproto.TrimString(tok), header) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// normaliseCredential is v without surrounding whitespace; for the
+// Authorization headers, also with its scheme in lower case and one space
+// between every run of whitespace-separated words (auth-scheme is
+// case-insensitive, and its separator is whitespace of any length).
+func normaliseCredential(header, v string) string {
+	v = strings.Trim(v, " \t")
+	if !strings.EqualFold(header, "Authorization") && !strings.EqualFold(header, "Proxy-Authorization") {
+		return v
+	}
+	f := strings.FieldsFunc(v, func(r rune) bool { return r == ' ' || r == '\t' })
+	if len(f) == 0 {
+		return ""
+	}
+	f[0] = strings.ToLower(f[0])
+	return strings.Join(f, " ")
 }
 
 // Address is the request's client address as an identity, grouped by the
@@ -61,8 +111,8 @@ func (id Identifier) ClientIP(r *http.Request) netip.Addr {
 	}
 	client := peer
 	for i := len(list) - 1; i >= 0; i-- {
-		a, err := netip.ParseAddr(strings.TrimSpace(list[i]))
-		if err != nil {
+		a, ok := parseHop(strings.TrimSpace(list[i]))
+		if !ok {
 			return client // garbage: the last hop we could believe
 		}
 		client = a.Unmap()
@@ -94,6 +144,24 @@ func (id Identifier) group(a netip.Addr) netip.Prefix {
 	}
 	p, _ := a.Prefix(min(bits, a.BitLen()))
 	return p
+}
+
+// parseHop reads one X-Forwarded-For entry: an address, or an address
+// with a port as some proxies write it (1.2.3.4:80, [2001:db8::1]:443), or
+// a bracketed IPv6 address without one.
+func parseHop(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a, true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr(), true
+	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil && a.Is6() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 func parseAddr(hostport string) netip.Addr {

@@ -27,6 +27,11 @@ func TestClientIP(t *testing.T) {
 		{"all trusted", "10.0.0.2:80", []string{"10.0.0.9"}, "10.0.0.9"},
 		{"garbage stops the walk", "10.0.0.2:80", []string{"198.51.100.9, nonsense"}, "10.0.0.2"},
 		{"mapped IPv4", "[::ffff:203.0.113.7]:5000", nil, "203.0.113.7"},
+		{"an entry with a port", "10.0.0.2:80", []string{"198.51.100.9:4711"}, "198.51.100.9"},
+		{"an IPv6 entry with a port", "10.0.0.2:80", []string{"[2001:db8::9]:443"}, "2001:db8::9"},
+		{"a bracketed IPv6 entry", "10.0.0.2:80", []string{"[2001:db8::9]"}, "2001:db8::9"},
+		{"a trusted hop with a port is skipped", "10.0.0.2:80", []string{"198.51.100.9, 10.0.0.3:80"}, "198.51.100.9"},
+		{"a bracketed IPv4 is garbage", "10.0.0.2:80", []string{"[198.51.100.9]"}, "10.0.0.2"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,10 +1,16 @@
 package edge_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,21 +26,79 @@ import (
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
-// Paths that clean to a route's path are held to its limit: //search,
-// /./search and /x/../search do not slip past /search's policy.
-func TestRoutesMatchCleanedPaths(t *testing.T) {
+// One path: a request path whose meaning depends on who decodes or
+// normalises it is refused, whatever it would have matched, and nothing is
+// charged for it; every other path is matched as the upstream receives it,
+// in its canonical encoding.
+func TestOnePath(t *testing.T) {
 	pl := newPipeline(t)
-	pl.policies["search"] = limiter.Policy{Name: "search", Limit: 10, Window: time.Minute, Mode: limiter.ModeExact}
-	e := pl.edge(func(o *edge.Options) { o.Routes = []edge.Route{{Path: "/search/", Policies: []string{"search"}}} })
-	for i, p := range []string{"/search", "//search", "/./search", "/x/../search", "/search/./code", "/a/b/../../search//x"} {
-		resp := getPath(t, e.proxy.URL, p, "cleaner")
-		require.Equal(t, 200, resp.StatusCode, p)
-		require.Equal(t, "search", resp.Header.Get("X-RateLimit-Resource"), p)
-		require.Equal(t, strconv.Itoa(9-i), resp.Header.Get("X-RateLimit-Remaining"), p)
+	pl.policies["search"] = limiter.Policy{Name: "search", Limit: 100, Window: time.Minute, Mode: limiter.ModeExact}
+	var mu sync.Mutex
+	var received []string
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		received = append(received, r.RequestURI)
+		mu.Unlock()
+	}))
+	t.Cleanup(upstream.Close)
+	u, _ := url.Parse(upstream.URL)
+	e := pl.edge(func(o *edge.Options) {
+		o.Upstream = u
+		o.Routes = []edge.Route{{Path: "/search/", Policies: []string{"search"}}}
+	})
+	for _, p := range []string{
+		"/search/..%2F..%2Fcats", "/search/%2e%2e/cats", "/search/%2E%2E/cats", "/search/../cats", "/search/..\\cats",
+		"/search/%252e%252e/cats", "/search%2fcats", "/search%2Fcats", "/search%5ccats", "/search/.%2e/cats",
+		"//search", "/./search", "/x/../search", "/search/./code", "/a/b/../../search//x", "/search;x=1",
+		"/search/%00", "/search/%0a", "/cats/..", "*",
+	} {
+		status, _ := rawGet(t, e.proxy.URL, p, "paths")
+		require.Equal(t, 400, status, p)
 	}
-	resp := getPath(t, e.proxy.URL, "/searching", "cleaner")
-	require.Equal(t, "core", resp.Header.Get("X-RateLimit-Resource"), "a sibling path is not under /search")
-	require.EqualValues(t, 6, pl.used(pl.keys.Key("search", "h:cleaner")))
+	mu.Lock()
+	require.Empty(t, received, "nothing refused reached the upstream")
+	mu.Unlock()
+	require.Zero(t, pl.used(pl.keys.Key("search", "h:paths")), "nothing refused was charged")
+	require.Zero(t, pl.used(pl.keys.Key("core", "h:paths")))
+
+	for _, c := range []struct{ path, resource, forwarded string }{
+		{"/search", "search", "/search"},
+		{"/search/", "search", "/search/"},
+		{"/search/code", "search", "/search/code"},
+		{"/sear%63h/code", "search", "/search/code"}, // what it decodes to, as the upstream gets it
+		{"/search/a%20b", "search", "/search/a%20b"},
+		{"/searching", "core", "/searching"},
+		{"/cats", "core", "/cats"},
+	} {
+		mu.Lock()
+		received = nil
+		mu.Unlock()
+		status, h := rawGet(t, e.proxy.URL, c.path, "paths")
+		require.Equal(t, 200, status, c.path)
+		require.Equal(t, c.resource, h.Get("X-RateLimit-Resource"), c.path)
+		mu.Lock()
+		require.Equal(t, []string{c.forwarded}, received, c.path)
+		mu.Unlock()
+	}
+	require.EqualValues(t, 5, pl.used(pl.keys.Key("search", "h:paths")))
+}
+
+// rawGet sends a GET with path exactly as given (no client cleans it) and
+// returns the status and headers.
+func rawGet(t *testing.T, base, path, token string) (int, http.Header) {
+	t.Helper()
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	c, err := net.Dial("tcp", u.Host)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nConnection: close\r\n\r\n", path, u.Host, token)
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header
 }
 
 // A request is held to every limit of its route and the global ones: a
@@ -225,7 +289,9 @@ func TestLostReservationIsTakenBack(t *testing.T) {
 		return metric(t, e, "tally_edge_recovered_units_total") == 1
 	})
 	pl.waitUsed(k, 2)
-	time.Sleep(300 * time.Millisecond) // nothing more lands
+	// Everything the edge sent has been applied: nothing more lands.
+	waitFor(t, "nothing queued at the edge", func() bool { return metric(t, e, "tally_edge_accounting_queued") == 0 })
+	waitFor(t, "nothing left in the stream", func() bool { return pl.streamMsgs() == 0 })
 	require.EqualValues(t, 2, pl.used(k))
 }
 

@@ -111,6 +111,10 @@ type outbox struct {
 	tracer trace.Tracer
 	// sizes records the events per message published.
 	sizes metric.Int64Histogram
+	// learn, when set, hears of the room a refund or release the edge
+	// applied itself made in a window (the accountant announces what it
+	// applies; this is the edge's own share).
+	learn func(shard int, dg limiter.Digest, reset time.Time, used int64)
 	wg    sync.WaitGroup
 	stop  chan struct{}
 }
@@ -175,7 +179,7 @@ func (o *outbox) add(i int, e events.Accounting) uint64 {
 	}
 	q.mu.Lock()
 	q.seq++
-	e.Producer, e.Seq, e.Source = o.producer, q.seq, o.source
+	e.Producer, e.Seq, e.Source, e.KeyID = o.producer, q.seq, o.source, o.keys.KeyID()
 	q.evs = append(q.evs, e)
 	q.mu.Unlock()
 	q.pending.Add(1)
@@ -372,9 +376,13 @@ func (o *outbox) apply(q *queue, batch []events.Accounting, timeout time.Duratio
 	for i := range batch {
 		o.lag.Record(context.Background(), max(0, done.Sub(batch[i].Time).Seconds()))
 	}
-	for _, r := range res.Results {
+	for j, r := range res.Results {
 		if r.Err != nil {
 			o.logger.Error("an accounting event was refused", "shard", q.name, "err", r.Err)
+			continue
+		}
+		if o.learn != nil && r.Outcome == limiter.Applied && evs[j].Kind != limiter.Charge && r.Amount > 0 {
+			o.learn(q.shard, evs[j].Key.Digest(), r.ResetAt, r.Used)
 		}
 	}
 	return nil

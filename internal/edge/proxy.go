@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
 )
 
 type stateKey struct{}
@@ -34,6 +35,8 @@ func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport: tr,
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			// The path as matched (requestPath), in its canonical encoding.
+			pr.Out.URL.RawPath = ""
 			pr.SetURL(upstream)
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
@@ -70,12 +73,17 @@ func (s *Server) ProxyHandler() http.Handler {
 }
 
 func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
-	limits := s.limitsFor(r.URL.Path)
+	path, err := requestPath(r)
+	if err != nil {
+		s.badRequests.Add(1)
+		problem(w, http.StatusBadRequest, "ambiguous-path", "Bad Request", err.Error())
+		return
+	}
+	limits := s.limitsFor(path)
 	if len(limits) == 0 {
 		s.proxy.ServeHTTP(w, r)
 		return
 	}
-	var identity, address string
 	now := s.o.Clock.Now()
 	reqNum := s.reqs.Add(1)
 	var span trace.Span = noop.Span{}
@@ -84,24 +92,44 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 		defer span.End()
 	}
 	traceparent := s.traceParent(r)
-	st := &proxyState{}
-	st.vs = st.buf[:0]
+	// Whose windows the request counts in, first: a request refused for
+	// its identity touches none.
+	var identity, address string
+	var digests [4]limiter.Digest
+	dgs := digests[:0]
 	for _, l := range limits {
 		id := &identity
 		if l.byAddress {
 			id = &address
 		}
 		if *id == "" {
-			var err error
 			if *id, err = s.identity(r, l.byAddress); err != nil {
-				s.giveBack(st.vs)
 				s.badRequests.Add(1)
 				problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
 				setStatus(span, http.StatusBadRequest)
 				return
 			}
 		}
-		v, err := s.check(r.Context(), l.policy, *id, now, reqNum)
+		dgs = append(dgs, s.o.Keys.Sum(l.policy.Name, *id))
+	}
+	// Every limit is checked against what the edge knows before any of them
+	// reserves: a request that a window known to be full denies opens no
+	// window and reserves nothing on the others.
+	if len(limits) > 1 {
+		for i, l := range limits {
+			if v, full := s.dec.peek(l.policy, l.policy.CostOrDefault(), dgs[i], now, reqNum); full {
+				v.traceparent = traceparent
+				s.record(v, traceparent)
+				s.deny(w, v)
+				setStatus(span, http.StatusTooManyRequests)
+				return
+			}
+		}
+	}
+	st := &proxyState{}
+	st.vs = st.buf[:0]
+	for i, l := range limits {
+		v, err := s.check(r.Context(), l.policy, dgs[i], now, reqNum)
 		if err != nil {
 			s.giveBack(st.vs)
 			s.unavailable(w)

@@ -48,13 +48,17 @@ type entry struct {
 	// expire, because an answer for a window the edge has let go of can
 	// still come in (a take sent just before the reset).
 	holder      string
+	holderNum   uint64
 	known       int64
 	mine        int64
 	countsReset int64
 	inflight    int
 	lost        int64
-	exact       bool              // the policy's mode is exact: recovered units go back at once
-	counts      *[2]atomic.Uint64 // the policy's decisions, by [allowed] (decider.byPolicy)
+	exact       bool // the policy's mode is exact: recovered units go back at once
+	// served numbers the admissions of this entry in its window (a
+	// request's finish is marked by its number: lua/finish.lua).
+	served uint64
+	counts *[2]atomic.Uint64 // the policy's decisions, by [allowed] (decider.byPolicy)
 
 	// Async mode: units admitted over credit whose charges are not yet known
 	// to be in used, by the sequence of their charge event.
@@ -79,6 +83,7 @@ type debt struct {
 // expire forgets the window: it has reset.
 func (e *entry) expire() {
 	e.reset, e.start, e.used, e.credit, e.full = 0, 0, 0, 0, false
+	e.served = 0
 	e.debts = e.debts[:0]
 	e.deniedSince = false
 }
@@ -100,6 +105,31 @@ func (e *entry) debtUnits() int64 {
 		n += d.units
 	}
 	return n
+}
+
+// spendable reports whether cost units of e's credit may be spent. Credit
+// is reserved on the primary, so as long as the window holds no more than
+// its limit and the edge owes nothing, it always may. But with debts (mode
+// async's admissions over credit, charged by events the primary may not
+// have applied yet), or once such charges took the window past its limit,
+// a reservation made while they grew may hold room those admissions took
+// already: credit is spent only while what the edge knows of the window
+// leaves room for it (what is left unspent is given back).
+func (e *entry) spendable(cost int64) bool {
+	return e.credit >= cost && e.limit-e.used-e.debtUnits()+e.credit >= cost
+}
+
+// owed lists the debts for a reservation (limiter.TakeArgs.Owed): what
+// the primary has not applied of them counts as used.
+func (e *entry) owed() []limiter.Owed {
+	if len(e.debts) == 0 {
+		return nil
+	}
+	out := make([]limiter.Owed, len(e.debts))
+	for i, d := range e.debts {
+		out[i] = limiter.Owed{Seq: d.seq, Units: d.units}
+	}
+	return out
 }
 
 // settle drops the debts whose charges the primary has applied (sequence

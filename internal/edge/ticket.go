@@ -14,23 +14,30 @@ import (
 )
 
 // A ticket is the request_id the decision API hands out: what /v1/finish
-// needs to give a 304's charge back, so that any edge of the deployment can
-// take it. It is a compact binary record, base64url, signed with the key
-// secret (HMAC-SHA256, 128 bits) so that nobody can forge one for another
-// key:
+// needs to finish the request (and give a 304's charge back), so that any
+// edge of the deployment can take it. It is a compact binary record,
+// base64url without padding, signed with a key derived from the key secret
+// (HMAC-SHA256, 128 bits) so that nobody can forge one:
 //
-//	version 1 | flags | shard | key digest (16) | cost | reset ms | start ms |
-//	request number | policy name | [charge producer | charge seq]
+//	version 2 | flags | shard | key digest (16) | cost | reset ms | start ms |
+//	request number | n | policy name | producer | holder number | [charge seq]
 //
 // integers as uvarints, strings length-prefixed. Flags: 1 the window was
 // known (decided), 2 charged by an accounting event (else by a
-// reservation).
+// reservation). The request was the n-th admission (from 0) of the edge's
+// holder <producer>.<holder number, base 36> in its window: where its finish
+// is marked (lua/finish.lua), so that it is finished once.
+//
+// A ticket has one spelling: a string that decodes to a valid ticket but is
+// not exactly what encoding it gives (base64's unused bits set, line breaks,
+// padding) is refused, so that one ticket cannot pass as many.
 
 const (
-	ticketVersion = 1
-	flagDecided   = 1
-	flagEvent     = 2
-	maxTicketLen  = 1024
+	ticketVersion  = 2
+	flagDecided    = 1
+	flagEvent      = 2
+	maxTicketLen   = 1024
+	ticketKeyLabel = "tally/ticket/v1"
 )
 
 var b64 = base64.RawURLEncoding
@@ -38,7 +45,7 @@ var b64 = base64.RawURLEncoding
 var errBadTicket = errors.New("not a request id issued by this deployment")
 
 func (s *Server) ticket(v verdict) string {
-	b := make([]byte, 0, 96)
+	b := make([]byte, 0, 128)
 	var flags byte
 	if v.decided {
 		flags |= flagDecided
@@ -54,11 +61,13 @@ func (s *Server) ticket(v verdict) string {
 	b = binary.AppendUvarint(b, uint64(v.reset))
 	b = binary.AppendUvarint(b, uint64(v.now.UnixMilli()))
 	b = binary.AppendUvarint(b, v.reqNum)
+	b = binary.AppendUvarint(b, v.n)
 	b = append(b, byte(len(v.policy.Name)))
 	b = append(b, v.policy.Name...)
+	b = append(b, byte(len(v.producer)))
+	b = append(b, v.producer...)
+	b = binary.AppendUvarint(b, v.holderNum)
 	if v.chargeSeq != 0 {
-		b = append(b, byte(len(v.chargeProducer)))
-		b = append(b, v.chargeProducer...)
 		b = binary.AppendUvarint(b, v.chargeSeq)
 	}
 	out := make([]byte, 0, b64.EncodedLen(len(b))+1+b64.EncodedLen(16))
@@ -69,15 +78,14 @@ func (s *Server) ticket(v verdict) string {
 	return string(out)
 }
 
-// mac is the ticket's signature: HMAC-SHA256 with the key secret, 128
+// mac is the ticket's signature: HMAC-SHA256 with the ticket key, 128
 // bits. The keyed hashes are pooled: a ticket is made per allowed request.
 func (s *Server) mac(payload []byte) []byte {
 	m, _ := s.macs.Get().(hash.Hash)
 	if m == nil {
-		m = hmac.New(sha256.New, s.o.TicketSecret)
+		m = hmac.New(sha256.New, s.ticketKey)
 	}
 	m.Reset()
-	m.Write([]byte("tally/ticket/v1|"))
 	m.Write(payload)
 	sum := m.Sum(nil)
 	s.macs.Put(m)
@@ -91,11 +99,11 @@ func (s *Server) readTicket(t string) (verdict, error) {
 		return verdict{}, errBadTicket
 	}
 	sig, err := b64.DecodeString(t[i+1:])
-	if err != nil || !hmac.Equal(sig, s.mac([]byte(t[:i]))[:16]) {
+	if err != nil || len(sig) != 16 || b64.EncodeToString(sig) != t[i+1:] || !hmac.Equal(sig, s.mac([]byte(t[:i]))[:16]) {
 		return verdict{}, errBadTicket
 	}
 	b, err := b64.DecodeString(t[:i])
-	if err != nil || len(b) < 2 || b[0] != ticketVersion {
+	if err != nil || len(b) < 2 || b[0] != ticketVersion || b64.EncodeToString(b) != t[:i] {
 		return verdict{}, errBadTicket
 	}
 	r := ticketReader{b: b[2:]}
@@ -106,13 +114,17 @@ func (s *Server) readTicket(t string) (verdict, error) {
 	cost, reset, start := r.uvarint(), r.uvarint(), r.uvarint()
 	var v verdict
 	v.reqNum = r.uvarint()
+	v.n = r.uvarint()
 	name := string(r.bytes(int(r.byte())))
+	v.producer = string(r.bytes(int(r.byte())))
+	v.holderNum = r.uvarint()
 	if flags&flagEvent != 0 {
-		v.chargeProducer = string(r.bytes(int(r.byte())))
-		v.chargeSeq = r.uvarint()
+		v.chargeSeq, v.chargeProducer = r.uvarint(), v.producer
 	}
 	p, ok := s.o.Policies[name]
-	if r.bad || shard >= uint64(s.o.Store.Shards()) || !ok || cost < 1 || cost > uint64(p.Limit) {
+	if r.bad || len(r.b) != 0 || flags&^(flagDecided|flagEvent) != 0 || shard >= uint64(s.o.Store.Shards()) || !ok ||
+		cost < 1 || cost > uint64(p.Limit) || !limiter.ValidProducer(v.producer) || (flags&flagEvent != 0 && v.chargeSeq == 0) ||
+		(flags&flagDecided != 0) != (reset != 0) || reset > limiter.MaxMS || start > limiter.MaxMS {
 		return verdict{}, errBadTicket
 	}
 	p.Cost = int64(cost)

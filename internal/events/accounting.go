@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -80,9 +81,14 @@ type Accounting struct {
 	Kind Kind
 	// Producer and Seq identify the event: each producer (an edge-checker
 	// process, or a service) numbers its events per shard 1, 2, 3, ... and
-	// publishes them in that order. The accountant applies each number once.
+	// publishes them in that order, on its own subject (AccountingSubject).
+	// The accountant applies each number once.
 	Producer string
 	Seq      uint64
+	// KeyID names the key secret the event's digest was made with
+	// (limiter.KeySpace.KeyID): an accountant holding another secret refuses
+	// the event.
+	KeyID string
 	// Source is the CloudEvents source: who published.
 	Source string
 	// Time is when the event was created; accounting lag counts from it.
@@ -106,54 +112,82 @@ type Accounting struct {
 	// Status is a finished request's response status; only 304 refunds.
 	Status int
 	// ChargeProducer and ChargeSeq name the started event a Finished event
-	// refunds. Empty: the request was charged by an edge's reservation
-	// (ResetAt is then required).
+	// refunds: one of the same producer (ChargeProducer is Producer),
+	// numbered before it. Empty: the request was charged by an edge's
+	// reservation (ResetAt is then required).
 	ChargeProducer string
 	ChargeSeq      uint64
 }
 
+// Quote quotes a field's value in an error when it is short and made of
+// characters that cannot carry a secret's shape (names, ids); anything else
+// is described by its length only. Errors end up in logs and dead-letter
+// headers: a service that put an API token where a digest belongs must not
+// see it written down.
+func quote(s string) string {
+	if len(s) <= 64 {
+		ok := true
+		for i := 0; i < len(s); i++ {
+			if c := s[i]; (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '.' && c != '_' && c != '-' && c != '/' {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return strconv.Quote(s)
+		}
+	}
+	return "(" + strconv.Itoa(len(s)) + " bytes, not shown)"
+}
+
 // Validate reports the first problem with e, wrapping ErrInvalidEvent.
+// Errors never quote a value that may be a secret (see quote).
 func (e *Accounting) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidEvent, fmt.Sprintf(format, args...))
 	}
+	window := time.Duration(e.WindowSeconds) * time.Second
 	switch {
 	case e.Kind < Started || e.Kind > Released:
 		return bad("unknown type")
 	case !limiter.ValidProducer(e.Producer):
-		return bad("tallyproducer %q: want 1 to %d of [A-Za-z0-9_.-]", clip(e.Producer), limiter.MaxProducerLen)
+		return bad("tallyproducer %s: want 1 to %d of [A-Za-z0-9_.-] in dot-separated tokens", quote(e.Producer), limiter.MaxProducerLen)
 	case e.Seq < 1 || e.Seq > limiter.MaxSeq:
 		return bad("tallyseq %d: want 1 to %d", e.Seq, uint64(limiter.MaxSeq))
+	case !validKeyID(e.KeyID):
+		return bad("tallykeyid %s: want the 16 hex digits that name the deployment's key secret", quote(e.KeyID))
 	case e.Source == "" || len(e.Source) > MaxSourceLen:
 		return bad("source: want 1 to %d bytes", MaxSourceLen)
 	case e.Time.IsZero():
 		return bad("time missing")
 	case e.TraceParent != "" && !ValidTraceParent(e.TraceParent):
-		return bad("traceparent %q: want W3C version 00", clip(e.TraceParent))
+		return bad("traceparent: want W3C version 00")
 	case !validDigest(e.Key):
-		return bad("key %q: want 32 lower-case hex digits", clip(e.Key))
+		return bad("key: want 32 lower-case hex digits (%d bytes given, not shown)", len(e.Key))
 	case !limiter.ValidPolicyName(e.Policy):
-		return bad("policy %q", clip(e.Policy))
+		return bad("policy %s", quote(e.Policy))
 	case e.Limit < 1 || e.Limit > limiter.MaxLimit:
 		return bad("limit %d", e.Limit)
 	case e.WindowSeconds < 1 || e.WindowSeconds > int64(limiter.MaxWindow/time.Second):
 		return bad("window_s %d", e.WindowSeconds)
 	case e.Units < 1 || e.Units > e.Limit:
 		return bad("units %d: want 1 to the limit", e.Units)
-	case e.StartedAt.IsZero() || e.StartedAt.Unix() < 0:
-		return bad("started_at missing")
-	case !e.ResetAt.IsZero() && (e.ResetAt.UnixMilli() <= 0 || e.ResetAt.UnixMilli()%1000 != 0):
-		return bad("reset_at: want a whole second")
+	case e.StartedAt.IsZero() || e.StartedAt.Unix() < 0 || e.StartedAt.UnixMilli() > limiter.MaxMS:
+		return bad("started_at missing or out of range")
+	case !e.ResetAt.IsZero() && (e.ResetAt.UnixMilli() <= 0 || e.ResetAt.UnixMilli()%1000 != 0 || e.ResetAt.UnixMilli() > limiter.MaxMS):
+		return bad("reset_at: want a whole second, before the year 5138")
+	case !e.ResetAt.IsZero() && (!e.StartedAt.Before(e.ResetAt) || e.ResetAt.Sub(e.StartedAt) > window+limiter.MaxResetAhead):
+		return bad("reset_at: want after started_at, and at most window_s and %v later", limiter.MaxResetAhead)
 	case e.RequestID != "" && !validRequestID(e.RequestID):
-		return bad("request_id %q: want 1 to %d of [A-Za-z0-9._:-]", clip(e.RequestID), MaxRequestIDLen)
+		return bad("request_id %s: want 1 to %d of [A-Za-z0-9._:-]", quote(e.RequestID), MaxRequestIDLen)
 	case e.Kind == Finished && (e.Status < 100 || e.Status > 599):
 		return bad("status %d: want 100 to 599", e.Status)
 	case e.Kind != Finished && e.Status != 0:
 		return bad("status on a %s event", e.Kind)
 	case e.Kind != Finished && (e.ChargeProducer != "" || e.ChargeSeq != 0):
 		return bad("charge on a %s event", e.Kind)
-	case e.ChargeProducer != "" && (!limiter.ValidProducer(e.ChargeProducer) || e.ChargeSeq < 1 || e.ChargeSeq > limiter.MaxSeq):
-		return bad("charge: want a producer and a seq")
+	case e.ChargeProducer != "" && (e.ChargeProducer != e.Producer || e.ChargeSeq < 1 || e.ChargeSeq >= e.Seq):
+		return bad("charge: want an earlier event of the same producer (a producer refunds only its own charges)")
 	case e.ChargeProducer == "" && e.ChargeSeq != 0:
 		return bad("charge: want a producer and a seq")
 	case e.Kind == Released && e.ResetAt.IsZero():
@@ -164,13 +198,35 @@ func (e *Accounting) Validate() error {
 	return nil
 }
 
+func validKeyID(s string) bool { return len(s) == 16 && isLowerHex(s) }
+
 // ID is the event's CloudEvents id: "<producer>.<shard>.<seq>".
 func (e *Accounting) ID(shard string) string {
 	return e.Producer + "." + shard + "." + strconv.FormatUint(e.Seq, 10)
 }
 
-// AccountingSubject is where a shard's accounting events are published.
-func AccountingSubject(prefix, shard string) string { return prefix + "." + shard }
+// AccountingSubject is where a producer publishes its accounting events for
+// a shard: <prefix>.<shard>.<producer>, the producer id's dot-separated
+// tokens being the subject's last tokens. NATS permissions grant a
+// publisher the subjects of its own producer ids (deploy/nats), and an
+// accountant applies an event only when its producer is the one its
+// subject names: nobody can publish as another producer.
+func AccountingSubject(prefix, shard, producer string) string {
+	return prefix + "." + shard + "." + producer
+}
+
+// ShardSubjects is the filter of every producer's subject of a shard.
+func ShardSubjects(prefix, shard string) string { return prefix + "." + shard + ".>" }
+
+// ProducerOfSubject is the producer a subject of shard names ("" when it
+// names none).
+func ProducerOfSubject(prefix, shard, subject string) string {
+	p, ok := strings.CutPrefix(subject, prefix+"."+shard+".")
+	if !ok || !limiter.ValidProducer(p) {
+		return ""
+	}
+	return p
+}
 
 // AppendAccounting appends one event of shard as a structured CloudEvent
 // (JSON) to b. It does not validate e.
@@ -193,6 +249,7 @@ func AppendAccounting(b []byte, shard string, e *Accounting) []byte {
 	b = appendStringField(b, "tallyproducer", e.Producer)
 	b = appendUintField(b, "tallyseq", e.Seq)
 	b = appendStringField(b, "tallyshard", shard)
+	b = appendStringField(b, "tallykeyid", e.KeyID)
 	if e.TraceParent != "" {
 		b = appendStringField(b, "traceparent", e.TraceParent)
 	}
@@ -249,7 +306,7 @@ func AccountingMsg(prefix, shard string, evs []Accounting, buf []byte) (*nats.Ms
 	}
 	b = append(b, ']')
 	first, last := evs[0], evs[len(evs)-1]
-	m := nats.NewMsg(AccountingSubject(prefix, shard))
+	m := nats.NewMsg(AccountingSubject(prefix, shard, first.Producer))
 	m.Header = nats.Header{
 		HeaderMsgID:       {first.ID(shard) + "-" + strconv.FormatUint(last.Seq, 10)},
 		HeaderContentType: {ContentTypeBatch},
@@ -292,6 +349,7 @@ type wireEvent struct {
 	Producer        string    `json:"tallyproducer"`
 	Seq             uint64    `json:"tallyseq"`
 	Shard           string    `json:"tallyshard"`
+	KeyID           string    `json:"tallykeyid"`
 	TraceParent     string    `json:"traceparent"`
 	Data            struct {
 		Key       string    `json:"key"`
@@ -310,11 +368,13 @@ type wireEvent struct {
 	} `json:"data"`
 }
 
-// DecodeAccounting reads a message published to shard's subject: a
-// CloudEvents JSON batch (or one structured event) of accounting events,
-// each validated, all of one producer in increasing sequence. Errors wrap
-// ErrInvalidEvent and name the first problem.
-func DecodeAccounting(shard string, body []byte) ([]Accounting, error) {
+// DecodeAccounting reads a message that producer published to shard's
+// subject (AccountingSubject): a CloudEvents JSON batch (or one structured
+// event) of accounting events, each validated, all of that producer in
+// increasing sequence. A traceparent that is not a valid W3C one is
+// dropped (the event is applied without it). Errors wrap ErrInvalidEvent
+// and name the first problem, never quoting a value that may be a secret.
+func DecodeAccounting(shard, producer string, body []byte) ([]Accounting, error) {
 	var wire []wireEvent
 	if i := firstNonSpace(body); i < len(body) && body[i] == '{' {
 		wire = make([]wireEvent, 1)
@@ -331,7 +391,10 @@ func DecodeAccounting(shard string, body []byte) ([]Accounting, error) {
 	for i := range wire {
 		w := &wire[i]
 		e := &out[i]
-		*e = Accounting{Kind: kindOf(w.Type), Producer: w.Producer, Seq: w.Seq, Source: w.Source, Time: w.Time,
+		if !ValidTraceParent(w.TraceParent) {
+			w.TraceParent = ""
+		}
+		*e = Accounting{Kind: kindOf(w.Type), Producer: w.Producer, Seq: w.Seq, KeyID: w.KeyID, Source: w.Source, Time: w.Time,
 			TraceParent: w.TraceParent, Key: w.Data.Key, Policy: w.Data.Policy, Limit: w.Data.Limit,
 			WindowSeconds: w.Data.Window, Units: w.Data.Units, ResetAt: w.Data.ResetAt, StartedAt: w.Data.StartedAt,
 			RequestID: w.Data.RequestID, Status: w.Data.Status}
@@ -341,15 +404,18 @@ func DecodeAccounting(shard string, body []byte) ([]Accounting, error) {
 		where := func(err error) error { return fmt.Errorf("event %d: %w", i+1, err) }
 		switch {
 		case w.SpecVersion != "1.0":
-			return nil, where(fmt.Errorf("%w: specversion %q: want 1.0", ErrInvalidEvent, clip(w.SpecVersion)))
+			return nil, where(fmt.Errorf("%w: specversion %s: want 1.0", ErrInvalidEvent, quote(w.SpecVersion)))
 		case e.Kind == 0:
-			return nil, where(fmt.Errorf("%w: type %q", ErrInvalidEvent, clip(w.Type)))
+			return nil, where(fmt.Errorf("%w: type %s", ErrInvalidEvent, quote(w.Type)))
 		case w.ID == "" || len(w.ID) > MaxSourceLen:
 			return nil, where(fmt.Errorf("%w: id: want 1 to %d bytes", ErrInvalidEvent, MaxSourceLen))
 		case w.DataContentType != "" && w.DataContentType != "application/json":
-			return nil, where(fmt.Errorf("%w: datacontenttype %q: want application/json", ErrInvalidEvent, clip(w.DataContentType)))
+			return nil, where(fmt.Errorf("%w: datacontenttype %s: want application/json", ErrInvalidEvent, quote(w.DataContentType)))
 		case w.Shard != shard:
-			return nil, where(fmt.Errorf("%w: tallyshard %q on shard %s's subject", ErrInvalidEvent, clip(w.Shard), shard))
+			return nil, where(fmt.Errorf("%w: tallyshard %s on shard %s's subject", ErrInvalidEvent, quote(w.Shard), shard))
+		case e.Producer != producer:
+			return nil, where(fmt.Errorf("%w: tallyproducer %s published on the subject of producer %s: a producer publishes on its own subject only",
+				ErrInvalidEvent, quote(e.Producer), quote(producer)))
 		case w.Subject != "" && w.Subject != w.Data.Key:
 			return nil, where(fmt.Errorf("%w: subject and data.key differ", ErrInvalidEvent))
 		case i > 0 && (e.Producer != out[0].Producer || e.Seq <= out[i-1].Seq):

@@ -3,6 +3,7 @@ package events_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -21,15 +22,16 @@ var (
 	reset = time.Date(2026, 11, 21, 10, 1, 1, 0, time.UTC)
 	key   = strings.Repeat("ab", 16)
 	tp    = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	keyID = "0123456789abcdef"
 )
 
 func sample(kind events.Kind, seq uint64) events.Accounting {
-	e := events.Accounting{Kind: kind, Producer: "edge-7f3a", Seq: seq, Source: "edge-checker/host-1", Time: at,
+	e := events.Accounting{Kind: kind, Producer: "edge.7f3a", Seq: seq, KeyID: keyID, Source: "edge-checker/host-1", Time: at,
 		TraceParent: tp, Key: key, Policy: "core", Limit: 100, WindowSeconds: 60, Units: 2,
-		ResetAt: reset, StartedAt: at.Add(-time.Millisecond), RequestID: "edge-7f3a-42"}
+		ResetAt: reset, StartedAt: at.Add(-time.Millisecond), RequestID: "edge.7f3a-42"}
 	switch kind {
 	case events.Finished:
-		e.Status, e.ChargeProducer, e.ChargeSeq = 304, "edge-7f3a", seq-1
+		e.Status, e.ChargeProducer, e.ChargeSeq = 304, "edge.7f3a", seq-1
 	case events.Released:
 		e.RequestID, e.TraceParent = "", ""
 	}
@@ -41,11 +43,12 @@ func TestAccountingRoundTrip(t *testing.T) {
 	batch[1].ChargeProducer, batch[1].ChargeSeq = "", 0 // refund of a reservation
 	m, err := events.AccountingMsg("tally.accounting", "s0", batch, nil)
 	require.NoError(t, err)
-	require.Equal(t, "tally.accounting.s0", m.Subject)
-	require.Equal(t, "edge-7f3a.s0.1-3", m.Header.Get(events.HeaderMsgID))
+	require.Equal(t, "tally.accounting.s0.edge.7f3a", m.Subject, "the producer's own subject")
+	require.Equal(t, "edge.7f3a", events.ProducerOfSubject("tally.accounting", "s0", m.Subject))
+	require.Equal(t, "edge.7f3a.s0.1-3", m.Header.Get(events.HeaderMsgID))
 	require.Equal(t, events.ContentTypeBatch, m.Header.Get(events.HeaderContentType))
 
-	got, err := events.DecodeAccounting("s0", m.Data)
+	got, err := events.DecodeAccounting("s0", "edge.7f3a", m.Data)
 	require.NoError(t, err)
 	require.Len(t, got, 3)
 	for i := range batch {
@@ -66,19 +69,45 @@ func TestAccountingRoundTrip(t *testing.T) {
 		require.Equal(t, batch[i].Kind.String(), ce.Type())
 		require.Equal(t, batch[i].ID("s0"), ce.ID())
 		require.Equal(t, key, ce.Subject())
-		require.Equal(t, "edge-7f3a", ce.Extensions()["tallyproducer"])
+		require.Equal(t, "edge.7f3a", ce.Extensions()["tallyproducer"])
 		require.Equal(t, "s0", ce.Extensions()["tallyshard"])
+		require.Equal(t, keyID, ce.Extensions()["tallykeyid"])
 		require.Equal(t, "application/json", ce.DataContentType())
 	}
 	require.Equal(t, tp, ces[0].Extensions()["traceparent"])
 	require.JSONEq(t, `{"key":"`+key+`","policy":"core","limit":100,"window_s":60,"units":2,
-		"started_at":"2026-11-21T10:00:00.122000Z","reset_at":"2026-11-21T10:01:01.000000Z","request_id":"edge-7f3a-42"}`, string(ces[0].Data()))
+		"started_at":"2026-11-21T10:00:00.122000Z","reset_at":"2026-11-21T10:01:01.000000Z","request_id":"edge.7f3a-42"}`, string(ces[0].Data()))
 
 	// One structured event (not a batch) decodes too.
 	one := events.AppendAccounting(nil, "s0", &batch[0])
-	got, err = events.DecodeAccounting("s0", one)
+	got, err = events.DecodeAccounting("s0", "edge.7f3a", one)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
+
+	// A traceparent that is not a valid one is dropped, not a reason to
+	// refuse the events.
+	bad := strings.Replace(string(one), tp, "00-"+strings.Repeat("x", 52), 1)
+	got, err = events.DecodeAccounting("s0", "edge.7f3a", []byte(bad))
+	require.NoError(t, err)
+	require.Empty(t, got[0].TraceParent)
+}
+
+// Subjects name producers: a subject that names none, or a producer id
+// whose tokens could not be a subject's, is no producer's.
+func TestProducerOfSubject(t *testing.T) {
+	for subject, want := range map[string]string{
+		"tally.accounting.s0.billing":       "billing",
+		"tally.accounting.s0.billing.7":     "billing.7",
+		"tally.accounting.s0":               "",
+		"tally.accounting.s1.billing":       "",
+		"tally.accounting.s0.":              "",
+		"tally.accounting.s0.a..b":          "",
+		"tally.accounting.s0.a b":           "",
+		"tally.accountingX.s0.billing":      "",
+		"other.accounting.s0.edge.1234abcd": "",
+	} {
+		require.Equal(t, want, events.ProducerOfSubject("tally.accounting", "s0", subject), subject)
+	}
 }
 
 func TestAccountingRejects(t *testing.T) {
@@ -87,7 +116,20 @@ func TestAccountingRejects(t *testing.T) {
 		want   string
 	}{
 		"bad producer":            {func(e *events.Accounting) { e.Producer = "a b" }, "tallyproducer"},
+		"producer with a dot end": {func(e *events.Accounting) { e.Producer = "edge." }, "tallyproducer"},
 		"zero seq":                {func(e *events.Accounting) { e.Seq = 0 }, "tallyseq"},
+		"no key id":               {func(e *events.Accounting) { e.KeyID = "" }, "tallykeyid"},
+		"reset before the start":  {func(e *events.Accounting) { e.StartedAt = reset }, "reset_at"},
+		"reset far after start":   {func(e *events.Accounting) { e.StartedAt = reset.Add(-62*time.Second - time.Minute) }, "reset_at"},
+		"reset beyond the scripts": {func(e *events.Accounting) {
+			e.StartedAt, e.ResetAt = time.UnixMilli(limiter.MaxMS-1000), time.UnixMilli(limiter.MaxMS+60000)
+		}, "reset_at"},
+		"refund of another producer's charge": {func(e *events.Accounting) {
+			e.Kind, e.Status, e.ChargeProducer, e.ChargeSeq, e.Seq = events.Finished, 304, "billing", 1, 2
+		}, "charge"},
+		"refund of a later charge": {func(e *events.Accounting) {
+			e.Kind, e.Status, e.ChargeProducer, e.ChargeSeq = events.Finished, 304, e.Producer, 2
+		}, "charge"},
 		"no source":               {func(e *events.Accounting) { e.Source = "" }, "source"},
 		"bad traceparent":         {func(e *events.Accounting) { e.TraceParent = "00-" + strings.Repeat("x", 52) }, "traceparent"},
 		"long traceparent":        {func(e *events.Accounting) { e.TraceParent = tp + strings.Repeat("0", 16<<10) }, "traceparent"},
@@ -115,7 +157,12 @@ func TestAccountingRejects(t *testing.T) {
 			if e.Status != 0 { // the encoder writes status on finished events only
 				body = strings.Replace(body, `"units":`, `"status":200,"units":`, 1)
 			}
-			_, err = events.DecodeAccounting("s0", []byte(body))
+			got, err := events.DecodeAccounting("s0", "edge.7f3a", []byte(body))
+			if strings.Contains(name, "traceparent") { // dropped, not refused
+				require.NoError(t, err)
+				require.Empty(t, got[0].TraceParent)
+				return
+			}
 			require.ErrorIs(t, err, events.ErrInvalidEvent)
 		})
 	}
@@ -131,12 +178,20 @@ func TestAccountingRejects(t *testing.T) {
 		"subject mismatch": strings.Replace(string(good), `"subject":"`+key, `"subject":"`+strings.Repeat("cd", 16), 1),
 		"out of order":     "[" + string(events.AppendAccounting(nil, "s0", ptr(sample(events.Started, 2)))) + "," + string(good) + "]",
 		"two producers": "[" + string(good) + "," + strings.ReplaceAll(string(events.AppendAccounting(nil, "s0",
-			ptr(sample(events.Started, 2)))), "edge-7f3a", "edge-other") + "]",
+			ptr(sample(events.Started, 2)))), "edge.7f3a", "edge.other") + "]",
+		"another producer's events": strings.ReplaceAll(string(good), "edge.7f3a", "edge.other"),
 	} {
-		_, err := events.DecodeAccounting("s0", []byte(body))
+		_, err := events.DecodeAccounting("s0", "edge.7f3a", []byte(body))
 		require.ErrorIs(t, err, events.ErrInvalidEvent, name)
 	}
-	_, err := events.AccountingMsg("tally.accounting", "S0", []events.Accounting{sample(events.Started, 1)}, nil)
+	// An error never quotes what may be a secret: a token a service put
+	// where the digest belongs.
+	token := "Bearer sk_live_0123456789abcdef"
+	body := strings.Replace(string(good), `"key":"`+key, `"key":"`+token, 1)
+	_, err := events.DecodeAccounting("s0", "edge.7f3a", []byte(body))
+	require.ErrorIs(t, err, events.ErrInvalidEvent)
+	require.NotContains(t, err.Error(), "sk_live")
+	_, err = events.AccountingMsg("tally.accounting", "S0", []events.Accounting{sample(events.Started, 1)}, nil)
 	require.ErrorIs(t, err, events.ErrInvalidEvent, "shard names are subject tokens")
 }
 
@@ -151,19 +206,42 @@ func TestTraceParent(t *testing.T) {
 	}
 }
 
+// Notices are signed and recent: a notice from anyone without the
+// deployment's secret, altered, or sent again long after, is refused.
 func TestNotices(t *testing.T) {
+	ns := events.NewNotices([]byte("notice-key-0123456789abcdef012345"))
+	now := time.Now()
 	var b []byte
-	b = events.AppendNotice(b, events.Notice{Full: true, Key: key, ResetAt: reset, Used: 100})
-	b = events.AppendNotice(b, events.Notice{Key: key, ResetAt: reset, Used: 97})
-	got, err := events.DecodeNotices(b)
+	b = ns.Append(b, events.Notice{Full: true, Key: key, ResetAt: reset, Used: 100}, now)
+	b = ns.Append(b, events.Notice{Key: key, ResetAt: reset, Used: 97}, now)
+	got, err := ns.Decode(b, now.Add(time.Second))
 	require.NoError(t, err)
 	require.Equal(t, []events.Notice{{Full: true, Key: key, ResetAt: reset, Used: 100}, {Key: key, ResetAt: reset, Used: 97}},
 		[]events.Notice{{Full: got[0].Full, Key: got[0].Key, ResetAt: got[0].ResetAt.UTC(), Used: got[0].Used},
 			{Full: got[1].Full, Key: got[1].Key, ResetAt: got[1].ResetAt.UTC(), Used: got[1].Used}})
-	for _, bad := range []string{"full", "full alice 1 1", "half " + key + " 1 1", "full " + key + " x 1", "room " + key + " 1 -1", "full " + key + " 0 1"} {
-		_, err := events.DecodeNotices([]byte(bad))
-		require.ErrorIs(t, err, events.ErrInvalidEvent, bad)
+
+	forger := events.NewNotices([]byte("someone-else-0123456789abcdef0123"))
+	good := string(ns.Append(nil, events.Notice{Key: key, ResetAt: reset, Used: 0}, now))
+	for name, bad := range map[string]string{
+		"unsigned (the old format)": "room " + key + " " + fmt.Sprint(reset.UnixMilli()) + " 0\n",
+		"signed with another key":   string(forger.Append(nil, events.Notice{Key: key, ResetAt: reset, Used: 0}, now)),
+		"altered":                   strings.Replace(good, "room", "full", 1),
+		"altered count":             strings.Replace(good, " 0 ", " 5 ", 1),
+		"malformed":                 "full alice 1 1 1 " + strings.Repeat("0", 32),
+	} {
+		got, err := ns.Decode([]byte(bad), now)
+		require.ErrorIs(t, err, events.ErrInvalidEvent, name)
+		require.Empty(t, got, name)
 	}
+	// Replayed: good then, not now.
+	_, err = ns.Decode([]byte(good), now.Add(events.NoticeMaxAge+time.Second))
+	require.ErrorIs(t, err, events.ErrInvalidEvent)
+	_, err = ns.Decode([]byte(good), now.Add(-events.NoticeMaxAge-time.Second))
+	require.ErrorIs(t, err, events.ErrInvalidEvent, "nor from the future")
+	// A good line among bad ones is kept.
+	got, err = ns.Decode([]byte("garbage\n"+good), now)
+	require.Error(t, err)
+	require.Len(t, got, 1)
 }
 
 func TestDecisionRecord(t *testing.T) {
@@ -208,7 +286,7 @@ func FuzzDecodeAccounting(f *testing.F) {
 	f.Add(good.Data)
 	f.Add([]byte(`[{"specversion":"1.0"}]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		evs, err := events.DecodeAccounting("s0", body)
+		evs, err := events.DecodeAccounting("s0", "edge.7f3a", body)
 		if err != nil {
 			return
 		}
@@ -217,7 +295,7 @@ func FuzzDecodeAccounting(f *testing.F) {
 		if err != nil {
 			t.Fatalf("decoded events do not encode: %v", err)
 		}
-		again, err := events.DecodeAccounting("s0", m.Data)
+		again, err := events.DecodeAccounting("s0", "edge.7f3a", m.Data)
 		if err != nil || len(again) != len(evs) {
 			t.Fatalf("round trip: %v", err)
 		}

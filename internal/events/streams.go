@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -90,7 +91,7 @@ func (s Streams) WithDefaults() Streams {
 // Validate reports the first problem with s (after defaults), wrapping
 // ErrInvalidConfig.
 func (s Streams) Validate() error {
-	_, err := s.WithDefaults().jetstream()
+	_, err := s.WithDefaults().jetstream(nil)
 	return err
 }
 
@@ -103,7 +104,12 @@ func (s Streams) AccountantDecisionsSubject() string {
 	return s.WithDefaults().Decisions.SubjectPrefix + ".accountant"
 }
 
-func (s Streams) jetstream() ([]jetstream.StreamConfig, error) {
+// jetstream is the streams' configuration. The accounting stream takes
+// the subjects of the shards named (<prefix>.<shard>.>), and nothing else:
+// an event published for a shard no accountant serves is refused by
+// JetStream (no stream takes it) instead of waiting in the stream forever.
+// The decisions stream takes the edges' and the accountants' subjects only.
+func (s Streams) jetstream(shards []string) ([]jetstream.StreamConfig, error) {
 	storage := jetstream.FileStorage
 	switch s.Storage {
 	case "file":
@@ -135,18 +141,29 @@ func (s Streams) jetstream() ([]jetstream.StreamConfig, error) {
 	if s.Duplicates <= 0 || (s.Accounting.MaxAge > 0 && s.Duplicates > s.Accounting.MaxAge) {
 		return nil, fmt.Errorf("%w: duplicates %v must be positive and within the accounting max_age", ErrInvalidConfig, s.Duplicates)
 	}
-	stream := func(c StreamConfig, desc string, discard jetstream.DiscardPolicy, dup time.Duration) jetstream.StreamConfig {
+	for _, sh := range shards {
+		if !validShard(sh) {
+			return nil, fmt.Errorf("%w: shard %s", ErrInvalidConfig, quote(sh))
+		}
+	}
+	stream := func(c StreamConfig, subjects []string, desc string, discard jetstream.DiscardPolicy, dup time.Duration) jetstream.StreamConfig {
 		return jetstream.StreamConfig{
-			Name: c.Name, Description: desc, Subjects: []string{c.SubjectPrefix + ".>"},
+			Name: c.Name, Description: desc, Subjects: subjects,
 			Retention: jetstream.LimitsPolicy, Storage: storage, MaxAge: c.MaxAge, MaxBytes: c.MaxBytes,
 			Discard: discard, Replicas: s.Replicas, Duplicates: dup,
 		}
 	}
+	accounting := make([]string, 0, len(shards))
+	for _, sh := range shards {
+		accounting = append(accounting, ShardSubjects(s.Accounting.SubjectPrefix, sh))
+	}
 	return []jetstream.StreamConfig{
-		stream(s.Accounting, "Tally accounting events still to apply, a subject per shard; accountants delete what they applied",
+		stream(s.Accounting, accounting, "Tally accounting events still to apply, a subject per shard and producer; accountants delete what they applied",
 			jetstream.DiscardNew, s.Duplicates),
-		stream(s.Decisions, "Tally rate-limit decisions (CloudEvents JSON batches), for analytics", jetstream.DiscardOld, 2*time.Minute),
-		stream(s.DeadLetters, "Tally accounting messages that could not be applied, with the reason; inspect and replay",
+		stream(s.Decisions, []string{s.DecisionsSubject(), s.AccountantDecisionsSubject()},
+			"Tally rate-limit decisions (CloudEvents JSON batches), for analytics", jetstream.DiscardOld, 2*time.Minute),
+		stream(s.DeadLetters, []string{s.DeadLetters.SubjectPrefix + ".*"},
+			"Tally accounting messages that could not be applied, with the reason; inspect and replay",
 			jetstream.DiscardOld, 2*time.Minute),
 	}, nil
 }
@@ -186,22 +203,37 @@ func validPrefix(s string) bool {
 }
 
 // EnsureStreams creates Tally's streams, or updates them when their settings
-// differ from s. It is idempotent and writes nothing when the streams
-// already match, so every process can call it at start.
-func EnsureStreams(ctx context.Context, js jetstream.StreamManager, s Streams) error {
-	all, err := s.WithDefaults().jetstream()
+// differ from s, for the shards named (the accounting stream's subjects).
+// A shard's subject is added, never taken away: processes of a deployment
+// whose shard list is changing do not undo each other's (remove a shard's
+// subject by hand once no process names it; docs/operations.md). It is
+// idempotent and writes nothing when the streams already match, so every
+// process can call it at start.
+func EnsureStreams(ctx context.Context, js jetstream.StreamManager, s Streams, shards []string) error {
+	s = s.WithDefaults()
+	all, err := s.jetstream(shards)
 	if err != nil {
 		return err
 	}
-	for _, sc := range all {
-		if err := ensureStream(ctx, js, sc); err != nil {
+	for i, sc := range all {
+		var keep func(string) bool
+		if i == 0 { // accounting: keep other shards' subjects
+			keep = func(subject string) bool {
+				rest, ok := strings.CutPrefix(subject, s.Accounting.SubjectPrefix+".")
+				sh, ok2 := strings.CutSuffix(rest, ".>")
+				return ok && ok2 && validShard(sh)
+			}
+		}
+		if err := ensureStream(ctx, js, sc, keep); err != nil {
 			return fmt.Errorf("events: stream %s: %w", sc.Name, err)
 		}
 	}
 	return nil
 }
 
-func ensureStream(ctx context.Context, js jetstream.StreamManager, want jetstream.StreamConfig) error {
+// ensureStream creates or updates a stream; the subjects it has that keep
+// accepts are kept beside want's.
+func ensureStream(ctx context.Context, js jetstream.StreamManager, want jetstream.StreamConfig, keep func(string) bool) error {
 	st, err := js.Stream(ctx, want.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		// Another process may create it first; an identical create succeeds.
@@ -211,7 +243,16 @@ func ensureStream(ctx context.Context, js jetstream.StreamManager, want jetstrea
 	if err != nil {
 		return err
 	}
-	if have := st.CachedInfo().Config; sameStream(have, want) {
+	have := st.CachedInfo().Config
+	if keep != nil {
+		for _, sub := range have.Subjects {
+			if keep(sub) && !slices.Contains(want.Subjects, sub) {
+				want.Subjects = append(want.Subjects, sub)
+			}
+		}
+	}
+	slices.Sort(want.Subjects)
+	if sameStream(have, want) {
 		return nil
 	}
 	_, err = js.UpdateStream(ctx, want)
@@ -220,7 +261,8 @@ func ensureStream(ctx context.Context, js jetstream.StreamManager, want jetstrea
 
 // sameStream compares the settings Tally sets; the server fills in others.
 func sameStream(have, want jetstream.StreamConfig) bool {
-	return slices.Equal(have.Subjects, want.Subjects) && have.Description == want.Description &&
+	hs := slices.Sorted(slices.Values(have.Subjects))
+	return slices.Equal(hs, want.Subjects) && have.Description == want.Description &&
 		have.Retention == want.Retention && have.Storage == want.Storage &&
 		have.Duplicates == want.Duplicates && have.MaxAge == want.MaxAge &&
 		have.MaxBytes == want.MaxBytes && have.Discard == want.Discard && have.Replicas == want.Replicas
@@ -229,10 +271,10 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 // EnsureStreamsRetry calls EnsureStreams until it succeeds or ctx ends,
 // waiting every between attempts and reporting each failure to onErr
 // (which may be nil). A process can start before NATS does.
-func EnsureStreamsRetry(ctx context.Context, js jetstream.StreamManager, s Streams, every time.Duration, onErr func(error)) error {
+func EnsureStreamsRetry(ctx context.Context, js jetstream.StreamManager, s Streams, shards []string, every time.Duration, onErr func(error)) error {
 	for {
 		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := EnsureStreams(attempt, js, s)
+		err := EnsureStreams(attempt, js, s, shards)
 		cancel()
 		if err == nil || errors.Is(err, ErrInvalidConfig) {
 			return err

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -76,7 +77,10 @@ func errOutput(err error) string {
 // decisions stream and checks its count and overshoot of each of targets'
 // windows against the primaries. It returns the units over a limit.
 func analystAgrees(t *testing.T, c *cluster, targets []*target) int64 {
-	out, err := exec.Command(filepath.Join(bin, "decisions"), "-nats", c.nats.Addr, "-idle", "1s").Output()
+	// As the analytics user of the shipped NATS permissions.
+	cmd := exec.Command(filepath.Join(bin, "decisions"), "-nats", c.nats.Addr, "-user", "analytics", "-idle", "1s")
+	cmd.Env = append(os.Environ(), "NATS_PASSWORD="+c.stack.NATSPassword("analytics"))
+	out, err := cmd.Output()
 	require.NoError(t, err, "%s", errOutput(err))
 	type window struct {
 		Key, Policy                               string

@@ -22,8 +22,6 @@ import (
 	"github.com/tallyhq/tally/internal/stack"
 )
 
-const secret = "fault-suite-secret"
-
 // Policies: far from their limits, in modes auto and exact (in which every
 // 304 is refunded through the accounting stream, so the stream carries
 // events all along), and a small limit that the load reaches, for denials.
@@ -76,7 +74,7 @@ type cluster struct {
 func newCluster(t *testing.T) *cluster {
 	dir, err := os.MkdirTemp("", "tally-faults-")
 	require.NoError(t, err)
-	c := &cluster{stack: stack.New(dir, bin, "TALLY_KEY_SECRET="+secret)}
+	c := &cluster{stack: stack.New(dir, bin)}
 	t.Cleanup(func() {
 		c.stack.StopAll()
 		if t.Failed() {
@@ -104,7 +102,7 @@ func newCluster(t *testing.T) *cluster {
 	require.NoError(t, err)
 	c.streams = c.cfg.NATS.Streams.WithDefaults()
 
-	c.keys, err = limiter.NewKeySpace(c.cfg.KeyPrefix, []byte(secret))
+	c.keys, err = limiter.NewKeySpace(c.cfg.KeyPrefix, c.stack.Secret())
 	require.NoError(t, err)
 	c.store, err = limiter.NewStore(shards, c.keys, limiter.Options{})
 	require.NoError(t, err)
@@ -115,7 +113,8 @@ func newCluster(t *testing.T) *cluster {
 		c.rdb = append(c.rdb, r)
 	}
 	// The suite's own connection outlives NATS restarts.
-	c.nc, err = nats.Connect(c.nats.Addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	c.nc, err = nats.Connect(c.nats.Addr, append(c.stack.NATSOptions("operator"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond))...)
 	require.NoError(t, err)
 	t.Cleanup(c.nc.Close)
 	c.js, err = jetstream.New(c.nc)

@@ -307,7 +307,7 @@ func streamFull(t *testing.T, c *cluster) {
 func poisonMessage(t *testing.T, c *cluster) {
 	r := c.start(t, nil)
 	body := []byte("this is not an accounting event")
-	subject := c.streams.Accounting.SubjectPrefix + "." + c.store.ShardName(0)
+	subject := events.AccountingSubject(c.streams.Accounting.SubjectPrefix, c.store.ShardName(0), "fault-suite")
 	var seq uint64
 	r.fault(func() {
 		ack, err := c.js.Publish(context.Background(), subject, body)
@@ -392,7 +392,8 @@ func (c *cluster) breakWindow(t *testing.T, tg *target) {
 func (r *run) requireOnly(t *testing.T, dead []*jetstream.RawStreamMsg, tg *target) {
 	shard := r.c.shardOf(tg)
 	for _, m := range dead {
-		evs, err := events.DecodeAccounting(shard, m.Data)
+		producer := events.ProducerOfSubject(r.c.streams.Accounting.SubjectPrefix, shard, m.Header.Get(accountant.HeaderDeadSubject))
+		evs, err := events.DecodeAccounting(shard, producer, m.Data)
 		require.NoError(t, err)
 		for _, e := range evs {
 			require.Equal(t, tg.key.Digest().String(), e.Key, "an event of another window was dead-lettered with the broken one")

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"bytes"
+	"encoding/hex"
 	"io"
 	"io/fs"
 	"net/http"
@@ -19,7 +20,7 @@ import (
 // dead-letter streams), Prometheus's data, and the binaries' /metrics.
 func noIdentityWrittenDown(t *testing.T, c *cluster) {
 	require.NotEmpty(t, c.identities, "the scenarios before this one sent no identities")
-	secrets := append([][]byte{[]byte(secret)}, toBytes(c.identities)...)
+	secrets := append([][]byte{c.stack.Secret(), []byte(hex.EncodeToString(c.stack.Secret()))}, toBytes(c.identities)...)
 	// What the scan must see for it to mean anything: the key the first
 	// identity's window has in Redis (a digest), in the primaries' files.
 	control := []byte(c.keys.Key(far.Name, "h:"+c.identities[0]).String())

@@ -53,12 +53,19 @@ type Event struct {
 	Window time.Duration
 	// Units is what the event adds or gives back, 1 to MaxLimit.
 	Units int64
-	// RefProducer and RefSeq name the charge a Refund gives back. Empty: the
-	// charge was a reservation (Store.Take), known to be applied; ResetAt
-	// must then be set. Other kinds leave them empty.
+	// RefProducer and RefSeq name the charge a Refund gives back: a charge
+	// of the same producer (RefProducer is Producer), numbered before the
+	// refund. Empty: the charge was a reservation (Store.Take), known to be
+	// applied; ResetAt must then be set. Other kinds leave them empty.
 	RefProducer string
 	RefSeq      uint64
 }
+
+// MaxResetAhead is how long after a request started its window may reset
+// beyond the window's length: a second of rounding and a minute for clocks
+// that differ. An event whose ResetAt lies outside (Start, Start + Window +
+// MaxResetAhead] is refused.
+const MaxResetAhead = 61 * time.Second
 
 // Outcome is what an event did.
 type Outcome uint8
@@ -124,16 +131,18 @@ func (e *Event) validate() error {
 		return bad("bad kind")
 	case e.Key.IsZero():
 		return bad("no key")
-	case !e.ResetAt.IsZero() && (e.ResetAt.UnixMilli() <= 0 || e.ResetAt.UnixMilli()%1000 != 0):
+	case !e.ResetAt.IsZero() && (e.ResetAt.UnixMilli() <= 0 || e.ResetAt.UnixMilli()%1000 != 0 || e.ResetAt.UnixMilli() > MaxMS):
 		return bad("reset_at %v: want a whole second", e.ResetAt)
-	case e.Start.UnixMilli() < 0 || e.Start.UnixMilli() > 1e14:
+	case e.Start.UnixMilli() < 0 || e.Start.UnixMilli() > MaxMS:
 		return bad("start %v", e.Start)
+	case !e.ResetAt.IsZero() && (!e.Start.Before(e.ResetAt) || e.ResetAt.Sub(e.Start) > e.Window+MaxResetAhead):
+		return bad("reset_at %v: want after the start %v and at most the window %v and %v later", e.ResetAt, e.Start, e.Window, MaxResetAhead)
 	case e.Units < 1 || e.Units > MaxLimit:
 		return bad("units %d: want 1 to %d", e.Units, MaxLimit)
 	case e.Kind != Refund && (e.RefProducer != "" || e.RefSeq != 0):
 		return bad("only refunds name a charge")
-	case e.Kind == Refund && e.RefProducer != "" && (!ValidProducer(e.RefProducer) || e.RefSeq < 1 || e.RefSeq > MaxSeq):
-		return bad("bad charge reference")
+	case e.Kind == Refund && e.RefProducer != "" && (e.RefProducer != e.Producer || e.RefSeq < 1 || e.RefSeq >= e.Seq):
+		return bad("a refund names a charge of its own producer, numbered before it")
 	case e.Kind == Refund && e.RefProducer == "" && e.RefSeq != 0:
 		return bad("bad charge reference")
 	case e.Kind != Charge && e.RefProducer == "" && e.ResetAt.IsZero():
@@ -210,6 +219,7 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, re
 	n := s.shards[i]
 	out := ApplyResult{Results: results}
 	keys := make([]string, 0, 16)
+	names := make([]string, 0, 4) // the producer ids of the producer keys, in order
 	idx := make(map[string]int, 16)
 	index := func(k string) int {
 		if j, ok := idx[k]; ok {
@@ -232,18 +242,21 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, re
 			continue
 		}
 		valid = append(valid, j)
-		index(s.producerKey(e.Producer))
-		if e.RefProducer != "" {
-			index(s.producerKey(e.RefProducer))
+		if pk := s.producerKey(e.Producer); idx[pk] == 0 {
+			index(pk)
+			names = append(names, e.Producer)
 		}
 	}
 	if len(valid) == 0 {
 		return nil
 	}
 	np := len(keys)
-	args := make([]any, 0, 7+10*len(valid))
+	args := make([]any, 0, 7+np+10*len(valid))
 	args = append(args, ms(now), np, s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(), s.opts.ProducerTTL.Milliseconds(),
 		call, ReplyLifetime.Milliseconds())
+	for _, id := range names {
+		args = append(args, id)
+	}
 	for _, j := range valid {
 		e := &evs[j]
 		var reset int64
@@ -252,7 +265,7 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, re
 		}
 		ref := 0
 		if e.RefProducer != "" {
-			ref = idx[s.producerKey(e.RefProducer)]
+			ref = idx[s.producerKey(e.Producer)] // the same producer
 		}
 		args = append(args, idx[s.producerKey(e.Producer)], e.Seq, kindArg[e.Kind], index(e.Key.String()),
 			reset, ms(e.Start), e.Window.Milliseconds(), e.Units, ref, e.RefSeq)

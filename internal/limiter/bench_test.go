@@ -17,7 +17,7 @@ import (
 func benchEnv(b *testing.B) (*limiter.Store, []limiter.Key) {
 	b.Helper()
 	p, r := redistest.StartPair(b)
-	ks, _ := limiter.NewKeySpace("tally", []byte("bench"))
+	ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
 	st := newStore(b, []shard.Config{{Name: "s0", Primary: node(p), Replicas: []shard.Node{node(r)}}}, ks, limiter.Options{})
 	keys := make([]limiter.Key, 1000)
 	for i := range keys {

@@ -115,7 +115,7 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func FuzzKeys(f *testing.F) {
-	ks, err := limiter.NewKeySpace("tally", []byte("s"))
+	ks, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
 	require.NoError(f, err)
 	f.Add("core", "alice")
 	f.Add("core", "alice:exp")

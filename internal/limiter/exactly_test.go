@@ -75,11 +75,11 @@ func TestExactlyOnce(t *testing.T) {
 		require.Equal(t, "0", g, "every gap filled and forgotten")
 	})
 	t.Run("a refund of a charge still in a gap waits for it", func(t *testing.T) {
-		k, charger, refunder := e.keys.Key("core", t.Name()), producer(), producer()
-		e.apply(t, charge(charger, 2, k, reset, t0, 3)) // 1 is a gap
-		require.Equal(t, P, e.apply(t, refund(refunder, 1, k, reset, t0, 3, charger, 1))[0].Outcome)
+		k, p := e.keys.Key("core", t.Name()), producer()
+		e.apply(t, charge(p, 2, k, reset, t0, 3)) // 1 is a gap
+		require.Equal(t, P, e.apply(t, refund(p, 3, k, reset, t0, 3, p, 1))[0].Outcome)
 		require.EqualValues(t, 3, e.used(t, k))
-		require.Equal(t, N, e.apply(t, charge(charger, 1, k, reset, t0, 3))[0].Outcome)
+		require.Equal(t, N, e.apply(t, charge(p, 1, k, reset, t0, 3))[0].Outcome)
 		require.EqualValues(t, 3, e.used(t, k))
 	})
 	t.Run("gaps are bounded", func(t *testing.T) {
@@ -99,7 +99,7 @@ func TestExactlyOnce(t *testing.T) {
 	t.Run("the refund of a reservation: its window only, while live, never below zero", func(t *testing.T) {
 		defer e.clock.Set(t0)
 		k, p := e.keys.Key("core", t.Name()), producer()
-		g := e.take(t, k, 100, 5, 5)
+		g := e.takeAs(t, p, k, 100, 5, 5)
 		require.Equal(t, reset, g.ResetAt)
 		r := e.apply(t, refund(p, 1, k, g.ResetAt, t0, 2, "", 0))
 		require.Equal(t, A, r[0].Outcome)
@@ -120,46 +120,80 @@ func TestExactlyOnce(t *testing.T) {
 		require.EqualValues(t, 4, e.used(t, k), "the next window is untouched")
 	})
 	t.Run("a refund before its charge nets to zero", func(t *testing.T) {
-		k, charger, refunder := e.keys.Key("core", t.Name()), producer(), producer()
-		e.apply(t, charge(charger, 1, k, reset, t0, 1))
-		r := e.apply(t, refund(refunder, 1, k, reset, t0, 5, charger, 2))
+		k, p := e.keys.Key("core", t.Name()), producer()
+		e.apply(t, charge(p, 1, k, reset, t0, 1))
+		r := e.apply(t, refund(p, 3, k, reset, t0, 5, p, 2))
 		require.Equal(t, P, r[0].Outcome)
 		require.EqualValues(t, 1, e.used(t, k), "nothing given back before the charge")
 		require.Equal(t, []limiter.Outcome{N, A}, outcomes(e.apply(t,
-			charge(charger, 2, k, reset, t0, 5), charge(charger, 3, k, reset, t0, 1))))
+			charge(p, 2, k, reset, t0, 5), charge(p, 4, k, reset, t0, 1))))
 		require.EqualValues(t, 2, e.used(t, k))
 		require.Equal(t, []limiter.Outcome{D, D}, outcomes(e.apply(t,
-			charge(charger, 2, k, reset, t0, 5), refund(refunder, 1, k, reset, t0, 5, charger, 2))))
+			charge(p, 2, k, reset, t0, 5), refund(p, 3, k, reset, t0, 5, p, 2))))
 		require.EqualValues(t, 2, e.used(t, k))
 		// The marker is gone once it has netted.
 		pk := fmt.Sprint(rdb.Keys(ctx, "tally:producer:*").Val())
 		require.NotContains(t, pk, "n:")
 	})
 	t.Run("a refund of a charge that was applied gives it back", func(t *testing.T) {
-		k, charger, refunder := e.keys.Key("core", t.Name()), producer(), producer()
-		e.apply(t, charge(charger, 1, k, reset, t0, 3))
-		r := e.apply(t, refund(refunder, 1, k, reset, t0, 3, charger, 1))
+		k, p := e.keys.Key("core", t.Name()), producer()
+		e.apply(t, charge(p, 1, k, reset, t0, 3))
+		r := e.apply(t, refund(p, 2, k, reset, t0, 3, p, 1))
 		require.Equal(t, A, r[0].Outcome)
 		require.Zero(t, e.used(t, k))
 	})
 	t.Run("no refund without a charge", func(t *testing.T) {
-		k, charger, refunder := e.keys.Key("core", t.Name()), producer(), producer()
-		e.apply(t, charge(charger, 1, k, reset, t0, 4))
+		k, p := e.keys.Key("core", t.Name()), producer()
+		e.apply(t, charge(p, 1, k, reset, t0, 4))
 		// The refund names charge 9, which never came: it waits, and gives
 		// nothing back.
-		require.Equal(t, P, e.apply(t, refund(refunder, 1, k, reset, t0, 4, charger, 9))[0].Outcome)
+		require.Equal(t, P, e.apply(t, refund(p, 10, k, reset, t0, 4, p, 9))[0].Outcome)
 		require.EqualValues(t, 4, e.used(t, k))
+	})
+	t.Run("a producer gives back only what it holds in the window", func(t *testing.T) {
+		// The attack: a producer with no charge in a window sends refunds
+		// and releases of "reservations" with the window's reset, to empty
+		// it. It holds nothing there, so nothing comes back.
+		k, victim, attacker := e.keys.Key("core", t.Name()), producer(), producer()
+		g := e.takeAs(t, victim, k, 100, 60, 60)
+		e.apply(t, charge(victim, 1, k, g.ResetAt, t0, 30))
+		r := e.apply(t, refund(attacker, 1, k, g.ResetAt, t0, 90, "", 0), release(attacker, 2, k, g.ResetAt, 90))
+		require.Equal(t, []limiter.Outcome{A, A}, outcomes(r))
+		require.Zero(t, r[0].Amount+r[1].Amount, "nothing given back")
+		require.EqualValues(t, 90, e.used(t, k))
+		// A producer that charged 5 gives back at most 5, however it asks.
+		e.apply(t, charge(attacker, 3, k, g.ResetAt, t0, 5))
+		r = e.apply(t, refund(attacker, 4, k, g.ResetAt, t0, 5, attacker, 3), refund(attacker, 5, k, g.ResetAt, t0, 5, attacker, 3),
+			release(attacker, 6, k, g.ResetAt, 50))
+		require.EqualValues(t, []int64{5, 0, 0}, []int64{r[0].Amount, r[1].Amount, r[2].Amount})
+		require.EqualValues(t, 90, e.used(t, k))
+		// The victim's own release and refund still work.
+		r = e.apply(t, release(victim, 2, k, g.ResetAt, 60), refund(victim, 3, k, g.ResetAt, t0, 30, victim, 1))
+		require.EqualValues(t, []int64{60, 30}, []int64{r[0].Amount, r[1].Amount})
+		require.Zero(t, e.used(t, k))
+	})
+	t.Run("a refund names an earlier charge of its own producer", func(t *testing.T) {
+		k, p, q := e.keys.Key("core", t.Name()), producer(), producer()
+		for name, ev := range map[string]limiter.Event{
+			"another producer's charge": refund(q, 2, k, reset, t0, 1, p, 1),
+			"a later charge":            refund(p, 2, k, reset, t0, 1, p, 3),
+			"itself":                    refund(p, 2, k, reset, t0, 1, p, 2),
+		} {
+			res, err := e.store.Apply(ctx, 0, e.clock.Now(), []limiter.Event{ev})
+			require.NoError(t, err)
+			require.ErrorIs(t, res.Results[0].Err, limiter.ErrInvalidArgument, name)
+		}
 	})
 	t.Run("a release gives back unused reservations of its window", func(t *testing.T) {
 		defer e.clock.Set(t0)
 		k, p := e.keys.Key("core", t.Name()), producer()
-		g := e.take(t, k, 10, 10, 10)
+		g := e.takeAs(t, p, k, 10, 10, 10)
 		require.EqualValues(t, 10, g.Granted)
-		require.Zero(t, e.take(t, k, 10, 1, 1).Granted, "full")
+		require.Zero(t, e.takeAs(t, p, k, 10, 1, 1).Granted, "full")
 		r := e.apply(t, release(p, 1, k, g.ResetAt, 4))
 		require.Equal(t, A, r[0].Outcome)
 		require.EqualValues(t, 6, r[0].Used)
-		require.EqualValues(t, 4, e.take(t, k, 10, 1, 10).Granted, "room again")
+		require.EqualValues(t, 4, e.takeAs(t, p, k, 10, 1, 10).Granted, "room again")
 		e.clock.Set(g.ResetAt)
 		require.Equal(t, L, e.apply(t, release(p, 2, k, g.ResetAt, 4))[0].Outcome)
 	})
@@ -240,7 +274,7 @@ func TestExactlyOnce(t *testing.T) {
 		require.EqualValues(t, 1000, e.used(t, k))
 		n, err := rdb.HLen(ctx, k.String()).Result()
 		require.NoError(t, err)
-		require.EqualValues(t, 4, n, "the window holds u, s, r, p and nothing per event")
+		require.EqualValues(t, 5, n, "the window holds u, s, r, p, what its one producer holds, and nothing per event")
 		keys, err := rdb.Keys(ctx, "tally:producer:*").Result()
 		require.NoError(t, err)
 		for _, pk := range keys {
@@ -315,8 +349,8 @@ func TestRunSentAgainIsToldWhatItDid(t *testing.T) {
 	e.apply(t, charge("edge-a", 1, k, reset, t0, 5))
 	evs := []limiter.Event{ // two script calls of two events
 		refund("edge-a", 2, k, reset, t0, 1, "edge-a", 1), charge("edge-a", 3, k, reset, t0, 2),
-		refund("edge-a", 4, k, reset, t0, 1, "edge-a", 6), // before its charge
-		charge("edge-a", 6, k, reset, t0, 1),
+		refund("edge-a", 6, k, reset, t0, 1, "edge-a", 5), // before its charge
+		charge("edge-a", 5, k, reset, t0, 1),
 	}
 	run := limiter.Run{Caller: "accountant-1", Seq: 41}
 

@@ -33,7 +33,7 @@ func newEnv(t *testing.T, opts limiter.Options) *env {
 	p, r := redistest.StartPair(t)
 	e := &env{primary: p, replica: r, clock: limiter.NewManualClock(t0)}
 	var err error
-	e.keys, err = limiter.NewKeySpace("tally", []byte("test-secret"))
+	e.keys, err = limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
 	require.NoError(t, err)
 	opts.Clock = e.clock
 	e.store = newStore(t, e.config(), e.keys, opts)
@@ -59,8 +59,14 @@ func node(s *redistest.Server) shard.Node { return shard.Node{Addr: s.Addr} }
 // with a one-minute window.
 func (e *env) take(t *testing.T, k limiter.Key, limit, need, want int64) limiter.Grant {
 	t.Helper()
+	return e.takeAs(t, "edge-a", k, limit, need, want)
+}
+
+// takeAs is take for another producer.
+func (e *env) takeAs(t *testing.T, producer string, k limiter.Key, limit, need, want int64) limiter.Grant {
+	t.Helper()
 	g, err := e.store.Take(context.Background(), k, e.clock.Now(),
-		limiter.TakeArgs{Window: minute, Limit: limit, Need: need, Want: want, Producer: "edge-a"})
+		limiter.TakeArgs{Window: minute, Limit: limit, Need: need, Want: want, Producer: producer})
 	require.NoError(t, err)
 	return g
 }

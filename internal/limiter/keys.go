@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -20,6 +21,7 @@ import (
 //	<prefix>:producer:{<digest>}   hash: one producer's applied sequence on a shard
 //	<prefix>:lease:<shard>         string: the accountant that holds a shard
 //	<prefix>:reply:{<digest>}:<n>  string: the last answer of a caller's runs, script call n
+//	<prefix>:fin:{<digest>}:<holder>:<reset>  string of bits: the finished requests of a holder in a window
 //
 // A window digest is 32 lower-case hex digits: the first 128 bits of
 // HMAC-SHA256(secret, "tally/key/v1" ‖ len(resource) ‖ resource ‖
@@ -27,9 +29,15 @@ import (
 // Redis, so a separator (alice:exp), a hash tag ({alice}), a NUL, a long
 // string or a Unicode look-alike is just different input to the hash. The
 // hash tag is Tally's own digest, so Redis Cluster slots, like shards, cannot
-// be steered by clients. With a secret, digests of guessable identities (API
-// tokens, IP addresses) cannot be reversed by hashing candidates. Producer
-// ids are hashed the same way under their own label.
+// be steered by clients. The secret (at least MinSecretLen random bytes)
+// keeps digests of guessable identities (API tokens, IP addresses) from
+// being reversed by hashing candidates.
+//
+// Producer ids and accountant ids are not secret: their keys are plain
+// SHA-256 digests under their own labels, so that what a primary records
+// of a producer's applied events is found under the same key by every
+// process, whichever secret it holds (a process with another secret is
+// refused by its key id instead: KeyID).
 
 // ErrInvalidKey is wrapped by errors about key spaces, digests and names
 // that become part of keys.
@@ -64,9 +72,14 @@ func isLowerHex(s string) bool {
 	return true
 }
 
+// MinSecretLen is the shortest key secret NewKeySpace accepts, in bytes.
+const MinSecretLen = 32
+
 // KeySpace builds keys. It is safe for concurrent use.
 type KeySpace struct {
 	prefix string
+	secret []byte
+	keyID  string
 	pool   sync.Pool // of *hasher
 }
 
@@ -78,17 +91,40 @@ type hasher struct {
 
 // NewKeySpace returns a key space whose keys start with prefix (1 to 32 of
 // [a-z0-9_-]; "tally" is the usual choice) and whose digests are keyed with
-// secret. Every process of one deployment must use the same prefix and
-// secret; changing either starts every client on a fresh window.
+// secret, at least MinSecretLen random bytes. Every process of one
+// deployment must use the same prefix and secret; changing either starts
+// every client on a fresh window. Errors wrap ErrInvalidKey.
 func NewKeySpace(prefix string, secret []byte) (*KeySpace, error) {
 	if !validName(prefix, 32) {
 		return nil, fmt.Errorf("%w: prefix %q: want 1 to 32 of [a-z0-9_-]", ErrInvalidKey, truncate(prefix, 40))
 	}
+	if len(secret) < MinSecretLen {
+		return nil, fmt.Errorf("%w: secret of %d bytes: want at least %d random bytes", ErrInvalidKey, len(secret), MinSecretLen)
+	}
 	secret = append([]byte(nil), secret...)
-	ks := &KeySpace{prefix: prefix}
+	ks := &KeySpace{prefix: prefix, secret: secret}
 	ks.pool.New = func() any { return &hasher{mac: hmac.New(sha256.New, secret)} }
+	ks.keyID = hex.EncodeToString(ks.Derive("tally/key-id/v1")[:8])
 	return ks, nil
 }
+
+// Derive is a 32-byte key for one purpose (label), derived from the secret
+// (HMAC-SHA256(secret, label)): request ids and notices are signed with
+// keys of their own, never with the secret itself.
+func (ks *KeySpace) Derive(label string) []byte {
+	m := hmac.New(sha256.New, ks.secret)
+	m.Write([]byte(label))
+	return m.Sum(nil)
+}
+
+// KeyID names the secret without revealing it: 16 hex digits of
+// HMAC-SHA256(secret, "tally/key-id/v1"). Accounting events carry it, so
+// that an accountant refuses events whose digests were made with another
+// secret (their windows would be other windows).
+func (ks *KeySpace) KeyID() string { return ks.keyID }
+
+// Prefix is the prefix of every key.
+func (ks *KeySpace) Prefix() string { return ks.prefix }
 
 // validName reports whether s is 1 to max of [a-z0-9_-].
 func validName(s string, max int) bool {
@@ -177,8 +213,12 @@ func (d Digest) Hash() uint64 { return binary.BigEndian.Uint64(d[:8]) }
 const MaxProducerLen = 64
 
 // ValidProducer reports whether id is a producer id: 1 to MaxProducerLen of
-// [A-Za-z0-9_.-].
-func ValidProducer(id string) bool { return validID(id, MaxProducerLen) }
+// [A-Za-z0-9_.-], dot-separated tokens none of which is empty. A producer
+// publishes on the subject that ends with its id (its tokens are the
+// subject's last tokens), which is what NATS permissions grant.
+func ValidProducer(id string) bool {
+	return validID(id, MaxProducerLen) && id[0] != '.' && id[len(id)-1] != '.' && !strings.Contains(id, "..")
+}
 
 // validID reports whether id is 1 to max of [A-Za-z0-9_.-].
 func validID(id string, max int) bool {
@@ -194,10 +234,23 @@ func validID(id string, max int) bool {
 	return true
 }
 
+// plainSum is the first 128 bits of SHA-256(label ‖ len(id) ‖ id): a
+// digest of a name that is not secret (a producer id, an accountant id).
+func plainSum(label, id string) Digest {
+	h := sha256.New()
+	h.Write([]byte(label))
+	h.Write(binary.AppendUvarint(nil, uint64(len(id))))
+	h.Write([]byte(id))
+	var d Digest
+	copy(d[:], h.Sum(nil))
+	return d
+}
+
 // ProducerKey is the hash in which a shard's primary records what it
-// applied of one producer's events. The id is hashed like identities are.
+// applied of one producer's events. The id is hashed (SHA-256, not keyed:
+// every process finds the same record whatever its secret).
 func (ks *KeySpace) ProducerKey(producer string) string {
-	d := ks.sum("tally/producer/v1", producer, "")
+	d := plainSum("tally/producer/v1", producer)
 	b := make([]byte, 0, len(ks.prefix)+12+2*len(d))
 	b = append(b, ks.prefix...)
 	b = append(b, ":producer:{"...)
@@ -210,13 +263,29 @@ func (ks *KeySpace) ProducerKey(producer string) string {
 // script call slot chunk returned, for that call sent again to learn what
 // it did. The caller id is hashed like producer ids are.
 func (ks *KeySpace) ReplyKey(caller string, chunk int) string {
-	d := ks.sum("tally/reply/v1", caller, "")
+	d := plainSum("tally/reply/v1", caller)
 	b := make([]byte, 0, len(ks.prefix)+16+2*len(d))
 	b = append(b, ks.prefix...)
 	b = append(b, ":reply:{"...)
 	b = d.AppendHex(b)
 	b = append(b, "}:"...)
 	b = strconv.AppendInt(b, int64(chunk), 10)
+	return string(b)
+}
+
+// FinishKey holds the finish marks of one holder's requests in one window
+// (lua/finish.lua): under the window's hash tag, with the holder hashed
+// and the window named by its reset (ms).
+func (ks *KeySpace) FinishKey(d Digest, holder string, reset int64) string {
+	h := plainSum("tally/holder/v1", holder)
+	b := make([]byte, 0, len(ks.prefix)+60)
+	b = append(b, ks.prefix...)
+	b = append(b, ":fin:{"...)
+	b = d.AppendHex(b)
+	b = append(b, "}:"...)
+	b = hex.AppendEncode(b, h[:8])
+	b = append(b, ':')
+	b = strconv.AppendInt(b, reset, 10)
 	return string(b)
 }
 

@@ -16,6 +16,9 @@ const (
 	MinWindow = time.Second
 	MaxWindow = 366 * 24 * time.Hour
 	MaxLimit  = 1_000_000_000
+	// MaxMS is the largest time the scripts take, in ms since the epoch
+	// (year 5138).
+	MaxMS = 100_000_000_000_000
 )
 
 // Mode says how an edge decides a policy's requests (docs/accuracy.md).

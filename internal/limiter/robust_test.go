@@ -82,23 +82,33 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 		pk := e.keys.ProducerKey("edge-a")
 		now := fmt.Sprint(t0.UnixMilli())
 		r := fmt.Sprint(reset.UnixMilli())
+		fk := e.keys.FinishKey(k.Digest(), "edge-a.1", reset.UnixMilli())
+		ev := func(f ...string) []string { // an apply call's fixed arguments, producer "edge-a", then f
+			return append([]string{now, "1", "60000", "2000", "90000000", "0", "60000", "edge-a"}, f...)
+		}
 		scripts := map[string]struct {
 			src  string
 			keys []string
 			args []string
 		}{
 			"check": {lua.Check, []string{k.String()}, []string{now}},
-			"take":  {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000", "edge-1.7"}},
-			"apply": {lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000",
-				"1", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
+			"take":  {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000", "edge-1.7", "edge-1", "3:1,4:2"}},
+			"apply": {lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "2", r, now, "60000", "1", "0", "0")},
 			"lease": {lua.Lease, []string{"tally:lease:s0"}, []string{"hold", "acc-1", "1000"}},
+			"finish": {lua.Finish, []string{k.String(), fk, pk}, []string{now, r, "0", "304", "1", "edge-a", "0", now, "60000",
+				"60000", "2000", "90000000"}},
 		}
 		bad := []string{"", "-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"}
+		badProducer := []string{"", "a b", "{x}", ".a", "a.", "a..b", strings.Repeat("a", 65), "é"}
 		special := map[string][]string{ // arguments that are not numbers
-			"apply/10": {"", "C", "cc", "z", "1"},
+			"apply/8":  badProducer,
+			"apply/11": {"", "C", "cc", "z", "1"},
 			"lease/1":  {"", "HOLD", "take", "1"},
 			"lease/2":  {"", "a b", "{x}", strings.Repeat("a", 65), "é"},
-			"take/7":   {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é"},
+			"take/7":   {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é", "edge-2.7", "edge-10.7"},
+			"take/8":   badProducer,
+			"take/9":   {"x", "1:", ":1", "1:0", "0:1", ",1:1", "1:1,", "1:1,,2:2", "1:1;2:2", strings.Repeat("1:1,", 64) + "1:1"},
+			"finish/6": badProducer,
 		}
 		before := state(t, rdb, k, pk)
 		for name, sc := range scripts {
@@ -122,32 +132,66 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 				require.Equal(t, before, state(t, rdb, k, pk))
 			}
 		}
+		late := fmt.Sprint(t0.Add(-2 * minute).UnixMilli())
 		// Range and consistency rules.
 		for _, c := range []struct {
 			name, src string
 			keys      []string
 			args      []string
 		}{
-			{"take: sub-second window", lua.Take, []string{k.String(), pk}, []string{now, "999", "100", "1", "1", "60000", "h"}},
-			{"take: need over limit", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "101", "101", "60000", "h"}},
-			{"take: want under need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "5", "4", "60000", "h"}},
-			{"take: want without need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "0", "4", "60000", "h"}},
-			{"apply: producer index out of range", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "2", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
-			{"apply: window index is a producer", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "c", "1", r, now, "60000", "1", "0", "0"}},
-			{"apply: fractional reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "c", "2", r + "1", now, "60000", "1", "0", "0"}},
-			{"apply: charge with a ref", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "c", "2", r, now, "60000", "1", "1", "1"}},
-			{"apply: release without reset", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "x", "2", "0", now, "60000", "1", "0", "0"}},
-			{"apply: a good event then a bad one", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000",
-				"1", "2", "c", "2", r, now, "60000", "1", "0", "0", "1", "3", "c", "2", r, now, "60000", "0", "0", "0"}},
-			{"apply: a partial event", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "0", "60000", "1", "2", "c"}},
-			{"apply: a call without its reply key", lua.Apply, []string{pk, k.String()}, []string{now, "1", "60000", "2000", "90000000", "7", "60000", "1", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
-			{"apply: more producers than keys", lua.Apply, []string{pk, k.String()}, []string{now, "3", "60000", "2000", "90000000", "0", "60000"}},
+			{"take: sub-second window", lua.Take, []string{k.String(), pk}, []string{now, "999", "100", "1", "1", "60000", "h", "h", ""}},
+			{"take: need over limit", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "101", "101", "60000", "h", "h", ""}},
+			{"take: want under need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "5", "4", "60000", "h", "h", ""}},
+			{"take: want without need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "0", "4", "60000", "h", "h", ""}},
+			{"apply: producer index out of range", lua.Apply, []string{pk, k.String()}, ev("2", "2", "c", "2", r, now, "60000", "1", "0", "0")},
+			{"apply: window index is a producer", lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "1", r, now, "60000", "1", "0", "0")},
+			{"apply: fractional reset", lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "2", r+"1", now, "60000", "1", "0", "0")},
+			{"apply: reset before the start", lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "2", r, r, "60000", "1", "0", "0")},
+			{"apply: reset far beyond the start", lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "2", r, late, "60000", "1", "0", "0")},
+			{"apply: charge with a ref", lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "2", r, now, "60000", "1", "1", "1")},
+			{"apply: refund of a later charge", lua.Apply, []string{pk, k.String()}, ev("1", "2", "r", "2", r, now, "60000", "1", "1", "2")},
+			{"apply: refund of another producer's charge", lua.Apply, []string{pk, pk + "x", k.String()},
+				[]string{now, "2", "60000", "2000", "90000000", "0", "60000", "edge-a", "edge-b", "1", "5", "r", "3", r, now, "60000", "1", "2", "1"}},
+			{"apply: release without reset", lua.Apply, []string{pk, k.String()}, ev("1", "2", "x", "2", "0", now, "60000", "1", "0", "0")},
+			{"apply: a good event then a bad one", lua.Apply, []string{pk, k.String()}, ev(
+				"1", "2", "c", "2", r, now, "60000", "1", "0", "0", "1", "3", "c", "2", r, now, "60000", "0", "0", "0")},
+			{"apply: a partial event", lua.Apply, []string{pk, k.String()}, ev("1", "2", "c")},
+			{"apply: a call without its reply key", lua.Apply, []string{pk, k.String()},
+				[]string{now, "1", "60000", "2000", "90000000", "7", "60000", "edge-a", "1", "2", "c", "2", r, now, "60000", "1", "0", "0"}},
+			{"apply: more producers than keys", lua.Apply, []string{pk, k.String()}, []string{now, "3", "60000", "2000", "90000000", "0", "60000", "a", "b", "c"}},
+			{"finish: no window and no charge", lua.Finish, []string{k.String(), fk, pk}, []string{now, "0", "0", "304", "1", "edge-a", "0", now, "60000",
+				"60000", "2000", "90000000"}},
+			{"finish: reset before the start", lua.Finish, []string{k.String(), fk, pk}, []string{now, r, "0", "304", "1", "edge-a", "0", r, "60000",
+				"60000", "2000", "90000000"}},
 		} {
 			err := rdb.Eval(ctx, c.src, c.keys, toAny(c.args)...).Err()
 			require.Error(t, err, c.name)
 			require.Contains(t, err.Error(), "tally: invalid", c.name)
 			require.Equal(t, before, state(t, rdb, k, pk), c.name)
 		}
+	})
+
+	t.Run("a key of the wrong type fails the call before its first write", func(t *testing.T) {
+		// A refund before its charge leaves a marker; the run that brings
+		// the charge (which would delete the marker) also names a window
+		// that is not a hash. Nothing may change: were the marker deleted
+		// and the call then failed, the retried charge would be applied in
+		// full and the refund lost.
+		w, broken := e.keys.Key("core", "wt-window"), e.keys.Key("core", "wt-broken")
+		p := "wrong-type"
+		e.apply(t, charge(p, 1, w, reset, t0, 3))
+		require.Equal(t, limiter.Pending, e.apply(t, refund(p, 3, w, reset, t0, 2, p, 2))[0].Outcome)
+		require.NoError(t, rdb.Set(ctx, broken.String(), "not a window", 0).Err())
+		pk := e.keys.ProducerKey(p)
+		before := state(t, rdb, w, pk)
+		_, err := e.store.Apply(ctx, 0, e.clock.Now(), []limiter.Event{charge(p, 2, w, reset, t0, 2), charge(p, 4, broken, reset, t0, 1)})
+		require.Error(t, err)
+		require.True(t, limiter.Permanent(err), "Redis refuses it the same way every time")
+		require.Equal(t, before, state(t, rdb, w, pk), "nothing written")
+		require.NoError(t, rdb.Del(ctx, broken.String()).Err())
+		require.Equal(t, []limiter.Outcome{limiter.Netted, limiter.Applied}, outcomes(e.apply(t,
+			charge(p, 2, w, reset, t0, 2), charge(p, 4, broken, reset, t0, 1))))
+		require.EqualValues(t, 3, e.used(t, w), "the refund netted its charge")
 	})
 }
 
@@ -238,7 +282,7 @@ func TestKeySafety(t *testing.T) {
 	}
 
 	// A different secret gives different keys; digests round-trip.
-	other, err := limiter.NewKeySpace("tally", []byte("other"))
+	other, err := limiter.NewKeySpace("tally", []byte("limiter-tests-other-secret-0123456789"))
 	require.NoError(t, err)
 	require.NotEqual(t, alice.String(), other.Key("core", "alice").String())
 	back, err := e.keys.KeyFromDigest(alice.Digest().String())
@@ -249,7 +293,7 @@ func TestKeySafety(t *testing.T) {
 		require.ErrorIs(t, err, limiter.ErrInvalidKey, "%q", d)
 	}
 	for _, p := range []string{"", "Tally", "a{b}", "a:b", strings.Repeat("a", 33)} {
-		_, err := limiter.NewKeySpace(p, nil)
+		_, err := limiter.NewKeySpace(p, []byte("limiter-tests-secret-0123456789abcdef"))
 		require.ErrorIs(t, err, limiter.ErrInvalidKey, "%q", p)
 	}
 }
@@ -317,7 +361,7 @@ func TestReplicaSelection(t *testing.T) {
 	r1, r2 := p.StartReplica(t), p.StartReplica(t)
 	clock := limiter.NewManualClock(t0)
 	cfg := []shard.Config{{Name: "s0", Primary: node(p), Replicas: []shard.Node{node(r1), node(r2)}}}
-	keys, err := limiter.NewKeySpace("tally", nil)
+	keys, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
 	require.NoError(t, err)
 	k := keys.Key("core", "alice")
 	st := newStore(t, cfg, keys, limiter.Options{Clock: clock})

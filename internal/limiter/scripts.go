@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -31,3 +32,19 @@ func (s *Store) run(ctx context.Context, c *redis.Client, sc *redis.Script, ro b
 // cached (NOSCRIPT): a few after a Redis restart or fail-over; a steady rise
 // means something flushes the script cache.
 func (s *Store) ScriptReloads() uint64 { return s.reloads.Load() }
+
+// LoadScripts sends every script the primaries run to shard i's primary
+// (SCRIPT LOAD), so that its first calls need no second round trip: what
+// an edge does before it reports ready. An error means the primary could
+// not be reached, or refused.
+func (s *Store) LoadScripts(ctx context.Context, i int) error {
+	n := s.shards[i]
+	// One by one on the client's own connections (not a pipeline's), so
+	// that the connection the first requests use is open already.
+	for _, sc := range []*redis.Script{takeScript, applyScript, finishScript, leaseScript, checkScript} {
+		if err := sc.Load(ctx, n.primary).Err(); err != nil {
+			return fmt.Errorf("limiter: loading the scripts on shard %s's primary: %w", n.name, err)
+		}
+	}
+	return nil
+}

@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -20,10 +22,28 @@ type TakeArgs struct {
 	// the highest of its event sequences the shard's primary has applied.
 	Producer string
 	// Holder names who the units are reserved for (1 to MaxHolderLen of
-	// [A-Za-z0-9_.-]; default the producer); the window counts every unit
-	// ever reserved for it (Grant.Mine).
+	// [A-Za-z0-9_.-]: the producer, or the producer, a dot and more; default
+	// the producer); the window counts every unit ever reserved for it
+	// (Grant.Mine). What is reserved counts as the producer's in the window:
+	// its releases and refunds give back at most that.
 	Holder string
+	// Owed are the caller's charges of this window sent as accounting
+	// events (mode async's admissions over credit) that may not be applied
+	// yet, at most MaxOwed: those the primary has not applied count as
+	// used, so that a reservation never takes room the caller already
+	// admitted requests into.
+	Owed []Owed
 }
+
+// Owed is one charge an edge sent as an accounting event: its sequence and
+// units.
+type Owed struct {
+	Seq   uint64
+	Units int64
+}
+
+// MaxOwed bounds TakeArgs.Owed.
+const MaxOwed = 64
 
 // MaxHolderLen bounds TakeArgs.Holder.
 const MaxHolderLen = 100
@@ -41,7 +61,9 @@ type Grant struct {
 	ResetAt, Start time.Time
 	// Opened reports that this call opened the window.
 	Opened bool
-	// Applied is the producer's applied sequence on this shard.
+	// Applied is the highest n such that every event 1..n of the producer
+	// has been applied on this shard (below the oldest number still
+	// missing, when a later batch was applied first).
 	Applied uint64
 	// Mine is every unit reserved for the holder in this window so far,
 	// this call's included: more than the holder knows it was given means
@@ -68,8 +90,18 @@ func (s *Store) Take(ctx context.Context, k Key, now time.Time, a TakeArgs) (Gra
 		holder = a.Producer
 	}
 	n := s.shards[s.ShardOf(k)]
+	var owed []byte
+	for i, o := range a.Owed {
+		if i > 0 {
+			owed = append(owed, ',')
+		}
+		owed = strconv.AppendUint(owed, o.Seq, 10)
+		owed = append(owed, ':')
+		owed = strconv.AppendInt(owed, o.Units, 10)
+	}
 	v, err := s.run(ctx, n.primary, takeScript, false, []string{k.String(), s.producerKey(a.Producer)},
-		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder).Int64Slice()
+		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder, a.Producer,
+		string(owed)).Int64Slice()
 	if err != nil {
 		return Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
 	}
@@ -93,8 +125,15 @@ func (a TakeArgs) validate(k Key) error {
 		return fmt.Errorf("%w: take: need %d, want %d: want 1 <= need <= want <= limit, or both 0", ErrInvalidArgument, a.Need, a.Want)
 	case !ValidProducer(a.Producer):
 		return fmt.Errorf("%w: take: producer %q", ErrInvalidArgument, truncate(a.Producer, 70))
-	case a.Holder != "" && !validID(a.Holder, MaxHolderLen):
-		return fmt.Errorf("%w: take: holder %q", ErrInvalidArgument, truncate(a.Holder, 70))
+	case len(a.Owed) > MaxOwed:
+		return fmt.Errorf("%w: take: %d owed charges: at most %d", ErrInvalidArgument, len(a.Owed), MaxOwed)
+	case a.Holder != "" && (!validID(a.Holder, MaxHolderLen) || (a.Holder != a.Producer && !strings.HasPrefix(a.Holder, a.Producer+"."))):
+		return fmt.Errorf("%w: take: holder %q of producer %q", ErrInvalidArgument, truncate(a.Holder, 70), a.Producer)
+	}
+	for _, o := range a.Owed {
+		if o.Seq < 1 || o.Seq > MaxSeq || o.Units < 1 || o.Units > MaxLimit {
+			return fmt.Errorf("%w: take: owed %d units of event %d", ErrInvalidArgument, o.Units, o.Seq)
+		}
 	}
 	return validWindow(a.Window)
 }

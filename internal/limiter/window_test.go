@@ -123,7 +123,7 @@ func TestBoundary(t *testing.T) {
 					require.NoError(t, p.Validate())
 					// Fill the window to used: open it, then charge (a charge
 					// may pass the limit; a reservation never does).
-					g := e.take(t, k, limit, 1, 1)
+					g := e.takeAs(t, "fill", k, limit, 1, 1)
 					if used > 1 {
 						e.apply(t, charge("fill", fillSeq.Add(1), k, g.ResetAt, t0, used-1))
 					}
@@ -224,10 +224,45 @@ func TestTakeCountsWhatEachHolderGot(t *testing.T) {
 	require.EqualValues(t, 0, read.Granted)
 	require.EqualValues(t, 12, read.Mine, "a read tells too")
 	require.EqualValues(t, 15, read.Used)
-	require.EqualValues(t, 0, take("edge-b.1", 0, 0).Mine)
+	g, err := e.store.Take(context.Background(), k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 100, Producer: "edge-b", Holder: "edge-b.1"})
+	require.NoError(t, err)
+	require.EqualValues(t, 0, g.Mine)
 	e.clock.Advance(minute + time.Second) // a new window counts from zero
 	require.EqualValues(t, 2, take("edge-a.1", 2, 2).Mine)
-	_, err := e.store.Take(context.Background(), k, e.clock.Now(),
-		limiter.TakeArgs{Window: minute, Limit: 100, Need: 1, Want: 1, Producer: "edge-a", Holder: "g x"})
-	require.ErrorIs(t, err, limiter.ErrInvalidArgument)
+	for _, holder := range []string{"g x", "edge-b.1", "edge-ab"} { // not an id; another producer's
+		_, err = e.store.Take(context.Background(), k, e.clock.Now(),
+			limiter.TakeArgs{Window: minute, Limit: 100, Need: 1, Want: 1, Producer: "edge-a", Holder: holder})
+		require.ErrorIs(t, err, limiter.ErrInvalidArgument, holder)
+	}
+}
+
+// A reservation leaves room for what its caller already admitted and
+// charged by events the primary has not applied (mode async): those count
+// as used until they are applied, and then are in the count itself.
+func TestTakeLeavesRoomForWhatIsOwed(t *testing.T) {
+	e := newEnv(t, limiter.Options{})
+	ctx := context.Background()
+	k := e.keys.Key("core", "owed")
+	take := func(need, want int64, owed ...limiter.Owed) limiter.Grant {
+		t.Helper()
+		g, err := e.store.Take(ctx, k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 5, Need: need, Want: want,
+			Producer: "edge-o", Owed: owed})
+		require.NoError(t, err)
+		return g
+	}
+	g := take(1, 1)
+	owed := []limiter.Owed{{Seq: 1, Units: 2}, {Seq: 2, Units: 1}}
+	g = take(1, 5, owed...)
+	require.EqualValues(t, 1, g.Granted, "5 - 1 used - 3 owed")
+	require.Zero(t, take(1, 1, owed...).Granted, "nothing left")
+	// Event 2 is applied first (a gap at 1): only what is beyond the
+	// applied prefix counts, so event 2's unit counts twice, never zero times.
+	e.apply(t, charge("edge-o", 2, k, g.ResetAt, t0, 1))
+	g = take(0, 0, owed...)
+	require.Zero(t, g.Applied, "event 1 is still missing")
+	e.apply(t, charge("edge-o", 1, k, g.ResetAt, t0, 2))
+	g = take(0, 0)
+	require.EqualValues(t, 2, g.Applied)
+	require.EqualValues(t, 5, g.Used)
+	require.Zero(t, take(1, 1, owed...).Granted, "applied now, and full")
 }

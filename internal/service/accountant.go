@@ -49,7 +49,7 @@ func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) erro
 				return fmt.Errorf("nats %s", nc.Status())
 			}
 			return nil
-		})), 0)
+		})), adminLimits)
 		if err != nil {
 			return err
 		}

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -10,11 +9,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/edge"
-	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
@@ -25,9 +22,6 @@ import (
 // JetStream, or the primaries) and decisions published, the NATS
 // connections drain, Redis connections close.
 func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
-	if len(cfg.KeySecret) == 0 {
-		log.Warn("TALLY_KEY_SECRET is empty: identity digests are unkeyed")
-	}
 	p, err := open(ctx, cfg, "tally-edge-checker", log)
 	if err != nil {
 		return err
@@ -50,15 +44,6 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 		return err
 	}
 	defer dnc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("nats: %w", err)
-	}
-	go func() {
-		_ = events.EnsureStreamsRetry(probeCtx, js, cfg.NATS.Streams, 2*time.Second, func(err error) {
-			log.Warn("creating streams failed; retrying", "err", err)
-		})
-	}()
 
 	opts := edgeOptions(cfg, store, p.keys, log, nc, dnc)
 	opts.Metrics, opts.Tracer = p.metrics, p.tracing.Tracer("tally/edge")
@@ -69,22 +54,25 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	log.Info("edge-checker starting", "producer", srv.Producer(), "shards", store.Shards())
 
 	l := newListeners(log)
+	e := &cfg.Edge
+	lim := Limits{MaxHeaderBytes: e.MaxHeaderBytes, ReadHeaderTimeout: e.ReadHeaderTimeout, ReadTimeout: e.ReadTimeout,
+		WriteTimeout: e.WriteTimeout, IdleTimeout: e.IdleTimeout}
 	var serving []*http.Server
 	if cfg.Edge.Listen != "" {
-		hs, err := l.serve(cfg.Edge.Listen, srv.ProxyHandler(), cfg.Edge.MaxHeaderBytes)
+		hs, err := l.serve(cfg.Edge.Listen, srv.ProxyHandler(), lim)
 		if err != nil {
 			return err
 		}
 		serving = append(serving, hs)
 	}
 	if cfg.Edge.APIListen != "" {
-		hs, err := l.serve(cfg.Edge.APIListen, RequireToken(cfg.APIToken, srv.APIHandler()), cfg.Edge.MaxHeaderBytes)
+		hs, err := l.serve(cfg.Edge.APIListen, RequireToken(cfg.APIToken, srv.APIHandler()), lim)
 		if err != nil {
 			return err
 		}
 		serving = append(serving, hs)
 	}
-	admin, err := l.serve(cfg.Edge.AdminListen, GuardAdmin(cfg.AdminToken, srv.AdminHandler()), 0)
+	admin, err := l.serve(cfg.Edge.AdminListen, GuardAdmin(cfg.AdminToken, srv.AdminHandler()), lim)
 	if err != nil {
 		return err
 	}
@@ -129,6 +117,6 @@ func edgeOptions(cfg *config.File, store *limiter.Store, keys *limiter.KeySpace,
 		GlobalPolicies: cfg.Edge.GlobalPolicies, AddressKeyed: cfg.AddressKeyed(),
 		Identity:         edge.Identifier{Header: id.Header, Trusted: id.Trusted(), IPv4Prefix: id.IPv4Prefix, IPv6Prefix: id.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
-		Upstream:         upstream, Source: source, TicketSecret: cfg.KeySecret, Pprof: cfg.Edge.Pprof, Log: log,
+		Upstream:         upstream, Source: source, Pprof: cfg.Edge.Pprof, Log: log,
 	}
 }

@@ -21,15 +21,28 @@ func newListeners(log *slog.Logger) *listeners {
 	return &listeners{log: log, failed: make(chan error, 8)}
 }
 
+// Limits bound what one connection may hold of a listener: header bytes
+// and the time to read a request, write a response and stay idle.
+type Limits struct {
+	MaxHeaderBytes                                            int
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+}
+
+// adminLimits are an admin listener's: small requests, a /metrics or a
+// profile may take a while to write.
+var adminLimits = Limits{MaxHeaderBytes: 16 << 10, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+	WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
+
 // serve listens on addr (the error comes back at once when it cannot) and
-// serves h in the background.
-func (l *listeners) serve(addr string, h http.Handler, maxHeaderBytes int) (*http.Server, error) {
+// serves h in the background within lim.
+func (l *listeners) serve(addr string, h http.Handler, lim Limits) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Handler: h, MaxHeaderBytes: maxHeaderBytes,
-		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := &http.Server{Handler: h, MaxHeaderBytes: lim.MaxHeaderBytes, ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		ReadTimeout: lim.ReadTimeout, WriteTimeout: lim.WriteTimeout, IdleTimeout: lim.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(l.log.Handler(), slog.LevelWarn)}
 	l.servers = append(l.servers, hs)
 	l.log.Info("listening", "addr", ln.Addr().String())
 	go func() {

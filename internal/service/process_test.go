@@ -3,14 +3,17 @@ package service
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/config"
@@ -38,7 +41,12 @@ func TestProcessTracesRedisCommands(t *testing.T) {
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")
 
 	cfg, err := config.Parse([]byte("redis:\n  shards:\n    - name: s0\n      primary: {addr: \""+rs.Addr+"\"}\n"+
-		"nats:\n  url: nats://127.0.0.1:4222\n"), nil)
+		"nats:\n  url: nats://127.0.0.1:4222\n"), func(k string) string {
+		if k == config.EnvKeySecret {
+			return strings.Repeat("5e", 32)
+		}
+		return ""
+	})
 	require.NoError(t, err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	p, err := open(context.Background(), cfg, "tally-test", log)
@@ -55,4 +63,42 @@ func TestProcessTracesRedisCommands(t *testing.T) {
 	require.True(t, bytes.Contains(all, []byte("ping")), "the Redis command's span")
 	require.True(t, bytes.Contains(all, []byte("db.system")))
 	require.False(t, bytes.Contains(all, []byte("db.statement")))
+}
+
+// go-redis's own log lines (a pool that cannot dial) come out as JSON
+// through the process's logger, like every other line.
+func TestRedisLogsAreJSON(t *testing.T) {
+	var buf syncBuffer
+	redis.SetLogger(redisLogger{slog.New(slog.NewJSONHandler(&buf, nil)).With("component", "go-redis")})
+	t.Cleanup(func() { redis.SetLogger(redisLogger{slog.New(slog.NewJSONHandler(io.Discard, nil))}) })
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	require.Eventually(t, func() bool {
+		_ = c.Ping(context.Background()).Err()
+		return strings.Contains(buf.String(), "dial")
+	}, 10*time.Second, 10*time.Millisecond)
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+		require.Equal(t, "go-redis", m["component"])
+		require.Equal(t, "WARN", m["level"])
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

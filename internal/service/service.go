@@ -11,10 +11,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -59,6 +62,14 @@ func CheckRedis(ctx context.Context, store *limiter.Store, log *slog.Logger) err
 	}
 	log.Warn("the Redis primaries' maxmemory-policy could not be checked; it must be noeviction", "err", err)
 	return nil
+}
+
+// redisLogger writes go-redis's log lines through slog, at warn: they say
+// that something went wrong with a connection.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
 }
 
 // RequireToken lets through requests that carry "Authorization: Bearer
@@ -113,6 +124,15 @@ func Main(name string, run func(context.Context, *config.File, *slog.Logger) err
 		os.Exit(2)
 	}
 	log := slog.New(h).With("service", name)
+	// Every line the process writes goes through log: the standard
+	// library's log package (net/http's server errors), go-redis's own
+	// lines (a pool that cannot dial) and OpenTelemetry's errors (an
+	// exporter that cannot export) as well.
+	slog.SetDefault(log)
+	redis.SetLogger(redisLogger{log.With("component", "go-redis")})
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("opentelemetry: "+err.Error(), "component", "opentelemetry")
+	}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	cfg, err := config.Load(*path, os.Getenv)
 	if err == nil {

@@ -10,6 +10,8 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -78,12 +80,22 @@ func newPKI(t *testing.T) pki {
 }
 
 // load parses a configuration with one shard at redisAddr and NATS at
-// natsURL, each section with extra YAML lines.
+// natsURL, each section with extra YAML lines, in env.
 func load(t *testing.T, redisAddr, redisExtra, natsURL, natsExtra string) (*config.File, error) {
 	t.Helper()
 	src := "redis:\n" + redisExtra + "  shards:\n    - name: s0\n      primary: {addr: \"" + redisAddr + "\"}\n" +
 		"nats:\n  url: " + natsURL + "\n" + natsExtra
-	return config.Parse([]byte(src), nil)
+	return config.Parse([]byte(src), env)
+}
+
+// secret is a valid TALLY_KEY_SECRET.
+var secret = strings.Repeat("5e", 32)
+
+// env is the tests' environment: the key secret and the NATS operator's
+// credentials of the shipped permissions (natstest).
+func env(k string) string {
+	return map[string]string{config.EnvKeySecret: secret, config.EnvNATSUser: "operator",
+		config.EnvNATSPassword: natstest.Password("operator")}[k]
 }
 
 // logBuffer collects what a logger writes, for tests that read it.
@@ -127,6 +139,7 @@ func TestNATSOverTLSWithClientCertificates(t *testing.T) {
 		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: p.serverCert, KeyFile: p.serverKey, CaFile: p.ca, Verify: true})
 		require.NoError(t, err)
 		o.TLSConfig, o.TLS, o.TLSVerify = tc, true, true
+		o.Users = nil // authenticated by certificate alone
 	})
 	url := strings.Replace(ns.ClientURL(), "nats://", "tls://", 1)
 	cfg, err := load(t, "127.0.0.1:1", "", url, "  tls: {ca_file: "+p.ca+", cert_file: "+p.clientCert+", key_file: "+p.clientKey+"}\n")
@@ -148,7 +161,7 @@ func TestNATSWithNKey(t *testing.T) {
 	require.NoError(t, err)
 	seedFile := filepath.Join(t.TempDir(), "tally.nk")
 	require.NoError(t, os.WriteFile(seedFile, seed, 0o600))
-	ns := natstest.StartWith(t, func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} })
+	ns := natstest.StartWith(t, func(o *server.Options) { o.Users, o.Nkeys = nil, []*server.NkeyUser{{Nkey: pub}} })
 
 	cfg, err := load(t, "127.0.0.1:1", "", ns.ClientURL(), "  nkey_file: "+seedFile+"\n")
 	require.NoError(t, err)
@@ -182,7 +195,7 @@ func TestRedisOverTLS(t *testing.T) {
 	require.NoError(t, err)
 	rs := redistest.StartTLS(t, redistest.TLS{CertFile: p.serverCert, KeyFile: p.serverKey, CAFile: p.ca,
 		Client: &tls.Config{RootCAs: p.pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}})
-	keys, err := limiter.NewKeySpace("tally", []byte("secret"))
+	keys, err := limiter.NewKeySpace("tally", []byte(secret))
 	require.NoError(t, err)
 	ping := func(extra string) error {
 		cfg, err := load(t, rs.Addr, extra, "nats://127.0.0.1:4222", "")
@@ -205,7 +218,7 @@ func TestRedisOverTLS(t *testing.T) {
 // lets a primary it cannot ask through with a warning.
 func TestCheckRedisRefusesEvictingPolicies(t *testing.T) {
 	rs := redistest.Start(t)
-	keys, err := limiter.NewKeySpace("tally", []byte("secret"))
+	keys, err := limiter.NewKeySpace("tally", []byte(secret))
 	require.NoError(t, err)
 	cfg, err := load(t, rs.Addr, "", "nats://127.0.0.1:4222", "")
 	require.NoError(t, err)
@@ -278,11 +291,65 @@ func TestEdgeStopsWhenAListenerFails(t *testing.T) {
 		"nats:\n  url: " + ns.ClientURL() + "\n" +
 		"edge:\n  listen: " + busy.Addr().String() + "\n  upstream: http://127.0.0.1:9\n  admin_listen: 127.0.0.1:0\n" +
 		"policies:\n  - {name: core, limit: 10, window: 1m}\n"
-	cfg, err := config.Parse([]byte(src), nil)
+	cfg, err := config.Parse([]byte(src), env)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	err = service.RunEdge(ctx, cfg, discard)
 	require.ErrorContains(t, err, "address already in use")
 	require.NoError(t, ctx.Err(), "it stopped by itself")
+}
+
+// Slow clients are cut off by the listeners' timeouts: headers that never
+// end, a body that never comes. Neither holds its connection beyond them.
+func TestSlowClientsAreCutOff(t *testing.T) {
+	rs := redistest.Start(t)
+	ns := natstest.Start(t)
+	proxy, api, admin := freeAddr(t), freeAddr(t), freeAddr(t)
+	src := "redis:\n  shards:\n    - name: s0\n      primary: {addr: \"" + rs.Addr + "\"}\n" +
+		"nats:\n  url: " + ns.ClientURL() + "\n" +
+		"edge:\n  listen: " + proxy + "\n  upstream: http://127.0.0.1:9\n  api_listen: " + api + "\n  admin_listen: " + admin +
+		"\n  read_header_timeout: 300ms\n  read_timeout: 600ms\n" +
+		"policies:\n  - {name: core, limit: 10, window: 1m}\n"
+	cfg, err := config.Parse([]byte(src), func(k string) string {
+		return map[string]string{config.EnvKeySecret: secret, config.EnvNATSUser: "edge",
+			config.EnvNATSPassword: natstest.Password("edge"), config.EnvNATSInbox: natstest.InboxPrefix("edge")}[k]
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- service.RunEdge(ctx, cfg, discard) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, 20*time.Second, 50*time.Millisecond, "the edge ready, as the shipped NATS permissions' edge")
+
+	cutOff := func(addr, partial string) {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = c.Write([]byte(partial))
+		require.NoError(t, err)
+		// Far beyond the timeouts: the server, not this deadline, must end it.
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(15*time.Second)))
+		b, err := io.ReadAll(c)
+		var ne net.Error
+		require.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection was held: %q", b)
+	}
+	cutOff(proxy, "GET /repos HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+	cutOff(api, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"policy\":")
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
 }

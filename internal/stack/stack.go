@@ -10,12 +10,19 @@
 // started again on the same port and data directory (Stack.Restart): what
 // the fault suite (internal/faults) does under load.
 //
+// It runs as Tally is deployed: every process shares a key secret the stack
+// generates (Secret), and NATS runs with the users and permissions Tally
+// ships (deploy/nats/tally.conf), passwords generated for the stack, each
+// edge and accountant connecting as its role (NATSEnv).
+//
 // It expects redis-server on PATH and the binaries edge-checker, accountant
 // and nats-server in the stack's bin directory (make builds them).
 package stack
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -29,8 +36,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tallyhq/tally/deploy"
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/shard"
 )
@@ -39,8 +48,12 @@ import (
 type Stack struct {
 	// Dir holds logs, data and configuration files; Bin the binaries.
 	Dir, Bin string
-	// Env is added to every process's environment (e.g. TALLY_KEY_SECRET).
+	// Env is added to every process's environment (TALLY_KEY_SECRET
+	// among them).
 	Env []string
+
+	secret    string            // TALLY_KEY_SECRET, hex
+	passwords map[string]string // NATS user → password
 
 	mu    sync.Mutex
 	procs []*Proc
@@ -65,8 +78,48 @@ type Proc struct {
 	exited chan struct{}
 }
 
-// New returns an empty stack that keeps its files in dir.
-func New(dir, bin string, env ...string) *Stack { return &Stack{Dir: dir, Bin: bin, Env: env} }
+// New returns an empty stack that keeps its files in dir, with a key
+// secret and NATS passwords of its own.
+func New(dir, bin string, env ...string) *Stack {
+	s := &Stack{Dir: dir, Bin: bin, secret: randomHex(32), passwords: map[string]string{}}
+	s.Env = append([]string{config.EnvKeySecret + "=" + s.secret}, env...)
+	for _, u := range deploy.NATSUsers {
+		s.passwords[u] = randomHex(16)
+	}
+	return s
+}
+
+// Secret is the key secret every process of the stack holds
+// (TALLY_KEY_SECRET, hex).
+func (s *Stack) Secret() []byte {
+	b, _ := hex.DecodeString(s.secret)
+	return b
+}
+
+// NATSEnv is the environment that makes a process connect to the stack's
+// NATS as user (edge, accountant, billing, analytics or operator): its
+// password and inbox prefix.
+func (s *Stack) NATSEnv(user string) []string {
+	return []string{config.EnvNATSUser + "=" + user, config.EnvNATSPassword + "=" + s.passwords[user],
+		config.EnvNATSInbox + "=" + deploy.InboxPrefix(user)}
+}
+
+// NATSPassword is the password of user on the stack's NATS.
+func (s *Stack) NATSPassword(user string) string { return s.passwords[user] }
+
+// NATSOptions are the options an in-process client connects to the
+// stack's NATS with as user.
+func (s *Stack) NATSOptions(user string) []nats.Option {
+	return []nats.Option{nats.UserInfo(user, s.passwords[user]), nats.CustomInboxPrefix(deploy.InboxPrefix(user))}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // the system has no randomness: nothing can run safely
+	}
+	return hex.EncodeToString(b)
+}
 
 // Start runs bin with args, its output in <Dir>/<name>.log.
 func (s *Stack) Start(ctx context.Context, name, bin string, args ...string) (*Proc, error) {
@@ -240,16 +293,24 @@ func (s *Stack) ShardsWith(ctx context.Context, n, replicas int, primaries Redis
 }
 
 // NATS starts a NATS server with JetStream (its store in the stack's
-// directory) and monitoring, and returns once it accepts connections.
+// directory), monitoring and the shipped users and permissions
+// (deploy/nats/tally.conf), and returns once it accepts connections.
 // p.Addr is its client URL, p.AdminAddr its monitoring address. Restart
 // brings it back on the same port with the same store.
 func (s *Stack) NATS(ctx context.Context) (*Proc, error) {
 	addr, mon := FreeAddr(), FreeAddr()
 	_, port, _ := net.SplitHostPort(addr)
 	_, mport, _ := net.SplitHostPort(mon)
-	p, err := s.Start(ctx, "nats", filepath.Join(s.Bin, "nats-server"), "-a", "127.0.0.1", "-p", port, "-m", mport,
-		"-js", "-sd", filepath.Join(s.Dir, "jetstream"))
-	if err != nil {
+	conf := filepath.Join(s.Dir, "nats.conf")
+	if err := os.WriteFile(conf, deploy.NATSConfig, 0o600); err != nil {
+		return nil, err
+	}
+	p := &Proc{Name: "nats", bin: filepath.Join(s.Bin, "nats-server"), log: filepath.Join(s.Dir, "nats.log"),
+		args: []string{"-c", conf, "-a", "127.0.0.1", "-p", port, "-m", mport, "-js", "-sd", filepath.Join(s.Dir, "jetstream")}}
+	for _, u := range deploy.NATSUsers {
+		p.env = append(p.env, deploy.NATSPasswordEnv(u)+"="+s.passwords[u])
+	}
+	if err := s.add(p); err != nil {
 		return nil, err
 	}
 	p.Addr, p.AdminAddr = "nats://"+addr, mon
@@ -267,17 +328,17 @@ func (s *Stack) WriteConfig(name string, f *config.File) (string, error) {
 	return path, os.WriteFile(path, b, 0o600)
 }
 
-// Accountant starts an accountant with the configuration at cfg and waits
-// until its /readyz answers on adminAddr.
+// Accountant starts an accountant with the configuration at cfg, as NATS
+// user accountant, and waits until its /readyz answers on adminAddr.
 func (s *Stack) Accountant(ctx context.Context, name, cfg, adminAddr string) (*Proc, error) {
-	return s.service(ctx, name, "accountant", cfg, adminAddr)
+	return s.service(ctx, name, "accountant", cfg, adminAddr, s.NATSEnv("accountant")...)
 }
 
-// Edge starts an edge-checker with the configuration at cfg and waits until
-// its /readyz answers on adminAddr.
+// Edge starts an edge-checker with the configuration at cfg, as NATS user
+// edge, and waits until its /readyz answers on adminAddr.
 // env ("NAME=value") is added to its environment.
 func (s *Stack) Edge(ctx context.Context, name, cfg, adminAddr string, env ...string) (*Proc, error) {
-	return s.service(ctx, name, "edge-checker", cfg, adminAddr, env...)
+	return s.service(ctx, name, "edge-checker", cfg, adminAddr, append(s.NATSEnv("edge"), env...)...)
 }
 
 func (s *Stack) service(ctx context.Context, name, bin, cfg, adminAddr string, env ...string) (*Proc, error) {

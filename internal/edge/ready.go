@@ -1,0 +1,98 @@
+package edge
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tallyhq/tally/internal/events"
+)
+
+// readiness is what an edge must have done before it decides normally:
+// reached every shard's primary once (its scripts loaded there, so the
+// first requests need no extra round trip), and, with NATS, connected and
+// found (or created) its streams. Until then /readyz answers 503 and names
+// what is missing; a dependency lost after that makes the edge degraded,
+// not unready (failing every edge at once when a shared dependency blips
+// would take the API down with it).
+type readiness struct {
+	reached []atomic.Bool // per shard: its primary answered once
+	streams atomic.Bool   // the streams exist (NATS connected once)
+}
+
+func newReadiness(shards int) *readiness {
+	return &readiness{reached: make([]atomic.Bool, shards)}
+}
+
+// missing says what keeps the edge from being ready ("" when nothing).
+// The reasons are in the logs: /readyz is open to probes, and names no
+// address.
+func (s *Server) missing() string {
+	r := s.ready
+	var out []string
+	for i := range r.reached {
+		if !r.reached[i].Load() {
+			out = append(out, "shard "+s.o.Store.ShardName(i)+" primary never reached")
+		}
+	}
+	if s.o.NATS != nil && !r.streams.Load() {
+		out = append(out, "nats streams not found or created yet")
+	}
+	return strings.Join(out, "; ")
+}
+
+// warm reaches every shard's primary (loading the scripts) and creates the
+// streams, retrying until all is done or the server stops.
+func (s *Server) warm() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-s.stop; cancel() }()
+	var js jetstream.JetStream
+	if s.o.NATS != nil {
+		js, _ = jetstream.New(s.o.NATS)
+	}
+	names := make([]string, s.o.Store.Shards())
+	for i := range names {
+		names[i] = s.o.Store.ShardName(i)
+	}
+	r := s.ready
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		done := true
+		for i := range r.reached {
+			if r.reached[i].Load() {
+				continue
+			}
+			c, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := s.o.Store.LoadScripts(c, i)
+			cancel()
+			if err != nil {
+				s.log.Warn("the shard's primary cannot be reached yet; not ready", "shard", names[i], "err", err)
+				done = false
+				continue
+			}
+			r.reached[i].Store(true)
+		}
+		if js != nil && !r.streams.Load() {
+			c, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := events.EnsureStreams(c, js, s.o.Streams, names)
+			cancel()
+			if err != nil {
+				s.log.Warn("the streams cannot be found or created yet; not ready", "err", err)
+				done = false
+			} else {
+				r.streams.Store(true)
+			}
+		}
+		if done {
+			return
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(delay):
+		}
+	}
+}

@@ -91,6 +91,7 @@ func policies() []config.Policy {
 		{Name: "tight", Limit: 1, Window: time.Hour},
 		{Name: "tight-exact", Limit: 1, Window: time.Hour, Mode: limiter.ModeExact},
 		{Name: "hot", Limit: 500, Window: 5 * time.Second},
+		{Name: "hot-async", Limit: 500, Window: 5 * time.Second, Mode: limiter.ModeAsync},
 		{Name: "refunds", Limit: limiter.MaxLimit, Window: time.Hour, Mode: limiter.ModeExact},
 	}
 }
@@ -169,7 +170,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 		{"saturation, closed loop (no-op, exact, auto)", b.saturation},
 		{"latency, open loop at 25/50/75/90% of saturation", b.latency},
 		{"the denied path (windows full)", b.denied},
-		{"one hot key offered 5x its limit from 1, 2 and 4 edges", b.hotKey},
+		{"one hot key offered 5x its limit from 1, 2 and 4 edges, modes auto and async", b.hotKey},
 		{"accountant throughput, with and without WAIT", b.accountantThroughput},
 		{"accounting lag at half load, with a burst on one key", b.lag},
 	}
@@ -510,17 +511,21 @@ func (b *bench) denied(ctx context.Context) error {
 }
 
 // hotKey: one key offered 5x its limit (500 per 5 s) for a little over two
-// windows, split over 1, 2 and 4 edges; allowed counted per window from the
-// responses' X-RateLimit-Reset.
+// windows, split over 1, 2 and 4 edges, in mode auto and in mode async;
+// allowed counted per window from the responses' X-RateLimit-Reset.
 func (b *bench) hotKey(ctx context.Context) error {
 	const limit, window, offered = 500, 5 * time.Second, 500.0 // req/s: 5x the limit's rate
 	dur := 2*window + 2*time.Second
-	for _, n := range []int{1, 2, 4} {
+	for _, run := range []struct {
+		policy string
+		edges  int
+	}{{"hot", 1}, {"hot", 2}, {"hot", 4}, {"hot-async", 1}, {"hot-async", 2}, {"hot-async", 4}} {
+		n := run.edges
 		if err := b.startEdges(ctx, n); err != nil {
 			return err
 		}
-		identity := fmt.Sprintf("hot-%d-edges", n)
-		req := checkRequest("hot", identity)
+		identity := fmt.Sprintf("%s-%d-edges", run.policy, n)
+		req := checkRequest(run.policy, identity)
 		var mu sync.Mutex
 		perWindow := map[int64]int{}
 		var denied int
@@ -549,7 +554,11 @@ func (b *bench) hotKey(ctx context.Context) error {
 				return err
 			}
 		}
-		h := hotResult{Edges: n, Limit: limit, Window: window.String(), Offered: offered * window.Seconds()}
+		mode := "auto"
+		if run.policy == "hot-async" {
+			mode = "async"
+		}
+		h := hotResult{Mode: mode, Edges: n, Limit: limit, Window: window.String(), Offered: offered * window.Seconds()}
 		var resets []int64
 		for r := range perWindow {
 			resets = append(resets, r)
@@ -560,7 +569,7 @@ func (b *bench) hotKey(ctx context.Context) error {
 		}
 		h.Denied = denied
 		b.report.Hot = append(b.report.Hot, h)
-		fmt.Printf("  %d edge(s): allowed per window %v (limit %d, offered %.0f per window)\n", n, h.AllowedPerWindow, limit, h.Offered)
+		fmt.Printf("  mode %s, %d edge(s): allowed per window %v (limit %d, offered %.0f per window)\n", mode, n, h.AllowedPerWindow, limit, h.Offered)
 	}
 	b.stopEdges(1)
 	return nil

@@ -473,6 +473,7 @@ type worker struct {
 	purgeFailed     atomic.Bool    // the last purge failed: do it again
 	attempts        map[uint64]int // stream seq → permanent failures
 	notices         []byte
+	notHeldLogged   time.Time // the last not_held event logged
 }
 
 // received is one message read from the stream, or the error that ended
@@ -790,6 +791,11 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 					// one trying to give back what others charged).
 					a.notHeld.Add(1)
 					outcome = "not_held"
+					if now.Sub(w.notHeldLogged) >= 5*time.Second {
+						w.notHeldLogged = now
+						a.log.Warn("a producer gave back units it does not hold in the window: nothing given back "+
+							"(at most one such line every 5 s per shard)", "shard", w.name, "producer", e.Producer, "seq", e.Seq)
+					}
 				case op.Kind == limiter.Refund:
 					a.refunded.Add(1)
 					outcome = "refunded"

@@ -13,12 +13,19 @@
 //     changes nothing;
 //   - messages are deleted only once applied and confirmed (Redis WAIT), so
 //     a crash or a failover loses nothing the stream held;
+//   - an event is applied only when its producer is the one its subject
+//     names and its key id is the deployment's, and a refund or release
+//     gives back at most what its producer holds in the window: nobody
+//     undoes another producer's charges (docs/security.md);
 //   - transient failures (connection loss, READONLY after a failover, a
 //     restarting primary, OOM) are retried with a growing delay, holding the
 //     shard's place; a message that can never be applied (undecodable, terms
 //     that differ from the configured policy, a key of another shard, a
 //     Redis error that persists) is copied to the dead-letter stream with
 //     its reason, and the shard moves on.
+//
+// It is ready (AdminHandler's /readyz) once its streams exist and every
+// shard's lease has been asked for.
 //
 // Several accountants can run at once for availability: each shard's lease
 // picks one; when it stops (or dies), another takes the shard within the

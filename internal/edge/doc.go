@@ -6,6 +6,21 @@
 // (POST /v1/check and /v1/finish, for gateways and services that forward
 // themselves) and the admin endpoints (/healthz, /readyz, /metrics).
 //
+// # Trust
+//
+// The proxy matches a request path exactly as the upstream receives it,
+// and refuses paths whose meaning depends on who decodes them (path.go).
+// Identities are normalised before they are hashed (identity.go). A
+// request held to several limits is checked against what the edge knows of
+// each before any reserves. A decision-API request is finished once: its
+// signed ticket (ticket.go) names where its finish is marked on the
+// primary (lua/finish.lua). Notices from other processes are believed only
+// when signed with the deployment's secret. docs/security.md is the threat
+// model.
+//
+// An edge is ready (/readyz) once it has reached every shard's primary and
+// found its streams (ready.go).
+//
 // # Deciding
 //
 // An edge admits requests against credit: units of the window it reserved

@@ -47,6 +47,12 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 		Outcome: "charged_over_limit", RequestID: "edge-7f3a-41", Used: 101, ResetAt: reset, Lag: 1200 * time.Microsecond}
 	late := acc
 	late.Outcome, late.ResetAt, late.Lag, late.Used = "late", time.Time{}, 0, 0
+	notHeld := late
+	notHeld.Outcome = "not_held"
+	finished := edge
+	finished.Path, finished.Outcome, finished.Edge, finished.RequestID = "finish", "refunded", "edge-9b1d", "edge-7f3a-42"
+	pending := finished
+	pending.Outcome, pending.Used, pending.ResetAt = "pending", 0, time.Time{}
 
 	valid := func(d events.Decision) error {
 		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(events.AppendDecision(nil, &d)))
@@ -54,7 +60,8 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 		return schema.Validate(v)
 	}
 	for name, d := range map[string]events.Decision{"allowed": edge, "traced": traced, "denied": denied,
-		"fail-open": failOpen, "absorbed refund": absorbed, "accountant": acc, "late": late} {
+		"fail-open": failOpen, "absorbed refund": absorbed, "accountant": acc, "late": late, "not held": notHeld,
+		"finished": finished, "finish pending": pending} {
 		require.NoError(t, valid(d), name)
 	}
 
@@ -72,6 +79,18 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 	bad = edge
 	bad.ResetAt = time.Time{}
 	require.Error(t, valid(bad), "a decided request's window")
+	bad = failOpen
+	bad.Used = 3
+	require.Error(t, valid(bad), "nothing was known of a fail-open admission's window")
+	bad = late
+	bad.ResetAt = reset
+	require.Error(t, valid(bad), "an event that changed nothing names no window")
+	bad = finished
+	bad.Outcome = "charged"
+	require.Error(t, valid(bad), "a finish refunds or waits")
+	bad = denied
+	bad.Outcome = "refunded"
+	require.Error(t, valid(bad), "a denial refunds nothing")
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(bytes.Replace(events.AppendDecision(nil, &edge),
 		[]byte(`"key":"`+key+`"`), []byte(`"key":"alice@example.com"`), 1)))
 	require.NoError(t, err)

@@ -1,0 +1,75 @@
+package limiter_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redistest"
+	"github.com/tallyhq/tally/internal/shard"
+)
+
+// documentedACL is the Redis user docs/operations.md gives Tally.
+const documentedACL = "on >tally-password ~tally:* resetchannels -@all +evalsha +eval +evalsha_ro +eval_ro +script|load " +
+	"+info +ping +wait +hmget +hget +hset +hincrby +hdel +hgetall +hexists +del +get +set +getbit +setbit +pexpire +pexpireat"
+
+// Everything Tally does on a primary runs as the least-privileged user the
+// operations guide documents: every script (whose commands the ACL checks
+// too), the lease and its WAIT, the start-up checks. Anything else is
+// refused to that user.
+func TestScriptsRunUnderTheDocumentedACL(t *testing.T) {
+	ctx := context.Background()
+	p := redistest.Start(t)
+	require.NoError(t, p.Client().Do(ctx, append([]any{"ACL", "SETUSER", "tally"}, toAnySlice(strings.Fields(documentedACL))...)...).Err())
+	keys, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
+	require.NoError(t, err)
+	st := newStore(t, []shard.Config{{Name: "s0", Primary: shard.Node{Addr: p.Addr, Username: "tally", Password: "tally-password"}}},
+		keys, limiter.Options{})
+	require.NoError(t, st.LoadScripts(ctx, 0))
+	require.NoError(t, st.CheckEviction(ctx))
+	k := keys.Key("core", "acl")
+	now := time.Now()
+	g, err := st.Take(ctx, k, now, limiter.TakeArgs{Window: minute, Limit: 10, Need: 2, Want: 2, Producer: "edge.a",
+		Owed: []limiter.Owed{{Seq: 9, Units: 1}}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, g.Granted)
+	res, err := st.ApplyRun(ctx, 0, now, limiter.Run{Caller: "accountant-1", Seq: 1}, []limiter.Event{
+		charge("edge.a", 1, k, g.ResetAt, now, 1), refund("edge.a", 2, k, g.ResetAt, now, 1, "edge.a", 1),
+		refund("edge.a", 4, k, g.ResetAt, now, 1, "edge.a", 3), release("edge.a", 5, k, g.ResetAt, 1)})
+	require.NoError(t, err)
+	for _, r := range res.Results {
+		require.NoError(t, r.Err)
+	}
+	f, err := st.Finish(ctx, k, now, limiter.FinishArgs{ResetAt: g.ResetAt, Start: now, Window: minute, Producer: "edge.a",
+		Holder: "edge.a", N: 0, Units: 1, Status: 304})
+	require.NoError(t, err)
+	require.Equal(t, limiter.Finished, f.Outcome)
+	_, err = st.Finish(ctx, k, now, limiter.FinishArgs{Start: now, Window: minute, Producer: "edge.a", Holder: "edge.a",
+		Units: 1, ChargeSeq: 7, Status: 304})
+	require.NoError(t, err)
+	_, err = st.Check(ctx, k)
+	require.NoError(t, err)
+	l, err := st.ConfirmApplied(ctx, 0, "accountant-1", time.Second)
+	require.NoError(t, err)
+	require.True(t, l.Held)
+	require.NoError(t, st.FreeLease(ctx, 0, "accountant-1"))
+
+	// The same user cannot do anything else.
+	c := p.Client()
+	require.NoError(t, c.Do(ctx, "AUTH", "tally", "tally-password").Err())
+	for _, cmd := range [][]any{{"FLUSHALL"}, {"KEYS", "*"}, {"CONFIG", "SET", "maxmemory-policy", "allkeys-lru"}, {"SET", "other:x", "1"}} {
+		require.ErrorContains(t, c.Do(ctx, cmd...).Err(), "NOPERM", "%v", cmd)
+	}
+}
+
+func toAnySlice(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}

@@ -424,8 +424,9 @@ func (d *decider) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	e.admitted, e.lastTake = 0, now.UnixNano()
 	// Credit the edge can never spend goes back at once: a reservation made
 	// while admissions over credit (mode async) were on their way may hold
-	// room they took already (spendable).
-	if surplus := e.credit - max(0, e.limit-e.used-e.debtUnits()+e.credit); surplus > 0 && e.start != 0 {
+	// room they took already (spendable). In mode exact the credit is the
+	// request's own reservation, about to be spent by it.
+	if surplus := e.credit - max(0, e.limit-e.used-e.debtUnits()+e.credit); surplus > 0 && e.start != 0 && !e.exact {
 		d.releaseUnits(e, surplus, now)
 	}
 	if g.Granted == 0 || g.Used >= e.limit {

@@ -174,7 +174,7 @@ Where to look:
               http://%s/metrics); alert rules and a dashboard in deploy/
   decisions   %d records on the stream %s; the first denial:
               %s
-              per window, from the stream alone: go run ./examples/decisions -nats <url> (here %s)
+              per window, from the stream alone: NATS_PASSWORD=… go run ./examples/decisions -nats <url> -user analytics (here %s)
   traces      every request was traced to the edge's log (OTEL_TRACES_EXPORTER=console); trace %s: %s.
               A request whose events go to the stream adds the publish span, and the accountant's
               process span continues it; set OTEL_EXPORTER_OTLP_ENDPOINT to send them to a collector.

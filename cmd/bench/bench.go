@@ -731,7 +731,7 @@ func (b *bench) applyEvents(ctx context.Context, n int, producer string) (float6
 		k := ks.Key("far", "client-"+strconv.Itoa(i%keys))
 		sh := b.shards[m.Pick(k.Hash())].Name
 		seq[sh]++
-		byShard[sh] = append(byShard[sh], events.Accounting{Kind: events.Started, Producer: producer, Seq: seq[sh],
+		byShard[sh] = append(byShard[sh], events.Accounting{Kind: events.Started, Producer: producer, Seq: seq[sh], KeyID: ks.KeyID(),
 			Source: "bench", Time: time.Now(), Key: k.Digest().String(), Policy: "far", Limit: limiter.MaxLimit,
 			WindowSeconds: 3600, Units: 1, StartedAt: time.Now()})
 		if len(byShard[sh]) == 512 {

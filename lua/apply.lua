@@ -181,20 +181,15 @@ local function producer(i)
   return prods[i]
 end
 
--- gaps loads p's gaps ({from, to} pairs) once.
+-- gaps loads p's gaps ({from, to} pairs) once, and the fields they were
+-- stored in (p.orig), to delete them when they change.
 local function gaps(p)
   if p.gaps == nil then
     p.gaps, p.orig = {}, {}
     if p.g > 0 then
-      local all = redis.call("HGETALL", KEYS[p.i])
-      for j = 1, #all, 2 do
-        if string.sub(all[j], 1, 2) == "g:" then
-          local from, to = tonumber(string.sub(all[j], 3)), tonumber(all[j + 1])
-          if from ~= nil and to ~= nil then
-            table.insert(p.gaps, { from, to })
-          end
-          table.insert(p.orig, all[j])
-        end
+      p.gaps = gaps_of(KEYS[p.i])
+      for _, gp in ipairs(p.gaps) do
+        table.insert(p.orig, "g:" .. num(gp[1]))
       end
     end
   end

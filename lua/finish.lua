@@ -94,16 +94,12 @@ else
   live = place(w, start, now, len, tol, grace) == "live"
 end
 
--- applied reports whether the producer's event seq has been applied.
+-- applied reports whether the producer's event s has been applied.
 local function applied(s)
   if s > ps then return false end
   if pg == 0 then return true end
-  local all = redis.call("HGETALL", KEYS[3])
-  for j = 1, #all, 2 do
-    if string.sub(all[j], 1, 2) == "g:" then
-      local from, to = tonumber(string.sub(all[j], 3)), tonumber(all[j + 1])
-      if from ~= nil and to ~= nil and s >= from and s <= to then return false end
-    end
+  for _, gp in ipairs(gaps_of(KEYS[3])) do
+    if s >= gp[1] and s <= gp[2] then return false end
   end
   return true
 end

@@ -48,6 +48,23 @@ local function valid_producer(s)
     and string.sub(s, 1, 1) ~= "." and string.sub(s, -1) ~= "." and string.find(s, "..", 1, true) == nil
 end
 
+-- gaps_of returns the gaps of the producer whose hash is key ({from, to}
+-- pairs: numbers below its highest applied one not applied yet; apply.lua's
+-- layout).
+local function gaps_of(key)
+  local out = {}
+  local all = redis.call("HGETALL", key)
+  for j = 1, #all, 2 do
+    if string.sub(all[j], 1, 2) == "g:" then
+      local from, to = tonumber(string.sub(all[j], 3)), tonumber(all[j + 1])
+      if from ~= nil and to ~= nil then
+        table.insert(out, { from, to })
+      end
+    end
+  end
+  return out
+end
+
 -- applied_prefix returns the highest n such that every event 1..n of the
 -- producer whose hash is key has been applied: its highest applied number,
 -- or below the oldest number it is still missing (a gap, when a later batch
@@ -56,14 +73,8 @@ local function applied_prefix(key)
   local f = redis.call("HMGET", key, "s", "g")
   local applied = tonumber(f[1]) or 0
   if (tonumber(f[2]) or 0) > 0 then
-    local all = redis.call("HGETALL", key)
-    for j = 1, #all, 2 do
-      if string.sub(all[j], 1, 2) == "g:" then
-        local from = tonumber(string.sub(all[j], 3))
-        if from ~= nil and from - 1 < applied then
-          applied = from - 1
-        end
-      end
+    for _, gp in ipairs(gaps_of(key)) do
+      applied = math.min(applied, gp[1] - 1)
     end
   end
   return applied

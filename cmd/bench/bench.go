@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -633,7 +635,7 @@ func (b *bench) roundTrips(ctx context.Context) error {
 		js.Record(time.Since(start))
 	}
 	ks, _ := limiter.NewKeySpace("tally", b.stack.Secret())
-	store, err := limiter.NewStore(b.shards, ks, limiter.Options{})
+	store, err := redisstore.NewStore(b.shards, ks, redisstore.Options{})
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/tallyhq/tally/internal/config"
@@ -115,7 +117,7 @@ func run(ctx context.Context, st *stack.Stack) error {
 	if err != nil {
 		return err
 	}
-	store, err := limiter.NewStore(shards, keys, limiter.Options{})
+	store, err := redisstore.NewStore(shards, keys, redisstore.Options{})
 	if err != nil {
 		return err
 	}

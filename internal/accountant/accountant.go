@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
@@ -57,7 +59,7 @@ type Config struct {
 	// instead of opening a window on terms nobody configured.
 	Policies map[string]limiter.Policy
 	// BatchSize is the most events read and applied as one run (the store
-	// splits it into script calls of limiter.Options.ScriptEvents). Default
+	// splits it into script calls of redisstore.Options.ScriptEvents). Default
 	// 512.
 	BatchSize int
 	// BatchWait is how long a run waits for more messages after taking
@@ -152,7 +154,7 @@ type ShardState struct {
 // Accountant runs one worker per shard of its store.
 type Accountant struct {
 	js    jetstream.JetStream
-	store *limiter.Store
+	store *redisstore.Store
 	keys  *limiter.KeySpace
 	cfg   Config
 	log   *slog.Logger
@@ -179,7 +181,7 @@ type Accountant struct {
 }
 
 // New returns an accountant. log may be nil (slog.Default).
-func New(js jetstream.JetStream, store *limiter.Store, keys *limiter.KeySpace, cfg Config, log *slog.Logger) *Accountant {
+func New(js jetstream.JetStream, store *redisstore.Store, keys *limiter.KeySpace, cfg Config, log *slog.Logger) *Accountant {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -656,7 +658,7 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 			return true
 		}
 		a.retries.Add(1)
-		if limiter.Permanent(err) {
+		if redisstore.Permanent(err) {
 			if len(items) > 1 { // find the message that fails
 				for j := range items {
 					if !w.applyRun(ctx, items[j:j+1]) {
@@ -676,7 +678,7 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 				return true
 			}
 		}
-		if limiter.Permanent(err) {
+		if redisstore.Permanent(err) {
 			// Redis refused the command and will again: retry soon, a
 			// bounded number of times, without slowing down what follows
 			// (the backoff is for a node that is unreachable or busy).

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -37,7 +39,7 @@ type fixture struct {
 	replica *redistest.Server
 	nats    *natstest.Server
 	js      jetstream.JetStream
-	store   *limiter.Store
+	store   *redisstore.Store
 	keys    *limiter.KeySpace
 	cfg     accountant.Config
 	streams events.Streams
@@ -62,9 +64,9 @@ func newFixture(t *testing.T) *fixture {
 // testSecret is the tests' key secret (32 bytes).
 const testSecret = "accountant-tests-secret-01234567"
 
-func (f *fixture) newStore() *limiter.Store {
-	st, err := limiter.NewStore([]shard.Config{{Name: "s0", Primary: shard.Node{Addr: f.primary.Addr},
-		Replicas: []shard.Node{{Addr: f.replica.Addr}}}}, f.keys, limiter.Options{WaitTimeout: 200 * time.Millisecond})
+func (f *fixture) newStore() *redisstore.Store {
+	st, err := redisstore.NewStore([]shard.Config{{Name: "s0", Primary: shard.Node{Addr: f.primary.Addr},
+		Replicas: []shard.Node{{Addr: f.replica.Addr}}}}, f.keys, redisstore.Options{WaitTimeout: 200 * time.Millisecond})
 	require.NoError(f.t, err)
 	f.t.Cleanup(func() { _ = st.Close() })
 	return st
@@ -74,7 +76,7 @@ func (f *fixture) newStore() *limiter.Store {
 type running struct {
 	*accountant.Accountant
 	nc    *nats.Conn
-	store *limiter.Store
+	store *redisstore.Store
 	stop  func() // graceful
 	crash func() // connections cut at once, lease left behind
 }

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"go.yaml.in/yaml/v3"
 
@@ -673,8 +675,8 @@ func (f *File) PolicyMap() map[string]limiter.Policy {
 }
 
 // StoreOptions are the limiter options the file sets.
-func (f *File) StoreOptions() limiter.Options {
-	return limiter.Options{
+func (f *File) StoreOptions() redisstore.Options {
+	return redisstore.Options{
 		Grace: f.Redis.Grace, SkewTolerance: f.Redis.SkewTolerance, ReadPolicy: f.Redis.ReadPolicy,
 		DialTimeout: f.Redis.Timeout, ReadTimeout: f.Redis.Timeout, WriteTimeout: f.Redis.Timeout,
 		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout, TLS: f.redisTLS,

@@ -127,7 +127,7 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if v.decided {
 		d := v.decision
-		d.SetHeaders(h)
+		setHeaders(h, d)
 		b = append(b, `,"remaining":`...)
 		b = strconv.AppendInt(b, d.Remaining, 10)
 		b = append(b, `,"used":`...)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 )
@@ -450,7 +452,7 @@ func (d *decider) takeFailed(e *entry, err error) {
 	now := time.Now().UnixNano()
 	e.failed = now
 	e.lost = now // it may have been made all the same
-	if limiter.Permanent(err) {
+	if redisstore.Permanent(err) {
 		d.log.Error("the primary refused a reservation; deciding without it", "shard", d.store.ShardName(e.shard), "err", err)
 		return
 	}
@@ -687,7 +689,7 @@ func (v verdict) expires() time.Time {
 }
 
 // finish finishes a decision-API request once on its window's primary
-// (limiter.Store.Finish): the first finish of its ticket, on any edge,
+// (redisstore.Store.Finish): the first finish of its ticket, on any edge,
 // gives a 304's charge back; every later one changes nothing.
 func (d *decider) finish(ctx context.Context, v verdict, status int, now time.Time) (limiter.FinishResult, error) {
 	a := limiter.FinishArgs{Start: v.now, Window: v.policy.Window, Producer: v.producer, Holder: holderOf(v.producer, v.holderNum),

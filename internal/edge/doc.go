@@ -24,7 +24,7 @@
 // # Deciding
 //
 // An edge admits requests against credit: units of the window it reserved
-// on the shard's primary (limiter.Store.Take, one atomic script that also
+// on the shard's primary (redisstore.Store.Take, one atomic script that also
 // opens the window at its first request). Far from the limit a reservation
 // covers a while of the key's traffic, so most requests need no Redis call;
 // it is renewed in the background before it runs out. A reservation takes at

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -30,7 +32,7 @@ import (
 	"github.com/tallyhq/tally/internal/telemetry"
 )
 
-// Store is what the edge needs of limiter.Store.
+// Store is what the edge needs of redisstore.Store.
 type Store interface {
 	Take(ctx context.Context, k limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error)
 	Apply(ctx context.Context, shard int, now time.Time, evs []limiter.Event) (limiter.ApplyResult, error)
@@ -42,7 +44,7 @@ type Store interface {
 	Shards() int
 }
 
-var _ Store = (*limiter.Store)(nil)
+var _ Store = (*redisstore.Store)(nil)
 
 // Route maps a path prefix to the policies its requests are held to, with
 // an optional cost override.

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -41,7 +43,7 @@ type pipeline struct {
 	nats     *natstest.Server
 	shards   []shard.Config
 	keys     *limiter.KeySpace
-	store    *limiter.Store
+	store    *redisstore.Store
 	upstream *httptest.Server
 	policies map[string]limiter.Policy
 	acc      *accountant.Accountant
@@ -104,8 +106,8 @@ func (pl *pipeline) startAccountant(streams ...events.Streams) {
 	pl.t.Cleanup(pl.stopAcc)
 }
 
-func (pl *pipeline) newStore() *limiter.Store {
-	st, err := limiter.NewStore(pl.shards, pl.keys, limiter.Options{WaitTimeout: 200 * time.Millisecond})
+func (pl *pipeline) newStore() *redisstore.Store {
+	st, err := redisstore.NewStore(pl.shards, pl.keys, redisstore.Options{WaitTimeout: 200 * time.Millisecond})
 	require.NoError(pl.t, err)
 	pl.t.Cleanup(func() { _ = st.Close() })
 	return st
@@ -117,7 +119,7 @@ type edgeUnderTest struct {
 	api   *httptest.Server
 	admin *httptest.Server
 	nc    *nats.Conn
-	store *limiter.Store
+	store *redisstore.Store
 }
 
 // edge starts an edge with its own store and NATS connection; mut may

@@ -45,7 +45,7 @@ func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
 			if st, ok := resp.Request.Context().Value(stateKey{}).(*proxyState); ok {
 				st.status = resp.StatusCode
 				if v := &st.vs[st.shown]; v.decided {
-					v.decision.SetHeaders(resp.Header)
+					setHeaders(resp.Header, v.decision)
 				}
 			}
 			return nil
@@ -205,7 +205,7 @@ func (s *Server) unavailable(w http.ResponseWriter) {
 
 func (s *Server) deny(w http.ResponseWriter, v verdict) {
 	d := v.decision
-	d.SetHeaders(w.Header())
+	setHeaders(w.Header(), d)
 	problem(w, http.StatusTooManyRequests, "rate-limited", "Too Many Requests",
 		fmt.Sprintf("rate limit %q of %d per %s exceeded; the window resets in %s",
 			d.Resource, d.Limit, d.Window, d.RetryAfter()))

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -112,7 +114,7 @@ func TestDecisionAPISpans(t *testing.T) {
 	require.NoError(t, nc.Flush())
 	e := pl.edge(func(o *edge.Options) {
 		o.Tracer = provider.Tracer("tally/edge")
-		require.NoError(t, o.Store.(*limiter.Store).InstrumentTracing(provider))
+		require.NoError(t, o.Store.(*redisstore.Store).InstrumentTracing(provider))
 	})
 
 	const client = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

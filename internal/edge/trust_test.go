@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/edge"
@@ -282,8 +284,8 @@ func TestEdgeLearnsFromItsOwnRefunds(t *testing.T) {
 // traffic.
 func TestEdgeNotReadyUntilItReachedEveryPrimary(t *testing.T) {
 	pl := newPipeline(t)
-	st, err := limiter.NewStore([]shard.Config{{Name: "s0", Primary: shard.Node{Addr: "127.0.0.1:1"}}}, pl.keys,
-		limiter.Options{DialTimeout: 100 * time.Millisecond})
+	st, err := redisstore.NewStore([]shard.Config{{Name: "s0", Primary: shard.Node{Addr: "127.0.0.1:1"}}}, pl.keys,
+		redisstore.Options{DialTimeout: 100 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	nc, _ := pl.nats.ConnectAs("edge")

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -63,7 +65,7 @@ type cluster struct {
 	broken bool
 
 	keys  *limiter.KeySpace
-	store *limiter.Store // reads windows on the primaries
+	store *redisstore.Store // reads windows on the primaries
 	rdb   []*redis.Client
 	nc    *nats.Conn
 	js    jetstream.JetStream
@@ -104,7 +106,7 @@ func newCluster(t *testing.T) *cluster {
 
 	c.keys, err = limiter.NewKeySpace(c.cfg.KeyPrefix, c.stack.Secret())
 	require.NoError(t, err)
-	c.store, err = limiter.NewStore(shards, c.keys, limiter.Options{})
+	c.store, err = redisstore.NewStore(shards, c.keys, redisstore.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.store.Close() })
 	for _, s := range shards {

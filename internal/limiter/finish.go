@@ -1,16 +1,9 @@
 package limiter
 
 import (
-	"context"
 	"fmt"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"github.com/tallyhq/tally/lua"
 )
-
-var finishScript = redis.NewScript(lua.Finish)
 
 // FinishArgs describe a request being finished: how it was admitted and
 // charged, and the status of its response.
@@ -78,40 +71,7 @@ type FinishResult struct {
 // MaxFinishN bounds FinishArgs.N.
 const MaxFinishN = 1<<32 - 1
 
-// Finish finishes a request once on its window's primary at now (one
-// atomic script call, lua/finish.lua): the first finish is recorded and, for
-// a 304, gives the request's units back to the window its response showed,
-// out of what its producer holds there; every later finish of the same
-// request, on any edge, is AlreadyFinished. Like Take, it is not retried on
-// a connection error: after an error the finish may or may not have been
-// made, and sending it again answers AlreadyFinished if it was.
-func (s *Store) Finish(ctx context.Context, k Key, now time.Time, a FinishArgs) (FinishResult, error) {
-	if err := a.validate(k); err != nil {
-		return FinishResult{}, err
-	}
-	var reset int64
-	if !a.ResetAt.IsZero() {
-		reset = ms(a.ResetAt)
-	}
-	n := s.shards[s.ShardOf(k)]
-	keys := []string{k.String(), s.keys.FinishKey(k.Digest(), a.Holder, reset), s.producerKey(a.Producer)}
-	v, err := s.run(ctx, n.primary, finishScript, false, keys, ms(now), reset, a.N, a.Status, a.Units, a.Producer,
-		a.ChargeSeq, ms(a.Start), a.Window.Milliseconds(), s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(),
-		s.opts.ProducerTTL.Milliseconds()).Int64Slice()
-	if err != nil {
-		return FinishResult{}, fmt.Errorf("limiter: finish on shard %s: %w", n.name, scriptErr(err))
-	}
-	if len(v) != 4 {
-		return FinishResult{}, fmt.Errorf("limiter: finish on shard %s: unexpected reply %v", n.name, v)
-	}
-	r := FinishResult{Outcome: FinishOutcome(v[0]), Used: v[1], Amount: v[3]}
-	if v[2] != 0 {
-		r.ResetAt = fromMS(v[2])
-	}
-	return r, nil
-}
-
-func (a FinishArgs) validate(k Key) error {
+func (a FinishArgs) Validate(k Key) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: finish: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
 	}

@@ -1,9 +1,7 @@
 package limiter
 
 import (
-	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -71,51 +69,7 @@ type Grant struct {
 	Mine int64
 }
 
-// Take reserves units of k's window on its shard's primary at time now (the
-// caller's clock, read once for the decision), opening a window at now when
-// none is live (reset at now + Window, rounded up to a whole second). The
-// reservation is all or nothing above Need and never takes the window past
-// Limit. It is one atomic script call (lua/take.lua).
-//
-// Take is not retried on a connection error: a retried reservation could
-// be granted twice. After an error the reservation may or may not have
-// been made (a primary that froze runs it when it wakes); the holder's next
-// Take (or a read: Need and Want 0) tells by Grant.Mine.
-func (s *Store) Take(ctx context.Context, k Key, now time.Time, a TakeArgs) (Grant, error) {
-	if err := a.validate(k); err != nil {
-		return Grant{}, err
-	}
-	holder := a.Holder
-	if holder == "" {
-		holder = a.Producer
-	}
-	n := s.shards[s.ShardOf(k)]
-	var owed []byte
-	for i, o := range a.Owed {
-		if i > 0 {
-			owed = append(owed, ',')
-		}
-		owed = strconv.AppendUint(owed, o.Seq, 10)
-		owed = append(owed, ':')
-		owed = strconv.AppendInt(owed, o.Units, 10)
-	}
-	v, err := s.run(ctx, n.primary, takeScript, false, []string{k.String(), s.producerKey(a.Producer)},
-		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder, a.Producer,
-		string(owed)).Int64Slice()
-	if err != nil {
-		return Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
-	}
-	if len(v) != 7 {
-		return Grant{}, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v)
-	}
-	g := Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6]}
-	if v[2] != 0 {
-		g.Live, g.ResetAt, g.Start = true, fromMS(v[2]), fromMS(v[3])
-	}
-	return g, nil
-}
-
-func (a TakeArgs) validate(k Key) error {
+func (a TakeArgs) Validate(k Key) error {
 	switch {
 	case k.IsZero():
 		return fmt.Errorf("%w: take: no key", ErrInvalidArgument)

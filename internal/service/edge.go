@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/tallyhq/tally/internal/config"
@@ -95,7 +97,7 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	return failed
 }
 
-func edgeOptions(cfg *config.File, store *limiter.Store, keys *limiter.KeySpace, log *slog.Logger, nc, dnc *nats.Conn) edge.Options {
+func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpace, log *slog.Logger, nc, dnc *nats.Conn) edge.Options {
 	var upstream *url.URL
 	if cfg.Edge.Listen != "" {
 		upstream, _ = url.Parse(cfg.Edge.Upstream) // validated by config

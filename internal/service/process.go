@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/telemetry"
@@ -16,7 +18,7 @@ import (
 // telemetry.
 type process struct {
 	keys    *limiter.KeySpace
-	store   *limiter.Store
+	store   *redisstore.Store
 	metrics *telemetry.Metrics
 	tracing *telemetry.Tracing
 }
@@ -27,7 +29,7 @@ func open(ctx context.Context, cfg *config.File, service string, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	store, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
+	store, err := redisstore.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
 	if err != nil {
 		return nil, err
 	}

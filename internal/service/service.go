@@ -15,12 +15,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 
 	"github.com/tallyhq/tally/internal/config"
-	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/telemetry"
 )
 
@@ -50,14 +51,14 @@ func ConnectNATS(cfg *config.File, name, degraded string, log *slog.Logger) (*na
 // CheckRedis refuses primaries whose maxmemory-policy may evict Tally's
 // keys. A primary that cannot be asked (down, or INFO not allowed) is
 // logged and let through: Tally starts degraded rather than not at all.
-func CheckRedis(ctx context.Context, store *limiter.Store, log *slog.Logger) error {
+func CheckRedis(ctx context.Context, store *redisstore.Store, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	err := store.CheckEviction(ctx)
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, limiter.ErrEvictingPolicy) {
+	if errors.Is(err, redisstore.ErrEvictingPolicy) {
 		return err
 	}
 	log.Warn("the Redis primaries' maxmemory-policy could not be checked; it must be noeviction", "err", err)

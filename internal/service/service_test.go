@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tallyhq/tally/internal/redisstore"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -213,7 +215,7 @@ func TestRedisOverTLS(t *testing.T) {
 		require.NoError(t, err)
 		opts := cfg.StoreOptions()
 		opts.DialTimeout, opts.ReadTimeout = time.Second, time.Second
-		st, err := limiter.NewStore(cfg.Redis.Shards, keys, opts)
+		st, err := redisstore.NewStore(cfg.Redis.Shards, keys, opts)
 		require.NoError(t, err)
 		defer st.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -233,7 +235,7 @@ func TestCheckRedisRefusesEvictingPolicies(t *testing.T) {
 	require.NoError(t, err)
 	cfg, err := load(t, rs.Addr, "", "nats://127.0.0.1:4222", "")
 	require.NoError(t, err)
-	st, err := limiter.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
+	st, err := redisstore.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
 	require.NoError(t, err)
 	defer st.Close()
 	ctx := context.Background()
@@ -244,7 +246,7 @@ func TestCheckRedisRefusesEvictingPolicies(t *testing.T) {
 		if ok {
 			require.NoError(t, err, policy)
 		} else {
-			require.ErrorIs(t, err, limiter.ErrEvictingPolicy, policy)
+			require.ErrorIs(t, err, redisstore.ErrEvictingPolicy, policy)
 			require.ErrorContains(t, err, policy)
 		}
 	}

@@ -34,6 +34,6 @@
 // fail-open or fail-closed rule.
 //
 // The I/O side of all this (connections, probes, recovering from NOSCRIPT
-// after a restart, a SCRIPT FLUSH or a promotion) lives in limiter.Store,
+// after a restart, a SCRIPT FLUSH or a promotion) lives in redisstore.Store,
 // which drives this package.
 package shard

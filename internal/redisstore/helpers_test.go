@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
 )
@@ -24,11 +25,11 @@ const minute = time.Minute
 type env struct {
 	primary, replica *redistest.Server
 	clock            *limiter.ManualClock
-	store            *limiter.Store
+	store            *redisstore.Store
 	keys             *limiter.KeySpace
 }
 
-func newEnv(t *testing.T, opts limiter.Options) *env {
+func newEnv(t *testing.T, opts redisstore.Options) *env {
 	t.Helper()
 	p, r := redistest.StartPair(t)
 	e := &env{primary: p, replica: r, clock: limiter.NewManualClock(t0)}
@@ -45,9 +46,9 @@ func (e *env) config() []shard.Config {
 	return []shard.Config{{Name: "s0", Primary: node(e.primary), Replicas: []shard.Node{node(e.replica)}}}
 }
 
-func newStore(t testing.TB, shards []shard.Config, keys *limiter.KeySpace, opts limiter.Options) *limiter.Store {
+func newStore(t testing.TB, shards []shard.Config, keys *limiter.KeySpace, opts redisstore.Options) *redisstore.Store {
 	t.Helper()
-	s, err := limiter.NewStore(shards, keys, opts)
+	s, err := redisstore.NewStore(shards, keys, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -11,13 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
 )
 
 // Invariants 5 and 6: charge at start, refund on 304, every event at most
 // once whatever is redelivered, republished or retried, with memory that
 // does not grow with the number of events.
 func TestExactlyOnce(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
+	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	rdb := e.primary.Client()
 	var n atomic.Int64
@@ -305,7 +306,7 @@ func producerOf(t *testing.T) string {
 // callers (two accountants, an edge applying directly, go-redis retries)
 // take effect once; 16 producers × 500 events give exactly 8,000.
 func TestConcurrentApplyIsExactlyOnce(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
+	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	k := e.keys.Key("core", "hot")
 	reset := t0.Add(minute).Truncate(time.Second).Add(time.Second)
@@ -341,7 +342,7 @@ func TestConcurrentApplyIsExactlyOnce(t *testing.T) {
 // and then ran the call. The events still take effect once; a run number
 // reused for other events is refused, and nothing runs.
 func TestRunSentAgainIsToldWhatItDid(t *testing.T) {
-	e := newEnv(t, limiter.Options{ScriptEvents: 2, ReadTimeout: 200 * time.Millisecond})
+	e := newEnv(t, redisstore.Options{ScriptEvents: 2, ReadTimeout: 200 * time.Millisecond})
 	ctx := context.Background()
 	reset := t0.Add(minute).Truncate(time.Second).Add(time.Second)
 	k := e.keys.Key("core", "lost")

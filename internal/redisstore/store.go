@@ -1,6 +1,8 @@
-package limiter
+package redisstore
 
 import (
+	"github.com/tallyhq/tally/internal/limiter"
+
 	"context"
 	"crypto/tls"
 	"errors"
@@ -18,14 +20,9 @@ import (
 	"github.com/tallyhq/tally/lua"
 )
 
-var (
-	// ErrInvalidArgument is wrapped by errors about an operation's arguments,
-	// whether Go or the script refused them. Retrying cannot help.
-	ErrInvalidArgument = errors.New("limiter: invalid argument")
-	// ErrNoReplica is returned by Check when every replica of the key's shard
-	// is down and the read policy is shard.ReadFail.
-	ErrNoReplica = errors.New("limiter: no replica up")
-)
+// ErrNoReplica is returned by Check when every replica of the key's shard
+// is down and the read policy is shard.ReadFail.
+var ErrNoReplica = errors.New("redisstore: no replica up")
 
 var (
 	checkScript = redis.NewScript(lua.Check)
@@ -36,8 +33,8 @@ var (
 
 // Options configure a Store. Zero values take the defaults stated.
 type Options struct {
-	// Clock supplies now for every script call. Default SystemClock.
-	Clock Clock
+	// Clock supplies now for every script call. Default limiter.SystemClock.
+	Clock limiter.Clock
 	// Grace is how long a window's key outlives its reset (garbage collection
 	// only), and how old an event may be and still open a window on an empty
 	// key. It must exceed the clock difference between Tally and Redis.
@@ -87,13 +84,13 @@ type Options struct {
 
 func (o *Options) setDefaults() error {
 	if o.Clock == nil {
-		o.Clock = SystemClock{}
+		o.Clock = limiter.SystemClock{}
 	}
 	if o.Grace == 0 {
 		o.Grace = 60 * time.Second
 	}
 	if o.Grace < time.Second {
-		return fmt.Errorf("%w: grace %v: want at least 1s", ErrInvalidArgument, o.Grace)
+		return fmt.Errorf("%w: grace %v: want at least 1s", limiter.ErrInvalidArgument, o.Grace)
 	}
 	if o.SkewTolerance == 0 {
 		o.SkewTolerance = 2 * time.Second
@@ -114,7 +111,7 @@ func (o *Options) setDefaults() error {
 		o.ProducerTTL = 25 * time.Hour
 	}
 	if o.ProducerTTL < time.Second {
-		return fmt.Errorf("%w: producer ttl %v: want at least 1s", ErrInvalidArgument, o.ProducerTTL)
+		return fmt.Errorf("%w: producer ttl %v: want at least 1s", limiter.ErrInvalidArgument, o.ProducerTTL)
 	}
 	if o.WaitTimeout <= 0 {
 		o.WaitTimeout = 100 * time.Millisecond
@@ -129,7 +126,7 @@ func (o *Options) setDefaults() error {
 // charges and refunds on primaries. It is safe for concurrent use.
 type Store struct {
 	opts      Options
-	keys      *KeySpace
+	keys      *limiter.KeySpace
 	m         *shard.Map
 	shards    []*shardNodes
 	producers sync.Map // producer id → its key (string)
@@ -147,9 +144,9 @@ type shardNodes struct {
 // NewStore connects (lazily) to every node of every shard; keys names the
 // producer and lease keys (window keys come with each call). Call Close when
 // done.
-func NewStore(shards []shard.Config, keys *KeySpace, opts Options) (*Store, error) {
+func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Store, error) {
 	if keys == nil {
-		return nil, fmt.Errorf("%w: no key space", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: no key space", limiter.ErrInvalidArgument)
 	}
 	if err := shard.Validate(shards); err != nil {
 		return nil, err
@@ -220,13 +217,13 @@ func (s *Store) Shards() int { return len(s.shards) }
 func (s *Store) ShardName(i int) string { return s.shards[i].name }
 
 // ShardOf is the index of the shard that owns k.
-func (s *Store) ShardOf(k Key) int { return s.m.Pick(k.Hash()) }
+func (s *Store) ShardOf(k limiter.Key) int { return s.m.Pick(k.Hash()) }
 
 // Check reads k's live window from a replica of its shard at the store
 // clock's now. A window whose reset_at is not after now reads as not live,
 // whatever the replica still holds. A replica that fails with a connection error is marked down and
 // the next one is tried; when none is up, the read policy applies.
-func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
+func (s *Store) Check(ctx context.Context, k limiter.Key) (limiter.Window, error) {
 	n := s.shards[s.ShardOf(k)]
 	now := s.opts.Clock.Now()
 	keys, arg := []string{k.String()}, ms(now)
@@ -237,16 +234,16 @@ func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
 			return w, nil
 		}
 		if ctx.Err() != nil || !nodeDown(err) {
-			return Window{}, fmt.Errorf("limiter: check on shard %s replica %d: %w", n.name, i, err)
+			return limiter.Window{}, fmt.Errorf("limiter: check on shard %s replica %d: %w", n.name, i, err)
 		}
 		n.health.MarkDown(i, s.opts.Clock.Now())
 	}
 	if len(n.replicas) > 0 && s.opts.ReadPolicy == shard.ReadFail {
-		return Window{}, fmt.Errorf("limiter: check on shard %s: %w", n.name, ErrNoReplica)
+		return limiter.Window{}, fmt.Errorf("limiter: check on shard %s: %w", n.name, ErrNoReplica)
 	}
 	w, err := parseCheck(s.run(ctx, n.primary, checkScript, true, keys, arg))
 	if err != nil {
-		return Window{}, fmt.Errorf("limiter: check on shard %s primary: %w", n.name, err)
+		return limiter.Window{}, fmt.Errorf("limiter: check on shard %s primary: %w", n.name, err)
 	}
 	return w, nil
 }
@@ -254,7 +251,7 @@ func (s *Store) Check(ctx context.Context, k Key) (Window, error) {
 // ProbeReplicas asks every replica for its replication state. Replicas that
 // do not answer, or whose link to the primary is down (they would serve
 // counts that no longer move), are marked down; the others are marked up.
-// Run it periodically (RunProbes); Check marks replicas down on its own
+// limiter.Run it periodically (RunProbes); Check marks replicas down on its own
 // when reads fail.
 func (s *Store) ProbeReplicas(ctx context.Context) {
 	for _, n := range s.shards {
@@ -340,18 +337,18 @@ func infoField(info, name string) string {
 	return ""
 }
 
-func parseCheck(cmd *redis.Cmd) (Window, error) {
+func parseCheck(cmd *redis.Cmd) (limiter.Window, error) {
 	v, err := cmd.Int64Slice()
 	if err != nil {
-		return Window{}, scriptErr(err)
+		return limiter.Window{}, scriptErr(err)
 	}
 	switch {
 	case len(v) == 1 && v[0] == 0:
-		return Window{}, nil
+		return limiter.Window{}, nil
 	case len(v) == 4 && v[0] == 1:
-		return Window{Live: true, Used: v[1], ResetAt: fromMS(v[2]), Start: fromMS(v[3])}, nil
+		return limiter.Window{Live: true, Used: v[1], ResetAt: fromMS(v[2]), Start: fromMS(v[3])}, nil
 	}
-	return Window{}, fmt.Errorf("unexpected check reply %v", v)
+	return limiter.Window{}, fmt.Errorf("unexpected check reply %v", v)
 }
 
 // Permanent reports whether a failed script call will fail again however
@@ -360,7 +357,7 @@ func parseCheck(cmd *redis.Cmd) (Window, error) {
 func Permanent(err error) bool {
 	var ne net.Error
 	switch {
-	case errors.Is(err, ErrInvalidArgument):
+	case errors.Is(err, limiter.ErrInvalidArgument):
 		return true
 	case err == nil, errors.As(err, &ne), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout):
@@ -384,10 +381,10 @@ func refused(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "tally: invalid")
 }
 
-// scriptErr marks a script's refusal of its arguments as ErrInvalidArgument.
+// scriptErr marks a script's refusal of its arguments as limiter.ErrInvalidArgument.
 func scriptErr(err error) error {
 	if refused(err) {
-		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return fmt.Errorf("%w: %v", limiter.ErrInvalidArgument, err)
 	}
 	return err
 }
@@ -415,8 +412,15 @@ func (s *Store) producerKey(id string) string {
 }
 
 // Clock is the store's clock.
-func (s *Store) Clock() Clock { return s.opts.Clock }
+func (s *Store) Clock() limiter.Clock { return s.opts.Clock }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
 func fromMS(v int64) time.Time { return time.UnixMilli(v) }
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

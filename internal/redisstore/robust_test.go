@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
 	"github.com/tallyhq/tally/lua"
@@ -22,7 +23,7 @@ import (
 // Bad calls are refused in Go before Redis, and by the scripts themselves,
 // leaving every key, field and expiry as it was.
 func TestBadArgumentsWriteNothing(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
+	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	rdb := e.primary.Client()
 	k := e.keys.Key("core", "alice")
@@ -186,7 +187,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 		before := state(t, rdb, w, pk)
 		_, err := e.store.Apply(ctx, 0, e.clock.Now(), []limiter.Event{charge(p, 2, w, reset, t0, 2), charge(p, 4, broken, reset, t0, 1)})
 		require.Error(t, err)
-		require.True(t, limiter.Permanent(err), "Redis refuses it the same way every time")
+		require.True(t, redisstore.Permanent(err), "Redis refuses it the same way every time")
 		require.Equal(t, before, state(t, rdb, w, pk), "nothing written")
 		require.NoError(t, rdb.Del(ctx, broken.String()).Err())
 		require.Equal(t, []limiter.Outcome{limiter.Netted, limiter.Applied}, outcomes(e.apply(t,
@@ -228,7 +229,7 @@ func toAny(ss []string) []any {
 
 // Invariant 9: no identity reaches Redis or another client's window.
 func TestKeySafety(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
+	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	rdb := e.primary.Client()
 	alice := e.keys.Key("core", "alice")
@@ -302,7 +303,7 @@ func TestKeySafety(t *testing.T) {
 // NOSCRIPT is recovered from on primaries and replicas, and what was applied
 // (windows and producer sequences) survives a promotion.
 func TestScriptsSurviveFlushRestartAndPromotion(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
+	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	k := e.keys.Key("core", "alice")
 	g := e.take(t, k, 100, 1, 1)
@@ -343,7 +344,7 @@ func TestScriptsSurviveFlushRestartAndPromotion(t *testing.T) {
 	// knows what was applied.
 	e.replica.WaitSynced(e.primary)
 	e.replica.Promote()
-	promoted := newStore(t, []shard.Config{{Name: "s0", Primary: node(e.replica)}}, e.keys, limiter.Options{Clock: e.clock})
+	promoted := newStore(t, []shard.Config{{Name: "s0", Primary: node(e.replica)}}, e.keys, redisstore.Options{Clock: e.clock})
 	r, err := promoted.Apply(ctx, 0, t0, []limiter.Event{charge("p", 3, k, g.ResetAt, t0, 1), charge("p", 4, k, g.ResetAt, t0, 1)})
 	require.NoError(t, err)
 	require.Equal(t, []limiter.Outcome{limiter.Duplicate, limiter.Applied}, outcomes(r.Results),
@@ -364,8 +365,8 @@ func TestReplicaSelection(t *testing.T) {
 	keys, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
 	require.NoError(t, err)
 	k := keys.Key("core", "alice")
-	st := newStore(t, cfg, keys, limiter.Options{Clock: clock})
-	failing := newStore(t, cfg, keys, limiter.Options{Clock: clock, ReadPolicy: shard.ReadFail})
+	st := newStore(t, cfg, keys, redisstore.Options{Clock: clock})
+	failing := newStore(t, cfg, keys, redisstore.Options{Clock: clock, ReadPolicy: shard.ReadFail})
 	take := func(n int64) {
 		_, err := st.Take(ctx, k, t0, limiter.TakeArgs{Window: minute, Limit: 100, Need: n, Want: n, Producer: "edge-a"})
 		require.NoError(t, err)
@@ -397,7 +398,7 @@ func TestReplicaSelection(t *testing.T) {
 	// With the fail policy, the same situation is an error.
 	failing.ProbeReplicas(ctx)
 	_, err = failing.Check(ctx, k)
-	require.ErrorIs(t, err, limiter.ErrNoReplica)
+	require.ErrorIs(t, err, redisstore.ErrNoReplica)
 
 	// r2 rejoins: a probe puts it back.
 	require.NoError(t, r2.Client().Do(ctx, "REPLICAOF", "127.0.0.1", fmt.Sprint(p.Port)).Err())
@@ -416,7 +417,7 @@ func TestReplicaSelection(t *testing.T) {
 // One accountant holds a shard's lease at a time; it lapses when not
 // renewed, and its holder can give it up for a quick hand-over.
 func TestLease(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
+	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	hold := func(owner string, ttl time.Duration) bool {
 		l, err := e.store.HoldLease(ctx, 0, owner, ttl)
@@ -439,12 +440,12 @@ func TestLease(t *testing.T) {
 // connection (Redis WAIT), which confirms everything applied before it, and
 // says so when none confirmed in time.
 func TestLeaseConfirmsWhatWasApplied(t *testing.T) {
-	e := newEnv(t, limiter.Options{WaitTimeout: 200 * time.Millisecond})
+	e := newEnv(t, redisstore.Options{WaitTimeout: 200 * time.Millisecond})
 	ctx := context.Background()
 	k := e.keys.Key("core", "alice")
 	// Right after a sync a replica may take a moment to acknowledge; once it
 	// does, every renewal is confirmed.
-	var l limiter.Lease
+	var l redisstore.Lease
 	for seq := uint64(1); seq <= 20; seq++ {
 		e.apply(t, charge("p", seq, k, time.Time{}, t0, 1))
 		var err error
@@ -468,7 +469,7 @@ func TestLeaseConfirmsWhatWasApplied(t *testing.T) {
 	require.Zero(t, l.Replicated, "no replica confirmed")
 	require.Less(t, time.Since(start), 5*time.Second, "the wait is bounded")
 
-	off := newStore(t, e.config(), e.keys, limiter.Options{Clock: e.clock, WaitReplicas: -1})
+	off := newStore(t, e.config(), e.keys, redisstore.Options{Clock: e.clock, WaitReplicas: -1})
 	l, err = off.ConfirmApplied(ctx, 0, "acc", time.Second)
 	require.NoError(t, err)
 	require.Zero(t, l.Waited)

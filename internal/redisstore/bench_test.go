@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -8,17 +8,18 @@ import (
 	"time"
 
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
 )
 
 // benchEnv is a primary and a replica on the system clock, with 1,000 live
 // windows: what edges and an accountant see in steady state.
-func benchEnv(b *testing.B) (*limiter.Store, []limiter.Key) {
+func benchEnv(b *testing.B) (*redisstore.Store, []limiter.Key) {
 	b.Helper()
 	p, r := redistest.StartPair(b)
 	ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
-	st := newStore(b, []shard.Config{{Name: "s0", Primary: node(p), Replicas: []shard.Node{node(r)}}}, ks, limiter.Options{})
+	st := newStore(b, []shard.Config{{Name: "s0", Primary: node(p), Replicas: []shard.Node{node(r)}}}, ks, redisstore.Options{})
 	keys := make([]limiter.Key, 1000)
 	for i := range keys {
 		keys[i] = ks.Key("core", fmt.Sprintf("client-%d", i))

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
 )
@@ -28,7 +29,7 @@ func TestScriptsRunUnderTheDocumentedACL(t *testing.T) {
 	keys, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
 	require.NoError(t, err)
 	st := newStore(t, []shard.Config{{Name: "s0", Primary: shard.Node{Addr: p.Addr, Username: "tally", Password: "tally-password"}}},
-		keys, limiter.Options{})
+		keys, redisstore.Options{})
 	require.NoError(t, st.LoadScripts(ctx, 0))
 	require.NoError(t, st.CheckEviction(ctx))
 	k := keys.Key("core", "acl")

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -10,13 +10,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
 )
 
 // With tracing on, the commands a caller's span makes on the primary and
 // on the replica are its children (client spans, db.system=redis) with no
 // argument values recorded; commands outside any span make no span.
 func TestRedisSpansAreChildrenOfTheCaller(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
+	e := newEnv(t, redisstore.Options{})
 	spans := tracetest.NewInMemoryExporter()
 	provider := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
 )
 
 // A decision-API request is finished once: its first finish, on any edge,
@@ -15,7 +16,7 @@ import (
 // nothing. A refund never gives back more than the request was charged,
 // more than its producer holds in the window, nor moves the reset.
 func TestFinishOnce(t *testing.T) {
-	e := newEnv(t, limiter.Options{})
+	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	rdb := e.primary.Client()
 	finish := func(t *testing.T, k limiter.Key, a limiter.FinishArgs) limiter.FinishResult {

@@ -1,0 +1,54 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// Take reserves units of k's window on its shard's primary at time now (the
+// caller's clock, read once for the decision), opening a window at now when
+// none is live (reset at now + limiter.Window, rounded up to a whole second). The
+// reservation is all or nothing above Need and never takes the window past
+// Limit. It is one atomic script call (lua/take.lua).
+//
+// Take is not retried on a connection error: a retried reservation could
+// be granted twice. After an error the reservation may or may not have
+// been made (a primary that froze runs it when it wakes); the holder's next
+// Take (or a read: Need and Want 0) tells by limiter.Grant.Mine.
+func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error) {
+	if err := a.Validate(k); err != nil {
+		return limiter.Grant{}, err
+	}
+	holder := a.Holder
+	if holder == "" {
+		holder = a.Producer
+	}
+	n := s.shards[s.ShardOf(k)]
+	var owed []byte
+	for i, o := range a.Owed {
+		if i > 0 {
+			owed = append(owed, ',')
+		}
+		owed = strconv.AppendUint(owed, o.Seq, 10)
+		owed = append(owed, ':')
+		owed = strconv.AppendInt(owed, o.Units, 10)
+	}
+	v, err := s.run(ctx, n.primary, takeScript, false, []string{k.String(), s.producerKey(a.Producer)},
+		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder, a.Producer,
+		string(owed)).Int64Slice()
+	if err != nil {
+		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
+	}
+	if len(v) != 7 {
+		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v)
+	}
+	g := limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6]}
+	if v[2] != 0 {
+		g.Live, g.ResetAt, g.Start = true, fromMS(v[2]), fromMS(v[3])
+	}
+	return g, nil
+}

@@ -25,15 +25,16 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tallyhq/tally/internal/redisstore"
-
 	"github.com/nats-io/nats.go"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tallyhq/tally/internal/accountant"
+	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/outbox"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/shard"
 )
 
@@ -150,8 +151,8 @@ type Edge struct {
 	Source string `yaml:"source"`
 	// Pprof serves Go's profiles on the admin listener (/debug/pprof/).
 	Pprof     bool                 `yaml:"pprof"`
-	Credit    edge.CreditConfig    `yaml:"credit"`
-	Outbox    edge.OutboxConfig    `yaml:"outbox"`
+	Credit    credit.Config        `yaml:"credit"`
+	Outbox    outbox.Config        `yaml:"outbox"`
 	Decisions edge.DecisionsConfig `yaml:"decisions"`
 }
 
@@ -499,7 +500,10 @@ func (f *File) validateEdge() error {
 		}
 	}
 	if err := e.Outbox.Validate(); err != nil {
-		return fieldErr("edge.outbox.route", "%q: want stream or direct", e.Outbox.Route)
+		return fieldErr("edge.outbox", "%s", strings.TrimPrefix(err.Error(), outbox.ErrInvalidConfig.Error()+": "))
+	}
+	if err := e.Credit.Validate(); err != nil {
+		return fieldErr("edge.credit", "%s", strings.TrimPrefix(err.Error(), credit.ErrInvalidConfig.Error()+": "))
 	}
 	if s := e.Decisions.SampleAllowed; s > 1 {
 		return fieldErr("edge.decisions.sample_allowed", "%v: want 0 to 1 (negative: none)", s)

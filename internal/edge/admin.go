@@ -11,6 +11,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/tallyhq/tally/internal/credit"
 )
 
 // AdminHandler serves /healthz (the process is up), /readyz and /metrics
@@ -43,9 +45,8 @@ func (s *Server) AdminHandler() http.Handler {
 		if nc := s.o.NATS; nc != nil && !nc.IsConnected() {
 			degraded = append(degraded, "nats "+nc.Status().String())
 		}
-		now := s.o.Clock.Now().UnixNano()
 		for i := range s.o.Store.Shards() {
-			if s.dec.suspected(i, now) {
+			if s.core.Suspected(i) {
 				degraded = append(degraded, "shard "+s.o.Store.ShardName(i)+" primary unreachable")
 			}
 		}
@@ -79,7 +80,6 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		errs = append(errs, err)
 		return g
 	}
-	d := s.dec
 	decisions := counter("tally_edge_decisions", "Requests decided, by result and by how (path).")
 	byPolicy := counter("tally_edge_policy_decisions", "Requests decided, by policy and result (never by key).")
 	natsUp := gauge("tally_edge_nats_connected", "Whether the edge is connected to NATS (0: accounting events go to the primaries).")
@@ -115,40 +115,40 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	}
 	u := func(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
 	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		for p := PathCredit; p <= PathFailOpen; p++ {
+		d := s.core.Stats()
+		for p := credit.PathCredit; p <= credit.PathFailOpen; p++ {
 			for allowed, result := range []string{"denied", "allowed"} {
-				if n := d.byPath[p][allowed].Load(); n > 0 || p == PathCredit || p == PathCache {
+				if n := d.Decisions[p][allowed]; n > 0 || p == credit.PathCredit || p == credit.PathCache {
 					o.ObserveInt64(decisions, u(n), attr("result", result, "path", p.String()))
 				}
 			}
 		}
-		for name, c := range d.byPolicy {
+		for name, c := range d.Policies {
 			for allowed, result := range []string{"denied", "allowed"} {
-				o.ObserveInt64(byPolicy, u(c[allowed].Load()), attr("policy", name, "result", result))
+				o.ObserveInt64(byPolicy, u(c[allowed]), attr("policy", name, "result", result))
 			}
 		}
 		o.ObserveInt64(natsUp, u(boolValue(s.o.NATS != nil && s.o.NATS.IsConnected())))
-		now := s.o.Clock.Now().UnixNano()
 		for i := range s.o.Store.Shards() {
-			o.ObserveInt64(primaryUp, u(boolValue(!d.suspected(i, now))), attr("shard", s.o.Store.ShardName(i)))
+			o.ObserveInt64(primaryUp, u(boolValue(!s.core.Suspected(i))), attr("shard", s.o.Store.ShardName(i)))
 		}
-		o.ObserveInt64(unavailable, u(d.unavailable.Load()))
-		o.ObserveInt64(takes, u(d.takes.Load()))
-		o.ObserveInt64(takeErrors, u(d.takeErrors.Load()))
-		o.ObserveInt64(recovered, u(d.recovered.Load()))
-		o.ObserveInt64(released, u(d.released.Load()))
-		o.ObserveInt64(absorbed, u(d.absorbed.Load()))
-		o.ObserveInt64(notices, u(d.noticesUp.Load()), attr("direction", "sent"))
-		o.ObserveInt64(notices, u(d.noticesIn.Load()), attr("direction", "received"))
-		o.ObserveInt64(notices, u(d.noticesRefused.Load()), attr("direction", "refused"))
+		o.ObserveInt64(unavailable, u(d.Unavailable))
+		o.ObserveInt64(takes, u(d.Takes))
+		o.ObserveInt64(takeErrors, u(d.TakeErrors))
+		o.ObserveInt64(recovered, u(d.Recovered))
+		o.ObserveInt64(released, u(d.Released))
+		o.ObserveInt64(absorbed, u(d.Absorbed))
+		o.ObserveInt64(notices, u(d.NoticesSent), attr("direction", "sent"))
+		o.ObserveInt64(notices, u(d.NoticesIn), attr("direction", "received"))
+		o.ObserveInt64(notices, u(d.NoticesRefused), attr("direction", "refused"))
 		for i := range s.finishes {
 			o.ObserveInt64(finishes, u(s.finishes[i].Load()), attr("result", finishNames[i]))
 		}
-		o.ObserveInt64(rechecks, u(d.rechecks.Load()))
-		o.ObserveInt64(keys, max(0, d.table.size.Load()))
-		o.ObserveInt64(evicted, u(d.table.evicted.Load()))
+		o.ObserveInt64(rechecks, u(d.Rechecks))
+		o.ObserveInt64(keys, d.Keys)
+		o.ObserveInt64(evicted, u(d.Evicted))
 		o.ObserveInt64(bad, u(s.badRequests.Load()))
-		st := s.outbox.stats()
+		st := s.outbox.Stats()
 		o.ObserveInt64(accEvents, u(st.Published), attr("outcome", "published"))
 		o.ObserveInt64(accEvents, u(st.Direct), attr("outcome", "applied_directly"))
 		o.ObserveInt64(accEvents, u(st.Dropped), attr("outcome", "dropped"))

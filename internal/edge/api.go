@@ -105,7 +105,7 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ticket := ""
-	allowed := !v.decided || v.decision.Allowed
+	allowed := !v.Decided || v.Decision.Allowed
 	if allowed {
 		ticket = s.ticket(v)
 	}
@@ -125,8 +125,8 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, p.Limit, 10)
 	status := http.StatusOK
-	if v.decided {
-		d := v.decision
+	if v.Decided {
+		d := v.Decision
 		setHeaders(h, d)
 		b = append(b, `,"remaining":`...)
 		b = strconv.AppendInt(b, d.Remaining, 10)
@@ -163,13 +163,13 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := s.o.Clock.Now()
-	if !now.Before(v.expires()) {
+	if !now.Before(v.Expires()) {
 		s.finishes[finishExpired].Add(1)
 		problem(w, http.StatusGone, "request-expired", "Gone",
 			"the request's window has reset: there is nothing left to finish")
 		return
 	}
-	if !v.decided && v.chargeSeq == 0 {
+	if !v.Decided && v.ChargeSeq == 0 {
 		// Admitted without a window and never charged (its charge event was
 		// dropped): nothing to give back, nothing to mark.
 		s.finishes[finishDone].Add(1)
@@ -177,11 +177,11 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), finishTimeout)
-	res, err := s.dec.finish(ctx, v, req.Status, now)
+	res, err := s.core.Finish(ctx, v, req.Status, now)
 	cancel()
 	if err != nil {
 		s.finishes[finishFailed].Add(1)
-		s.log.Warn("finishing a request on the primary failed; the caller may send it again", "shard", s.o.Store.ShardName(v.shard), "err", err)
+		s.log.Warn("finishing a request on the primary failed; the caller may send it again", "shard", s.o.Store.ShardName(v.Shard), "err", err)
 		s.unavailable(w)
 		return
 	}
@@ -190,7 +190,7 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 		s.finishes[finishDone].Add(1)
 		refunded := res.Amount
 		if res.Outcome == limiter.FinishPending {
-			refunded = v.cost // its charge nets to zero when it is applied
+			refunded = v.Cost // its charge nets to zero when it is applied
 		}
 		if req.Status == http.StatusNotModified {
 			s.recordFinish(v, res, now)

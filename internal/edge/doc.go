@@ -23,7 +23,10 @@
 //
 // # Deciding
 //
-// An edge admits requests against credit: units of the window it reserved
+// The decisions are the core's (internal/credit): the proxy and the
+// decision API translate a request into one call of credit.Core.Decide per
+// limit, and its Verdict into a response; what is left to account for goes
+// to the outbox (internal/outbox). In short: an edge admits requests against credit: units of the window it reserved
 // on the shard's primary (redisstore.Store.Take, one atomic script that also
 // opens the window at its first request). Far from the limit a reservation
 // covers a while of the key's traffic, so most requests need no Redis call;

@@ -20,28 +20,26 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tallyhq/tally/internal/redisstore"
-
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/outbox"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/telemetry"
 )
 
-// Store is what the edge needs of redisstore.Store.
+// Store is what the edge needs of redisstore.Store: what its decision
+// core reserves with, what its outbox applies with, and loading the
+// scripts before it is ready.
 type Store interface {
-	Take(ctx context.Context, k limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error)
-	Apply(ctx context.Context, shard int, now time.Time, evs []limiter.Event) (limiter.ApplyResult, error)
-	Finish(ctx context.Context, k limiter.Key, now time.Time, a limiter.FinishArgs) (limiter.FinishResult, error)
+	credit.Reserver
+	outbox.Applier
 	LoadScripts(ctx context.Context, shard int) error
-	Check(ctx context.Context, k limiter.Key) (limiter.Window, error)
-	ShardOf(k limiter.Key) int
-	ShardName(i int) string
-	Shards() int
 }
 
 var _ Store = (*redisstore.Store)(nil)
@@ -105,9 +103,9 @@ type Options struct {
 	// of telemetry (one connection's messages are handled in order).
 	DecisionsNATS *nats.Conn
 	Streams       events.Streams
-	Outbox        OutboxConfig
+	Outbox        outbox.Config
 	Decisions     DecisionsConfig
-	Credit        CreditConfig
+	Credit        credit.Config
 	Policies      map[string]limiter.Policy
 	Routes        []Route
 	// DefaultPolicy applies to paths no route matches; empty passes them
@@ -155,14 +153,14 @@ type Server struct {
 	routes    []route // longest path first
 	fallback  []limit // for paths no route matches
 	proxy     *httputil.ReverseProxy
-	dec       *decider
-	outbox    *outbox
+	core      *credit.Core
+	outbox    *outbox.Outbox
 	batcher   *events.Batcher
 	notices   *events.Notices
 	ticketKey []byte
 	ready     *readiness
 	sub       *nats.Subscription
-	log       *rateLog
+	log       *telemetry.RateLog
 	draining  atomic.Bool
 	reqs      atomic.Uint64 // request ids
 	macs      sync.Pool     // of hash.Hash: HMAC-SHA256 keyed for tickets
@@ -172,7 +170,7 @@ type Server struct {
 	closed    atomic.Bool
 	telemetry *telemetry.Metrics
 	// decisionTime records decision latency, per path.
-	decisionTime [PathFailOpen + 1]decisionTimer
+	decisionTime [credit.PathFailOpen + 1]decisionTimer
 	// decisionLevel is the level of per-decision log lines.
 	decisionLevel slog.Level
 
@@ -213,7 +211,7 @@ func New(o Options) (*Server, error) {
 			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
-	s := &Server{o: o, log: newRateLog(o.Log, 5*time.Second), stop: make(chan struct{}), decisionLevel: slog.LevelDebug,
+	s := &Server{o: o, log: telemetry.NewRateLog(o.Log, 5*time.Second), stop: make(chan struct{}), decisionLevel: slog.LevelDebug,
 		notices: events.NewNotices(o.Keys.Derive(events.NoticeKeyLabel)), ticketKey: o.Keys.Derive(ticketKeyLabel),
 		ready: newReadiness(o.Store.Shards())}
 	if o.Decisions.LogLevel != "" {
@@ -238,15 +236,18 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("edge: metrics: %w", err)
 	}
-	s.outbox, err = newOutbox(o.Outbox, o.Producer, o.Source, o.Streams.Accounting.SubjectPrefix, o.Store, o.Keys, o.NATS, s.log, lag)
-	if err != nil {
-		return nil, err
-	}
-	s.outbox.tracer = o.Tracer
-	if s.outbox.sizes, err = meter.Int64Histogram("tally_edge_accounting_message_events",
+	sizes, err := meter.Int64Histogram("tally_edge_accounting_message_events",
 		metric.WithDescription("Accounting events per message published."),
-		metric.WithExplicitBucketBoundaries(telemetry.BatchBounds...)); err != nil {
+		metric.WithExplicitBucketBoundaries(telemetry.BatchBounds...))
+	if err != nil {
 		return nil, fmt.Errorf("edge: metrics: %w", err)
+	}
+	s.outbox, err = outbox.New(outbox.Options{Config: o.Outbox, Applier: o.Store, NATS: o.NATS, Producer: o.Producer,
+		Source: o.Source, KeyID: o.Keys.KeyID(), Prefix: o.Streams.Accounting.SubjectPrefix, Log: s.log, Lag: lag,
+		Sizes: sizes, Tracer: o.Tracer,
+		Learn: func(shard int, dg limiter.Digest, reset time.Time, used int64) { s.core.Learn(shard, dg, reset, used) }})
+	if err != nil {
+		return nil, fmt.Errorf("edge: %w", err)
 	}
 	decisionTime, err := meter.Float64Histogram("tally_edge_decision_duration", metric.WithUnit("s"),
 		metric.WithDescription("Time to decide a request against one policy, by how it was decided (path)."),
@@ -254,12 +255,19 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("edge: metrics: %w", err)
 	}
-	for p := PathCredit; p <= PathFailOpen; p++ {
+	for p := credit.PathCredit; p <= credit.PathFailOpen; p++ {
 		s.decisionTime[p] = decisionTimer{decisionTime, []metric.RecordOption{
 			metric.WithAttributeSet(attribute.NewSet(attribute.String("path", p.String())))}}
 	}
-	s.dec = newDecider(o.Credit, o.Store, o.Keys, s.outbox, o.Producer, !o.DenyOnRedisError, s.log, s.publishNotice, o.Policies)
-	s.outbox.learn = s.dec.learn
+	deps := credit.Deps{Reserver: o.Store, Ledger: s.outbox, Keys: o.Keys, Clock: o.Clock, Log: s.log, Producer: o.Producer,
+		FailOpen: !o.DenyOnRedisError, Policies: o.Policies, Permanent: redisstore.Permanent}
+	if o.NATS != nil {
+		deps.Notifier = notifier{s}
+	}
+	if s.core, err = credit.New(o.Credit, deps); err != nil {
+		_ = s.outbox.Close(context.Background())
+		return nil, fmt.Errorf("edge: %w", err)
+	}
 	if o.NATS != nil {
 		dnc := o.DecisionsNATS
 		if dnc == nil {
@@ -271,11 +279,13 @@ func New(o Options) (*Server, error) {
 		s.sub, err = o.NATS.Subscribe(o.Streams.NoticePrefix+".>", func(m *nats.Msg) {
 			ns, err := s.notices.Decode(m.Data, s.o.Clock.Now())
 			if err != nil {
-				s.dec.noticesRefused.Add(1)
+				s.core.Refused()
 				s.log.Warn("a notice was refused", "subject", m.Subject, "err", err)
 			}
 			for _, n := range ns {
-				s.dec.notice(n)
+				if dg, err := limiter.ParseDigest(n.Key); err == nil {
+					s.core.Heard(credit.Notice{Full: n.Full, Key: dg, ResetAt: n.ResetAt, Used: n.Used})
+				}
 			}
 		})
 		if err != nil {
@@ -304,17 +314,20 @@ func (s *Server) sweep() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.dec.sweep(ctx, s.o.Clock.Now())
+			s.core.Sweep(ctx, s.o.Clock.Now())
 		}
 	}
 }
 
-func (s *Server) publishNotice(shard int, n events.Notice) {
-	if s.o.NATS == nil {
-		return
-	}
+// notifier tells the other edges what the core asks them to be told: a
+// signed, dated notice on core NATS (no acknowledgement, no wait).
+type notifier struct{ s *Server }
+
+func (n notifier) Notify(shard int, c credit.Notice) {
+	s := n.s
 	subject := events.NoticeSubject(s.o.Streams.NoticePrefix, s.o.Store.ShardName(shard))
-	_ = s.o.NATS.Publish(subject, s.notices.Append(nil, n, s.o.Clock.Now()))
+	msg := events.Notice{Full: c.Full, Key: c.Key.String(), ResetAt: c.ResetAt, Used: c.Used}
+	_ = s.o.NATS.Publish(subject, s.notices.Append(nil, msg, s.o.Clock.Now()))
 }
 
 // Producer is the id of this edge in accounting events.
@@ -334,13 +347,13 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	close(s.stop)
 	s.done.Wait()
-	s.dec.wg.Wait()
-	s.dec.releaseAll(ctx, s.o.Clock.Now())
+	s.core.Wait()
+	s.core.ReleaseAll(ctx, s.o.Clock.Now())
 	var errs []error
 	if s.sub != nil {
 		_ = s.sub.Unsubscribe()
 	}
-	errs = append(errs, s.outbox.close(ctx))
+	errs = append(errs, s.outbox.Close(ctx))
 	if s.batcher != nil {
 		errs = append(errs, s.batcher.Close(ctx))
 	}
@@ -420,11 +433,11 @@ func cleanPath(p string) string {
 }
 
 // check decides request reqNum for the key with digest dg under p.
-func (s *Server) check(ctx context.Context, p limiter.Policy, dg limiter.Digest, now time.Time, reqNum uint64) (verdict, error) {
+func (s *Server) check(ctx context.Context, p limiter.Policy, dg limiter.Digest, now time.Time, reqNum uint64) (credit.Verdict, error) {
 	start := time.Now()
-	v, err := s.dec.decide(ctx, p, p.CostOrDefault(), dg, now, reqNum)
-	if err == nil && v.path >= PathCredit && v.path <= PathFailOpen {
-		t := s.decisionTime[v.path]
+	v, err := s.core.Decide(ctx, p, p.CostOrDefault(), dg, now, reqNum)
+	if err == nil && v.Path >= credit.PathCredit && v.Path <= credit.PathFailOpen {
+		t := s.decisionTime[v.Path]
 		t.h.Record(ctx, time.Since(start).Seconds(), t.opts...)
 	}
 	return v, err
@@ -439,32 +452,32 @@ type decisionTimer struct {
 
 // record publishes a decision to the decisions stream (allowed ones
 // sampled).
-func (s *Server) record(v verdict, traceparent string) {
-	allowed := !v.decided || v.decision.Allowed
+func (s *Server) record(v credit.Verdict, traceparent string) {
+	allowed := !v.Decided || v.Decision.Allowed
 	if rate := s.o.Decisions.LogSample; rate > 0 && (rate >= 1 || mrand.Float64() < rate) {
 		s.logDecision(v, allowed, traceparent)
 	}
 	if s.batcher == nil {
 		return
 	}
-	if allowed && v.path != PathFailOpen && !events.Sampled(s.o.Decisions.SampleAllowed) {
+	if allowed && v.Path != credit.PathFailOpen && !events.Sampled(s.o.Decisions.SampleAllowed) {
 		return
 	}
 	d := s.decision(v, traceparent)
-	d.Allowed, d.Path = allowed, v.path.String()
+	d.Allowed, d.Path = allowed, v.Path.String()
 	s.batcher.Add(d)
 }
 
 // recordRefund publishes that an allowed request's charge went back into
 // this edge's credit (no accounting event, so no accountant's record),
 // sampled as allowed decisions are.
-func (s *Server) recordRefund(v verdict) {
+func (s *Server) recordRefund(v credit.Verdict) {
 	if s.batcher == nil || !events.Sampled(s.o.Decisions.SampleAllowed) {
 		return
 	}
-	d := s.decision(v, v.traceparent)
-	d.Time, d.Allowed, d.Path, d.Outcome = s.o.Clock.Now(), true, PathCredit.String(), "refunded"
-	d.Used = max(0, d.Used-v.cost)
+	d := s.decision(v, v.TraceParent)
+	d.Time, d.Allowed, d.Path, d.Outcome = s.o.Clock.Now(), true, credit.PathCredit.String(), "refunded"
+	d.Used = max(0, d.Used-v.Cost)
 	s.batcher.Add(d)
 }
 
@@ -474,12 +487,12 @@ func (s *Server) recordRefund(v verdict) {
 // charge event had not been applied yet (the accountant records it
 // "netted" when it is). The request id is that of the edge that decided
 // the request, so the record joins its decision.
-func (s *Server) recordFinish(v verdict, res limiter.FinishResult, now time.Time) {
+func (s *Server) recordFinish(v credit.Verdict, res limiter.FinishResult, now time.Time) {
 	if s.batcher == nil || !events.Sampled(s.o.Decisions.SampleAllowed) {
 		return
 	}
 	d := s.decision(v, "")
-	d.Time, d.Allowed, d.Path, d.Edge, d.RequestID = now, true, PathFinish.String(), s.o.Producer, requestID(v)
+	d.Time, d.Allowed, d.Path, d.Edge, d.RequestID = now, true, credit.PathFinish.String(), s.o.Producer, v.RequestID()
 	if res.Outcome == limiter.FinishPending {
 		d.Outcome, d.Used = "pending", 0
 		d.ResetAt = time.Time{}
@@ -493,24 +506,24 @@ func (s *Server) recordFinish(v verdict, res limiter.FinishResult, now time.Time
 }
 
 // decision is v's decision record, but for Allowed, Path and Outcome.
-func (s *Server) decision(v verdict, traceparent string) events.Decision {
-	d := events.Decision{Time: v.now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
-		Shard: s.o.Store.ShardName(v.shard), RequestNum: v.reqNum, TraceParent: traceparent, Key: v.key.Digest(),
-		Policy: v.policy.Name, Limit: v.policy.Limit, WindowSeconds: int64(v.policy.Window / time.Second), Cost: v.cost}
-	if v.decided {
-		d.Used, d.ResetAt = v.decision.Used, v.decision.ResetAt
+func (s *Server) decision(v credit.Verdict, traceparent string) events.Decision {
+	d := events.Decision{Time: v.Now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
+		Shard: s.o.Store.ShardName(v.Shard), RequestNum: v.ReqNum, TraceParent: traceparent, Key: v.Key.Digest(),
+		Policy: v.Policy.Name, Limit: v.Policy.Limit, WindowSeconds: int64(v.Policy.Window / time.Second), Cost: v.Cost}
+	if v.Decided {
+		d.Used, d.ResetAt = v.Decision.Used, v.Decision.ResetAt
 	}
 	return d
 }
 
 // logDecision writes one decision to the log at the configured level.
-func (s *Server) logDecision(v verdict, allowed bool, traceparent string) {
-	attrs := []slog.Attr{slog.String("key", v.key.Digest().String()), slog.String("policy", v.policy.Name),
-		slog.Bool("allowed", allowed), slog.String("path", v.path.String()), slog.Int64("cost", v.cost),
-		slog.String("request_id", s.o.Producer+"-"+strconv.FormatUint(v.reqNum, 10))}
-	if v.decided {
-		attrs = append(attrs, slog.Int64("used", v.decision.Used), slog.Int64("limit", v.policy.Limit),
-			slog.Int64("reset", v.decision.ResetAt.Unix()))
+func (s *Server) logDecision(v credit.Verdict, allowed bool, traceparent string) {
+	attrs := []slog.Attr{slog.String("key", v.Key.Digest().String()), slog.String("policy", v.Policy.Name),
+		slog.Bool("allowed", allowed), slog.String("path", v.Path.String()), slog.Int64("cost", v.Cost),
+		slog.String("request_id", s.o.Producer+"-"+strconv.FormatUint(v.ReqNum, 10))}
+	if v.Decided {
+		attrs = append(attrs, slog.Int64("used", v.Decision.Used), slog.Int64("limit", v.Policy.Limit),
+			slog.Int64("reset", v.Decision.ResetAt.Unix()))
 	}
 	if traceparent != "" {
 		attrs = append(attrs, slog.String("trace_id", traceparent[3:35]))
@@ -519,23 +532,13 @@ func (s *Server) logDecision(v verdict, allowed bool, traceparent string) {
 }
 
 // finish handles a request's end: a 304 gives its charges back.
-func (s *Server) finish(vs []verdict, status int) {
+func (s *Server) finish(vs []credit.Verdict, status int) {
 	s.finished.Add(1)
 	if status == http.StatusNotModified {
 		for _, v := range vs {
-			if (!v.decided || v.decision.Allowed) && s.dec.refund(v) {
+			if v.Allowed() && s.core.Refund(v) {
 				s.recordRefund(v) // an event's refund is recorded by the accountant
 			}
-		}
-	}
-}
-
-// giveBack gives back what the allowed verdicts vs charged for a request
-// another of its limits denied (it has no allowed decision records).
-func (s *Server) giveBack(vs []verdict) {
-	for _, v := range vs {
-		if !v.decided || v.decision.Allowed {
-			s.dec.refund(v)
 		}
 	}
 }

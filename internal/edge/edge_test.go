@@ -19,6 +19,7 @@ import (
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/metrics"
+	"github.com/tallyhq/tally/internal/outbox"
 )
 
 // Through the proxy: each request charged once, a 304 refunded, and a 429
@@ -500,7 +501,7 @@ func TestFullStreamEdgeAppliesItself(t *testing.T) {
 func TestDirectRoute(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute, Mode: limiter.ModeExact}
-	e := pl.edge(func(o *edge.Options) { o.Outbox.Route = edge.RouteDirect })
+	e := pl.edge(func(o *edge.Options) { o.Outbox.Route = outbox.RouteDirect })
 	k := pl.keys.Key("core", "h:direct")
 	for range 5 {
 		require.Equal(t, 304, get(t, e.proxy.URL, "direct", "If-None-Match", `"v1"`).StatusCode)
@@ -605,7 +606,7 @@ func TestRolloverUnderLoadChargesEveryRequest(t *testing.T) {
 		edges = append(edges, pl.edge(func(opts *edge.Options) {
 			o.Store = opts.Store
 			opts.Store = o
-			opts.Outbox.Route = edge.RouteDirect // so that releases go through the observed store
+			opts.Outbox.Route = outbox.RouteDirect // so that releases go through the observed store
 		}))
 		stores = append(stores, o)
 	}

@@ -13,18 +13,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tallyhq/tally/internal/redisstore"
-
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/accountant"
+	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/natstest"
+	"github.com/tallyhq/tally/internal/outbox"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
 )
@@ -133,8 +134,8 @@ func (pl *pipeline) edge(mut func(*edge.Options)) *edgeUnderTest {
 		Store: st, Keys: pl.keys, NATS: nc, Policies: pl.policies,
 		DefaultPolicy: "core", Identity: edge.Identifier{Header: "Authorization", IPv4Prefix: 32, IPv6Prefix: 64},
 		Upstream: u, Log: quiet,
-		Outbox: edge.OutboxConfig{PublishTimeout: 200 * time.Millisecond},
-		Credit: edge.CreditConfig{Recheck: 200 * time.Millisecond, RedisBudget: 200 * time.Millisecond},
+		Outbox: outbox.Config{PublishTimeout: 200 * time.Millisecond},
+		Credit: credit.Config{Recheck: 200 * time.Millisecond, RedisBudget: 200 * time.Millisecond},
 	}
 	if mut != nil {
 		mut(&o)

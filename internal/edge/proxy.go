@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 )
@@ -20,10 +21,10 @@ type stateKey struct{}
 // proxyState is what a proxied request's decisions and response leave for
 // its finish.
 type proxyState struct {
-	vs     []verdict // the allowed verdicts, one per limit
-	shown  int       // the one whose headers the response carries
+	vs     []credit.Verdict // the allowed verdicts, one per limit
+	shown  int              // the one whose headers the response carries
 	status int
-	buf    [2]verdict
+	buf    [2]credit.Verdict
 }
 
 func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
@@ -44,8 +45,8 @@ func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
 		ModifyResponse: func(resp *http.Response) error {
 			if st, ok := resp.Request.Context().Value(stateKey{}).(*proxyState); ok {
 				st.status = resp.StatusCode
-				if v := &st.vs[st.shown]; v.decided {
-					setHeaders(resp.Header, v.decision)
+				if v := &st.vs[st.shown]; v.Decided {
+					setHeaders(resp.Header, v.Decision)
 				}
 			}
 			return nil
@@ -117,8 +118,8 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// window and reserves nothing on the others.
 	if len(limits) > 1 {
 		for i, l := range limits {
-			if v, full := s.dec.peek(l.policy, l.policy.CostOrDefault(), dgs[i], now, reqNum); full {
-				v.traceparent = traceparent
+			if v, full := s.core.Peek(l.policy, l.policy.CostOrDefault(), dgs[i], now, reqNum); full {
+				v.TraceParent = traceparent
 				s.record(v, traceparent)
 				s.deny(w, v)
 				setStatus(span, http.StatusTooManyRequests)
@@ -131,16 +132,16 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	for i, l := range limits {
 		v, err := s.check(r.Context(), l.policy, dgs[i], now, reqNum)
 		if err != nil {
-			s.giveBack(st.vs)
+			s.core.GiveBack(st.vs)
 			s.unavailable(w)
 			setStatus(span, http.StatusServiceUnavailable)
 			return
 		}
-		v.traceparent = traceparent
-		if v.decided && !v.decision.Allowed {
+		v.TraceParent = traceparent
+		if v.Decided && !v.Decision.Allowed {
 			// Denied by one limit: what the others charged goes back, and
 			// the denial is the request's only decision record.
-			s.giveBack(st.vs)
+			s.core.GiveBack(st.vs)
 			s.record(v, traceparent)
 			s.deny(w, v)
 			setStatus(span, http.StatusTooManyRequests)
@@ -179,17 +180,17 @@ func (s *Server) identity(r *http.Request, byAddress bool) (string, error) {
 	return s.o.Identity.Identity(r)
 }
 
-// tightest picks the verdict whose headers a response shows when several
+// tightest picks the credit.Verdict whose headers a response shows when several
 // limits allowed it: the one with the least room left, the soonest reset
 // among equals (what a client must respect first).
-func tightest(vs []verdict) int {
+func tightest(vs []credit.Verdict) int {
 	best := 0
 	for i := 1; i < len(vs); i++ {
-		a, b := &vs[i].decision, &vs[best].decision
-		if !vs[i].decided {
+		a, b := &vs[i].Decision, &vs[best].Decision
+		if !vs[i].Decided {
 			continue
 		}
-		if !vs[best].decided || a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAt.Before(b.ResetAt)) {
+		if !vs[best].Decided || a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAt.Before(b.ResetAt)) {
 			best = i
 		}
 	}
@@ -203,8 +204,8 @@ func (s *Server) unavailable(w http.ResponseWriter) {
 		"the rate limiter cannot decide right now; retry shortly")
 }
 
-func (s *Server) deny(w http.ResponseWriter, v verdict) {
-	d := v.decision
+func (s *Server) deny(w http.ResponseWriter, v credit.Verdict) {
+	d := v.Decision
 	setHeaders(w.Header(), d)
 	problem(w, http.StatusTooManyRequests, "rate-limited", "Too Many Requests",
 		fmt.Sprintf("rate limit %q of %d per %s exceeded; the window resets in %s",

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
@@ -44,31 +45,31 @@ var b64 = base64.RawURLEncoding
 
 var errBadTicket = errors.New("not a request id issued by this deployment")
 
-func (s *Server) ticket(v verdict) string {
+func (s *Server) ticket(v credit.Verdict) string {
 	b := make([]byte, 0, 128)
 	var flags byte
-	if v.decided {
+	if v.Decided {
 		flags |= flagDecided
 	}
-	if v.chargeSeq != 0 {
+	if v.ChargeSeq != 0 {
 		flags |= flagEvent
 	}
 	b = append(b, ticketVersion, flags)
-	b = binary.AppendUvarint(b, uint64(v.shard))
-	dg := v.key.Digest()
+	b = binary.AppendUvarint(b, uint64(v.Shard))
+	dg := v.Key.Digest()
 	b = append(b, dg[:]...)
-	b = binary.AppendUvarint(b, uint64(v.cost))
-	b = binary.AppendUvarint(b, uint64(v.reset))
-	b = binary.AppendUvarint(b, uint64(v.now.UnixMilli()))
-	b = binary.AppendUvarint(b, v.reqNum)
-	b = binary.AppendUvarint(b, v.n)
-	b = append(b, byte(len(v.policy.Name)))
-	b = append(b, v.policy.Name...)
-	b = append(b, byte(len(v.producer)))
-	b = append(b, v.producer...)
-	b = binary.AppendUvarint(b, v.holderNum)
-	if v.chargeSeq != 0 {
-		b = binary.AppendUvarint(b, v.chargeSeq)
+	b = binary.AppendUvarint(b, uint64(v.Cost))
+	b = binary.AppendUvarint(b, unixMilli(v.Reset))
+	b = binary.AppendUvarint(b, uint64(v.Now.UnixMilli()))
+	b = binary.AppendUvarint(b, v.ReqNum)
+	b = binary.AppendUvarint(b, v.N)
+	b = append(b, byte(len(v.Policy.Name)))
+	b = append(b, v.Policy.Name...)
+	b = append(b, byte(len(v.Producer)))
+	b = append(b, v.Producer...)
+	b = binary.AppendUvarint(b, v.HolderNum)
+	if v.ChargeSeq != 0 {
+		b = binary.AppendUvarint(b, v.ChargeSeq)
 	}
 	out := make([]byte, 0, b64.EncodedLen(len(b))+1+b64.EncodedLen(16))
 	out = b64.AppendEncode(out, b)
@@ -92,19 +93,19 @@ func (s *Server) mac(payload []byte) []byte {
 	return sum
 }
 
-// readTicket verifies a ticket and rebuilds the verdict its finish needs.
-func (s *Server) readTicket(t string) (verdict, error) {
+// readTicket verifies a ticket and rebuilds the credit.Verdict its finish needs.
+func (s *Server) readTicket(t string) (credit.Verdict, error) {
 	i := strings.LastIndexByte(t, '.')
 	if len(t) > maxTicketLen || i < 0 {
-		return verdict{}, errBadTicket
+		return credit.Verdict{}, errBadTicket
 	}
 	sig, err := b64.DecodeString(t[i+1:])
 	if err != nil || len(sig) != 16 || b64.EncodeToString(sig) != t[i+1:] || !hmac.Equal(sig, s.mac([]byte(t[:i]))[:16]) {
-		return verdict{}, errBadTicket
+		return credit.Verdict{}, errBadTicket
 	}
 	b, err := b64.DecodeString(t[:i])
 	if err != nil || len(b) < 2 || b[0] != ticketVersion || b64.EncodeToString(b) != t[:i] {
-		return verdict{}, errBadTicket
+		return credit.Verdict{}, errBadTicket
 	}
 	r := ticketReader{b: b[2:]}
 	flags := b[1]
@@ -112,28 +113,36 @@ func (s *Server) readTicket(t string) (verdict, error) {
 	var dg limiter.Digest
 	copy(dg[:], r.bytes(16))
 	cost, reset, start := r.uvarint(), r.uvarint(), r.uvarint()
-	var v verdict
-	v.reqNum = r.uvarint()
-	v.n = r.uvarint()
+	var v credit.Verdict
+	v.ReqNum = r.uvarint()
+	v.N = r.uvarint()
 	name := string(r.bytes(int(r.byte())))
-	v.producer = string(r.bytes(int(r.byte())))
-	v.holderNum = r.uvarint()
+	v.Producer = string(r.bytes(int(r.byte())))
+	v.HolderNum = r.uvarint()
 	if flags&flagEvent != 0 {
-		v.chargeSeq, v.chargeProducer = r.uvarint(), v.producer
+		v.ChargeSeq = r.uvarint()
 	}
 	p, ok := s.o.Policies[name]
 	if r.bad || len(r.b) != 0 || flags&^(flagDecided|flagEvent) != 0 || shard >= uint64(s.o.Store.Shards()) || !ok ||
-		cost < 1 || cost > uint64(p.Limit) || !limiter.ValidProducer(v.producer) || (flags&flagEvent != 0 && v.chargeSeq == 0) ||
+		cost < 1 || cost > uint64(p.Limit) || !limiter.ValidProducer(v.Producer) || (flags&flagEvent != 0 && v.ChargeSeq == 0) ||
 		(flags&flagDecided != 0) != (reset != 0) || reset > limiter.MaxMS || start > limiter.MaxMS {
-		return verdict{}, errBadTicket
+		return credit.Verdict{}, errBadTicket
 	}
 	p.Cost = int64(cost)
-	v.policy, v.cost, v.key, v.shard = p, int64(cost), s.o.Keys.KeyOf(dg), int(shard)
-	v.now, v.reset, v.decided = time.UnixMilli(int64(start)), int64(reset), flags&flagDecided != 0
-	if v.decided {
-		v.decision.Allowed = true
+	v.Policy, v.Cost, v.Key, v.Shard = p, int64(cost), s.o.Keys.KeyOf(dg), int(shard)
+	v.Now, v.Decided = time.UnixMilli(int64(start)), flags&flagDecided != 0
+	if v.Decided {
+		v.Reset, v.Decision.Allowed = time.UnixMilli(int64(reset)), true
 	}
 	return v, nil
+}
+
+// unixMilli is t in Unix milliseconds; 0 for the zero time (no window).
+func unixMilli(t time.Time) uint64 {
+	if t.IsZero() {
+		return 0
+	}
+	return uint64(t.UnixMilli())
 }
 
 type ticketReader struct {

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tallyhq/tally/internal/redisstore"
-
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -22,6 +20,7 @@ import (
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
 )
 
 // One request's trace crosses the NATS hop: the edge's server span

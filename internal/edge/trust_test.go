@@ -15,13 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tallyhq/tally/internal/redisstore"
-
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/outbox"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/shard"
 )
 
@@ -255,8 +255,8 @@ func TestEdgeLearnsFromItsOwnRefunds(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 2, Window: time.Minute, Mode: limiter.ModeExact}
 	e := pl.edge(func(o *edge.Options) {
-		o.Outbox.Route = edge.RouteDirect // the edge applies its refunds itself
-		o.Credit.Recheck = time.Hour      // no reread comes to the rescue
+		o.Outbox.Route = outbox.RouteDirect // the edge applies its refunds itself
+		o.Credit.Recheck = time.Hour        // no reread comes to the rescue
 	})
 	require.Equal(t, 200, get(t, e.proxy.URL, "learner").StatusCode)
 	require.Equal(t, 304, get(t, e.proxy.URL, "learner", "If-None-Match", `"v1"`).StatusCode)

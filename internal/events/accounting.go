@@ -315,6 +315,28 @@ func AccountingMsg(prefix, shard string, evs []Accounting, buf []byte) (*nats.Ms
 	return m, nil
 }
 
+// AccountingOf is the event that carries entry e, numbered seq of
+// producer, with the key id and source of its publisher: the wire form of
+// what an edge's decision core leaves to account for.
+func AccountingOf(e limiter.Entry, producer string, seq uint64, source, keyID string) Accounting {
+	a := Accounting{Producer: producer, Seq: seq, KeyID: keyID, Source: source, Time: e.Time, TraceParent: e.TraceParent,
+		Key: e.Key.Digest().String(), Policy: e.Policy.Name, Limit: e.Policy.Limit,
+		WindowSeconds: int64(e.Policy.Window / time.Second), Units: e.Units, ResetAt: e.ResetAt, StartedAt: e.Start,
+		RequestID: e.RequestID}
+	switch e.Kind {
+	case limiter.Charge:
+		a.Kind = Started
+	case limiter.Release:
+		a.Kind = Released
+	case limiter.Refund:
+		a.Kind, a.Status = Finished, 304
+		if e.ChargeSeq != 0 {
+			a.ChargeProducer, a.ChargeSeq = producer, e.ChargeSeq
+		}
+	}
+	return a
+}
+
 // Op is the window operation e asks for, with its key rebuilt in keys; ok
 // is false for a finish with nothing to refund (any status but 304).
 func (e *Accounting) Op(keys *limiter.KeySpace) (op limiter.Event, ok bool, err error) {

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"go.opentelemetry.io/contrib/bridges/otelslog"
 	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploghttp"
@@ -132,3 +134,42 @@ func (h fanOut) WithAttrs(as []slog.Attr) slog.Handler {
 func (h fanOut) WithGroup(name string) slog.Handler {
 	return fanOut{h.first.WithGroup(name), h.second.WithGroup(name)}
 }
+
+// RateLog logs at most one line per message every interval, counting the
+// ones it held back (the "repeated" attribute of the next one): a failing
+// dependency is reported, not written once per request.
+type RateLog struct {
+	log      *slog.Logger
+	interval time.Duration
+	mu       sync.Mutex
+	last     map[string]time.Time
+	held     map[string]int
+}
+
+// NewRateLog returns a RateLog writing to log.
+func NewRateLog(log *slog.Logger, interval time.Duration) *RateLog {
+	return &RateLog{log: log, interval: interval, last: map[string]time.Time{}, held: map[string]int{}}
+}
+
+func (r *RateLog) emit(level slog.Level, msg string, args ...any) {
+	r.mu.Lock()
+	now := time.Now()
+	if now.Sub(r.last[msg]) < r.interval {
+		r.held[msg]++
+		r.mu.Unlock()
+		return
+	}
+	held := r.held[msg]
+	r.last[msg], r.held[msg] = now, 0
+	r.mu.Unlock()
+	if held > 0 {
+		args = append(args, "repeated", held)
+	}
+	r.log.Log(context.Background(), level, msg, args...)
+}
+
+// Info, Warn and Error log msg at their level unless it was logged less
+// than the interval ago.
+func (r *RateLog) Info(msg string, args ...any)  { r.emit(slog.LevelInfo, msg, args...) }
+func (r *RateLog) Warn(msg string, args ...any)  { r.emit(slog.LevelWarn, msg, args...) }
+func (r *RateLog) Error(msg string, args ...any) { r.emit(slog.LevelError, msg, args...) }

@@ -1,27 +1,25 @@
-package edge
+package credit
 
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
 // entry is what one edge knows of one key's window: the count the last
 // reservation returned, the credit this edge holds in it, whether it is
-// full. It is guarded by mu; nothing holds mu during I/O.
+// full (doc.go has its states). It is guarded by mu; nothing holds mu
+// during I/O.
 type entry struct {
 	mu     sync.Mutex
 	key    limiter.Key
 	shard  int
-	policy string
-	limit  int64
-	// window is the policy's window length in ms.
-	window int64
+	policy limiter.Policy
 
-	// reset and start name the window this knowledge is about (ms since
-	// the epoch; 0: none).
-	reset, start int64
+	// reset and start name the window this knowledge is about (zero: none).
+	reset, start time.Time
 	// used is the window's count as the last reservation (or a notice, or
 	// a read) reported it, every edge's reservations included.
 	used int64
@@ -34,15 +32,15 @@ type entry struct {
 	// refill is non-nil while a reservation is in flight; it is closed when
 	// the reservation's result is in.
 	refill chan struct{}
-	// failed is when the last reservation failed (0: it did not).
-	failed int64
+	// failed is when the last reservation failed (zero: it did not).
+	failed time.Time
 
 	// Reservations whose answer was lost: a primary that froze runs them
 	// when it wakes, for an edge that has stopped waiting. holder names
 	// this entry in the window's count of what was reserved for whom
 	// (take.lua); known is what this entry was told it got in the window,
 	// mine the highest count a reply showed; inflight counts reservations
-	// awaiting their answer; lost is when one failed (ns; 0: none to
+	// awaiting their answer; lost is when one failed (zero: none to
 	// resolve). mine beyond known, once every answer is in, is credit.
 	// countsReset is the window known and mine are about: they outlive
 	// expire, because an answer for a window the edge has let go of can
@@ -51,27 +49,28 @@ type entry struct {
 	holderNum   uint64
 	known       int64
 	mine        int64
-	countsReset int64
+	countsReset time.Time
 	inflight    int
-	lost        int64
-	exact       bool // the policy's mode is exact: recovered units go back at once
+	lost        time.Time
 	// served numbers the admissions of this entry in its window (a
 	// request's finish is marked by its number: lua/finish.lua).
 	served uint64
-	counts *[2]atomic.Uint64 // the policy's decisions, by [allowed] (decider.byPolicy)
+	counts *[2]atomic.Uint64 // the policy's decisions, by [allowed] (Core.byPolicy)
 
-	// Async mode: units admitted over credit whose charges are not yet known
+	// Mode async: units admitted over credit whose charges are not yet known
 	// to be in used, by the sequence of their charge event.
 	debts []debt
 	// The rate of admissions, for sizing reservations.
-	admitted int64        // units admitted since lastTake
-	lastTake int64        // ns, monotonic clock of the edge
-	rate     float64      // units per second
-	lastUse  atomic.Int64 // ns; read without mu when choosing what to evict
+	admitted int64     // units admitted since lastTake
+	lastTake time.Time // when the last reservation was asked for
+	rate     float64   // units per second
+	// lastUseNano is when the key last had a request (Unix ns): read
+	// without mu when the table chooses what to evict.
+	lastUseNano atomic.Int64
 	// Convergence reads of full windows.
 	deniedSince bool
-	verified    int64 // ns
-	recheck     int64 // ns until the next read; doubles while the window stays full
+	verified    time.Time     // when the window was last found (or believed) full
+	recheck     time.Duration // until the next read; doubles while the window stays full
 	lastCost    int64
 }
 
@@ -80,9 +79,14 @@ type debt struct {
 	units int64
 }
 
+func (e *entry) exact() bool { return e.policy.Mode.OrDefault() == limiter.ModeExact }
+
+// live reports whether e knows a window that has not reset at now.
+func (e *entry) live(now time.Time) bool { return !e.reset.IsZero() && now.Before(e.reset) }
+
 // expire forgets the window: it has reset.
 func (e *entry) expire() {
-	e.reset, e.start, e.used, e.credit, e.full = 0, 0, 0, 0, false
+	e.reset, e.start, e.used, e.credit, e.full = time.Time{}, time.Time{}, 0, 0, false
 	e.served = 0
 	e.debts = e.debts[:0]
 	e.deniedSince = false
@@ -91,8 +95,8 @@ func (e *entry) expire() {
 // count takes a take's answer (or a read's) into the counts of what was
 // reserved for e, starting them again for a window they are not about.
 func (e *entry) count(g limiter.Grant) {
-	if r := g.ResetAt.UnixMilli(); r != e.countsReset {
-		e.known, e.mine, e.countsReset = 0, 0, r
+	if !g.ResetAt.Equal(e.countsReset) {
+		e.known, e.mine, e.countsReset = 0, 0, g.ResetAt
 	}
 	e.mine = max(e.mine, g.Mine)
 }
@@ -107,6 +111,11 @@ func (e *entry) debtUnits() int64 {
 	return n
 }
 
+// room is what e knows is left in its window for requests of this edge:
+// the limit, less every unit the count shows and what the edge owes, plus
+// the credit the edge holds (counted in used, but this edge's to spend).
+func (e *entry) room() int64 { return e.policy.Limit - e.used - e.debtUnits() + e.credit }
+
 // spendable reports whether cost units of e's credit may be spent. Credit
 // is reserved on the primary, so as long as the window holds no more than
 // its limit and the edge owes nothing, it always may. But with debts (mode
@@ -115,9 +124,7 @@ func (e *entry) debtUnits() int64 {
 // a reservation made while they grew may hold room those admissions took
 // already: credit is spent only while what the edge knows of the window
 // leaves room for it (what is left unspent is given back).
-func (e *entry) spendable(cost int64) bool {
-	return e.credit >= cost && e.limit-e.used-e.debtUnits()+e.credit >= cost
-}
+func (e *entry) spendable(cost int64) bool { return e.credit >= cost && e.room() >= cost }
 
 // owed lists the debts for a reservation (limiter.TakeArgs.Owed): what
 // the primary has not applied of them counts as used.
@@ -184,7 +191,7 @@ func (t *table) get(d limiter.Digest, newEntry func() *entry, evict func(*entry)
 		var vd limiter.Digest
 		n := 0
 		for k, e := range s.m { // map iteration order is random: a sample
-			if victim == nil || e.lastUse.Load() < victim.lastUse.Load() {
+			if victim == nil || e.lastUseNano.Load() < victim.lastUseNano.Load() {
 				victim, vd = e, k
 			}
 			if n++; n == 8 {

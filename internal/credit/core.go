@@ -1,0 +1,447 @@
+package credit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// ErrUnavailable is returned by Decide when Redis cannot be reached in
+// time, the edge knows nothing of the window, and it fails closed.
+var ErrUnavailable = errors.New("credit: the rate limiter cannot decide right now")
+
+// Deps are what a Core works with: its ports, and who it is.
+type Deps struct {
+	Reserver Reserver
+	Ledger   Ledger
+	// Notifier, when set, tells the other edges of full windows and of room
+	// this edge gave back itself.
+	Notifier Notifier
+	Keys     *limiter.KeySpace
+	// Clock gives every time a decision or a window depends on. Waiting for
+	// Redis is bounded by Config.RedisBudget of real time.
+	Clock limiter.Clock
+	Log   Log
+	// Producer is this edge's producer id (holders are named after it).
+	Producer string
+	// FailOpen admits a request whose window the edge knows nothing of when
+	// Redis cannot be reached in time (charged by an event once it is
+	// back); otherwise Decide returns ErrUnavailable.
+	FailOpen bool
+	// Policies are counted by name (Stats.Policies).
+	Policies map[string]limiter.Policy
+	// Permanent, when set, tells the Reserver's refusals (a key of the
+	// wrong type: the call would fail again; redisstore.Permanent) from a
+	// primary that could not answer; only the latter count towards
+	// suspecting the primary.
+	Permanent func(error) bool
+}
+
+// Core decides requests from the edge's table of windows. It is safe for
+// concurrent use; doc.go describes its model and its lock order.
+type Core struct {
+	cfg   Config
+	d     Deps
+	table *table
+
+	// suspect[i] holds until when (Unix ns of the clock) shard i's primary
+	// is presumed down: requests then do not wait for reservations.
+	// failures[i] counts reservations that failed in a row; probing[i] is
+	// set while one request finds out whether a suspected primary is back.
+	suspect  []atomic.Int64
+	failures []atomic.Int64
+	probing  []atomic.Bool
+
+	gen   atomic.Uint64 // entries created: each a holder of its own
+	stats counters
+	wg    sync.WaitGroup // background reservations
+}
+
+// New returns a Core. Reserver, Ledger, Keys and Producer are required.
+func New(cfg Config, d Deps) (*Core, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Reserver == nil || d.Ledger == nil || d.Keys == nil || !limiter.ValidProducer(d.Producer) {
+		return nil, fmt.Errorf("%w: Reserver, Ledger, Keys and a producer id are required", ErrInvalidConfig)
+	}
+	if d.Clock == nil {
+		d.Clock = limiter.SystemClock{}
+	}
+	if d.Log == nil {
+		d.Log = discard{}
+	}
+	cfg = cfg.WithDefaults()
+	n := d.Reserver.Shards()
+	c := &Core{cfg: cfg, d: d, table: newTable(cfg.Keys), suspect: make([]atomic.Int64, n),
+		failures: make([]atomic.Int64, n), probing: make([]atomic.Bool, n)}
+	c.stats.byPolicy = make(map[string]*[2]atomic.Uint64, len(d.Policies))
+	for name := range d.Policies {
+		c.stats.byPolicy[name] = new([2]atomic.Uint64)
+	}
+	return c, nil
+}
+
+type discard struct{}
+
+func (discard) Info(string, ...any)  {}
+func (discard) Warn(string, ...any)  {}
+func (discard) Error(string, ...any) {}
+
+// Config is the configuration in effect, defaults applied.
+func (c *Core) Config() Config { return c.cfg }
+
+// entry returns the table entry of a key under policy p.
+func (c *Core) entry(dg limiter.Digest, p limiter.Policy) *entry {
+	return c.table.get(dg, func() *entry {
+		k := c.d.Keys.KeyOf(dg)
+		num := c.gen.Add(1)
+		return &entry{key: k, shard: c.d.Reserver.ShardOf(k), policy: p, holder: HolderOf(c.d.Producer, num), holderNum: num,
+			counts: c.stats.byPolicy[p.Name]}
+	}, c.evicted)
+}
+
+// Decide decides one request of cost units under policy p for the key with
+// digest dg, at now (the clock read once for this request). It returns
+// ErrUnavailable only when Redis cannot be reached in time, the edge knows
+// nothing of the window, and it fails closed.
+func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (Verdict, error) {
+	e := c.entry(dg, p)
+	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum,
+		HolderNum: e.holderNum}
+	mode := p.Mode.OrDefault()
+	var deadline time.Time // real time: set when the request first has to wait
+	e.lastUseNano.Store(now.UnixNano())
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	path := PathCredit // PathReserve once the request has waited for a reservation
+	for {
+		if !e.reset.IsZero() && !now.Before(e.reset) {
+			e.expire()
+		}
+		if mode != limiter.ModeExact && e.spendable(cost) {
+			e.credit -= cost
+			e.admitted += cost
+			c.prefetch(e, cost, now)
+			return c.allow(v, e, path), nil
+		}
+		if e.full {
+			if e.room() < cost {
+				e.deniedSince, e.lastCost = true, cost
+				if path == PathReserve {
+					return c.deny(v, e, PathReserve), nil
+				}
+				return c.deny(v, e, PathCache), nil
+			}
+			e.full = false // a notice or a read found room
+		}
+		if mode == limiter.ModeAsync && !e.reset.IsZero() {
+			if v, ok := c.borrow(v, e, cost); ok {
+				if e.refill == nil {
+					c.startTake(e, cost, now)
+				}
+				return v, nil
+			}
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(c.cfg.RedisBudget)
+		}
+		if mode == limiter.ModeExact {
+			return c.reserveNow(ctx, v, e, cost, now, deadline)
+		}
+		if e.refill == nil {
+			c.startTake(e, cost, now)
+		}
+		ch := e.refill
+		if c.suspected(e.shard, now) || !c.wait(ctx, e, ch, deadline) {
+			return c.fallback(v, e, cost)
+		}
+		path = PathReserve
+		if !e.failed.IsZero() && e.credit < cost && !e.full {
+			return c.fallback(v, e, cost)
+		}
+	}
+}
+
+// Peek reports a denial from what the edge knows of the key's window under
+// p — full, with less room than cost — without creating an entry or
+// calling Redis: a request held to several limits is checked against each
+// before any of them reserves.
+func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (Verdict, bool) {
+	e := c.table.lookup(dg)
+	if e == nil {
+		return Verdict{}, false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.full || !e.live(now) || e.room() >= cost {
+		return Verdict{}, false
+	}
+	e.deniedSince, e.lastCost = true, cost
+	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum,
+		HolderNum: e.holderNum}
+	return c.deny(v, e, PathCache), true
+}
+
+// wait releases e's lock until the reservation in flight (ch) is in, the
+// deadline passes or ctx ends; it reports whether the reservation came in.
+func (c *Core) wait(ctx context.Context, e *entry, ch chan struct{}, deadline time.Time) bool {
+	e.mu.Unlock()
+	defer e.mu.Lock()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// reserveNow is mode exact: one reservation of exactly cost per request,
+// made by the request itself. Callers hold e.mu; it is released during the
+// call.
+func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, now, deadline time.Time) (Verdict, error) {
+	if c.suspected(e.shard, now) {
+		// One request at a time finds out whether the primary is back; the
+		// others do not wait for it.
+		if !c.probing[e.shard].CompareAndSwap(false, true) {
+			return c.fallback(v, e, cost)
+		}
+		defer c.probing[e.shard].Store(false)
+	}
+	e.inflight++
+	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
+		Holder: e.holder, Owed: e.owed()}
+	e.mu.Unlock()
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	g, err := c.d.Reserver.Take(ctx, e.key, now, args)
+	cancel()
+	e.mu.Lock()
+	e.inflight--
+	c.stats.takes.Add(1)
+	if err != nil {
+		c.takeFailed(e, err)
+		return c.fallback(v, e, cost)
+	}
+	c.takeOK(e.shard)
+	full := c.grant(e, g, now)
+	if g.Granted == 0 {
+		e.deniedSince, e.lastCost = true, cost
+		v = c.deny(v, e, PathReserve)
+	} else {
+		e.credit -= cost
+		v = c.allow(v, e, PathReserve)
+	}
+	c.reconcile(e, now)
+	if full {
+		c.publishFull(e)
+	}
+	return v, nil
+}
+
+// startTake starts a reservation for e in the background; e.refill is
+// closed when its result is in. Callers hold e.mu.
+func (c *Core) startTake(e *entry, cost int64, now time.Time) {
+	need := max(1, cost-e.credit)
+	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
+		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed()}
+	ch := make(chan struct{})
+	e.refill = ch
+	e.inflight++
+	c.wg.Go(func() {
+		// Longer than a request's budget: a late result still serves the
+		// next requests.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		g, err := c.d.Reserver.Take(ctx, e.key, now, args)
+		cancel()
+		c.stats.takes.Add(1)
+		e.mu.Lock()
+		e.inflight--
+		if err != nil {
+			c.takeFailed(e, err)
+		} else {
+			e.failed = time.Time{}
+			c.takeOK(e.shard)
+			if c.grant(e, g, now) {
+				c.publishFull(e)
+			}
+			c.reconcile(e, now)
+		}
+		e.refill = nil
+		e.mu.Unlock()
+		close(ch)
+	})
+}
+
+// want sizes a reservation: enough for Horizon at the key's rate here, at
+// most 1/Share of what is left, at least need. Callers hold e.mu.
+func (c *Core) want(e *entry, need int64) int64 {
+	room := e.policy.Limit
+	if !e.reset.IsZero() {
+		room = e.policy.Limit - e.used - e.debtUnits()
+	}
+	w := min(int64(e.rate*c.cfg.Horizon.Seconds()), room/int64(c.cfg.Share))
+	return min(max(w, need), e.policy.Limit)
+}
+
+// prefetch starts a reservation before the credit runs out, when the key
+// is busy enough for its credit to be gone within half the horizon.
+// Callers hold e.mu.
+func (c *Core) prefetch(e *entry, cost int64, now time.Time) {
+	if e.refill != nil || e.full || e.rate == 0 || c.suspected(e.shard, now) {
+		return
+	}
+	if low := max(cost, int64(e.rate*c.cfg.Horizon.Seconds()/2)); e.credit < low {
+		c.startTake(e, cost, now)
+	}
+}
+
+// grant takes a reservation's result into e and reports whether the window
+// is now full for everyone else. Callers hold e.mu.
+func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
+	if !g.Live {
+		return false
+	}
+	if !g.ResetAt.Equal(e.reset) { // a new window, or one another edge opened
+		e.expire()
+		e.reset, e.start = g.ResetAt, g.Start
+	}
+	e.used = g.Used
+	e.credit += g.Granted
+	e.count(g)
+	e.known += g.Granted
+	e.settle(g.Applied)
+	if !e.lastTake.IsZero() && now.After(e.lastTake) {
+		inst := float64(e.admitted) / now.Sub(e.lastTake).Seconds()
+		if e.rate == 0 {
+			e.rate = inst
+		} else {
+			e.rate = 0.5*e.rate + 0.5*inst
+		}
+	}
+	e.admitted, e.lastTake = 0, now
+	// Credit the edge can never spend goes back at once: a reservation made
+	// while admissions over credit (mode async) were on their way may hold
+	// room they took already (spendable). In mode exact the credit is the
+	// request's own reservation, about to be spent by it.
+	if surplus := e.credit - max(0, e.room()); surplus > 0 && !e.start.IsZero() && !e.exact() {
+		c.releaseUnits(e, surplus, now)
+	}
+	if g.Granted == 0 || g.Used >= e.policy.Limit {
+		// No reservation is possible: when the credit is gone, deny from
+		// memory (and a request held to other limits as well is denied
+		// before it reserves on them: Peek).
+		e.full = true
+	}
+	return g.Used >= e.policy.Limit
+}
+
+// suspectAfter is how many reservations in a row must fail before the
+// request path stops waiting for a primary; suspectFor is for how long.
+const (
+	suspectAfter = 3
+	suspectFor   = time.Second
+)
+
+// takeFailed notes a reservation that failed. After failures in a row on
+// a shard, the request path marks its primary down: for a second requests do
+// not wait for it, and the first reservation that succeeds (the background
+// ones, or one probing request at a time in mode exact) clears the mark.
+//
+// A reservation Redis refused (a key of the wrong type, a script error)
+// says nothing of the primary, which answered: it does not count.
+func (c *Core) takeFailed(e *entry, err error) {
+	c.stats.takeErrors.Add(1)
+	now := c.d.Clock.Now()
+	e.failed = now
+	e.lost = now // it may have been made all the same
+	if errors.Is(err, limiter.ErrInvalidArgument) || (c.d.Permanent != nil && c.d.Permanent(err)) {
+		c.d.Log.Error("the primary refused a reservation; deciding without it", "shard", c.d.Reserver.ShardName(e.shard), "err", err)
+		return
+	}
+	if c.failures[e.shard].Add(1) >= suspectAfter {
+		c.suspect[e.shard].Store(now.Add(suspectFor).UnixNano())
+	}
+	c.d.Log.Warn("reserving on the primary failed; deciding without it", "shard", c.d.Reserver.ShardName(e.shard), "err", err)
+}
+
+func (c *Core) takeOK(shard int) {
+	c.failures[shard].Store(0)
+	if c.suspect[shard].Load() != 0 && c.suspect[shard].Swap(0) != 0 {
+		c.d.Log.Info("the primary answers again; reservations resume", "shard", c.d.Reserver.ShardName(shard))
+	}
+}
+
+func (c *Core) suspected(shard int, now time.Time) bool {
+	return c.suspect[shard].Load() > now.UnixNano()
+}
+
+// Suspected reports whether the request path has stopped waiting for
+// shard i's primary (reservations failed in a row).
+func (c *Core) Suspected(i int) bool { return c.suspected(i, c.d.Clock.Now()) }
+
+// reconcile takes into e's credit the units the window holds for e beyond
+// what e was told it got: reservations whose answer was lost but which the
+// primary made all the same. Only when every answer is in (none in
+// flight), and only in a live window. In mode exact, where credit is not
+// used, they go back at once. Callers hold e.mu.
+func (c *Core) reconcile(e *entry, now time.Time) {
+	if e.inflight > 0 || e.mine <= e.known || !e.countsReset.Equal(e.reset) || !e.live(now) {
+		return
+	}
+	extra := e.mine - e.known
+	e.known = e.mine
+	e.credit += extra
+	c.stats.recovered.Add(uint64(extra))
+	c.d.Log.Info("a reservation whose answer was lost was made: its units are this edge's credit again",
+		"shard", c.d.Reserver.ShardName(e.shard), "units", extra)
+	if e.exact() {
+		c.release(e, now)
+	}
+}
+
+// lostSettle is how long after a reservation failed the edge keeps reading
+// its window to learn whether it was made: a primary that was frozen runs
+// what its sockets hold as soon as it wakes.
+const lostSettle = 2 * time.Second
+
+// resolveLost reads the windows of entries whose reservations failed and
+// takes back what those reservations got (reconcile), until lostSettle
+// after the failure.
+func (c *Core) resolveLost(ctx context.Context, lost []*entry, now time.Time) {
+	for _, e := range lost {
+		if ctx.Err() != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisBudget)
+		g, err := c.d.Reserver.Take(rctx, e.key, now, limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit,
+			Producer: c.d.Producer, Holder: e.holder})
+		cancel()
+		c.stats.rechecks.Add(1)
+		if err != nil {
+			continue
+		}
+		e.mu.Lock()
+		if g.Live && e.inflight == 0 {
+			if e.reset.IsZero() { // the lost reservation opened the window
+				e.reset, e.start, e.used = g.ResetAt, g.Start, g.Used
+			}
+			if g.ResetAt.Equal(e.reset) {
+				e.count(g)
+				c.reconcile(e, now)
+			}
+		}
+		if now.Sub(e.lost) > lostSettle {
+			e.lost = time.Time{}
+		}
+		e.mu.Unlock()
+	}
+}

@@ -1,0 +1,73 @@
+// Package credit is the edge's decision core: what one edge knows of each
+// key's window, and every decision made from it. It does no I/O of its
+// own: it reserves on a primary, records what is left to account for and
+// tells other edges of full windows through its ports (ports.go), and
+// reads the time from its clock. The front doors (the proxy, the decision
+// API) translate a request into one call of Decide and its Verdict into an
+// answer; docs/accuracy.md argues why the decisions are exact.
+//
+// # The model
+//
+// A Core keeps a table of entries, one per key it has seen (bounded; the
+// least recently used are forgotten first, their credit given back). An
+// entry holds, for the window its knowledge is about (reset; zero: none):
+//
+//	used    the window's count as the last reservation, notice or read
+//	        reported it, every edge's reservations included
+//	credit  units this edge reserved in the window and has not used
+//	debts   (mode async) units admitted over credit and charged by events
+//	        the primary may not have applied yet
+//	full    no reservation is possible
+//
+// and the room it knows of: room = limit − used − debts + credit. A
+// request of cost c is admitted from credit iff credit ≥ c and room ≥ c
+// (credit is reserved, but credit reserved while debts were on their way
+// may be room the debts took: spendable). A reservation (lua/take.lua)
+// never takes a window past its limit and counts the edge's unapplied
+// debts as used, so what every edge admits from credit stays within it.
+//
+// # States and transitions
+//
+//	none      no window known. A request starts a reservation of exactly
+//	          its cost (the key has no rate yet) and waits for it, at most
+//	          RedisBudget; the answer opens the window (→ credit or full).
+//	credit    credit ≥ the cost: admit from memory (PathCredit), no Redis
+//	          call; when the credit would be gone within half the
+//	          horizon, a reservation sized for the key's rate starts in the
+//	          background (prefetch).
+//	near      credit < the cost: wait for a reservation (PathReserve);
+//	          reservations take at most 1/Share of what is left, so near the
+//	          limit each covers one request: atomic per request.
+//	full      a reservation found no room, or left the window at its limit
+//	          (→ a full notice to the other edges): deny from memory
+//	          (PathCache) until the reset, a room notice, or a read that
+//	          finds room (rechecks: after Recheck, doubling while full).
+//	reset     now ≥ reset: the entry forgets the window (→ none).
+//
+// Events that change an entry: a reservation's answer (grant), a refund of
+// a 304 the edge answered (into its credit, or an event), a notice (full:
+// → full; room: → used lowered, not full), a read (recheck), a refund or
+// release the edge applied itself (Learn), the sweep (idle credit given
+// back after IdleRelease; a reservation whose answer was lost found and its
+// units taken back: reconcile), and Redis slow or down (no answer within
+// RedisBudget: decide from what is known — credit, deny if known full,
+// borrow in a known window — else FailOpen: admit and charge by an event,
+// or ErrUnavailable).
+//
+// Modes: auto (the above), exact (one reservation of exactly the request's
+// cost per request, made by the request itself), async (like auto, but
+// once the window is open a request never waits: over its credit it is
+// admitted from what the edge knows — borrow — and charged by an event,
+// remembered as a debt until a reservation's answer shows it applied).
+//
+// # Locks
+//
+// Each entry has a mutex; nothing holds it during I/O: a request waiting
+// for a reservation releases it (wait, reserveNow) and takes it again. The
+// table's shards have mutexes of their own, never held while an entry's is
+// taken by the same goroutine in the other order: the table lock is taken
+// first and released before an entry's (get, lookup, each), and an evicted
+// entry's lock is taken only after the table lock is released. Counters
+// are atomics. Ports are called without any lock held, except the Ledger
+// and the Notifier, which must not block (they queue).
+package credit

@@ -1,0 +1,138 @@
+package credit
+
+import (
+	"context"
+	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// evicted gives back the credit of an entry the table let go.
+func (c *Core) evicted(e *entry) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c.release(e, c.d.Clock.Now())
+}
+
+// release gives e's unused credit back to its window. Callers hold e.mu.
+func (c *Core) release(e *entry, now time.Time) {
+	c.releaseUnits(e, e.credit, now)
+}
+
+// releaseUnits gives units of e's credit back to its window. Callers hold
+// e.mu.
+func (c *Core) releaseUnits(e *entry, units int64, now time.Time) {
+	units = min(units, e.credit)
+	if units <= 0 {
+		return
+	}
+	if !e.live(now) {
+		e.credit = 0
+		return
+	}
+	ev := limiter.Entry{Kind: limiter.Release, Key: e.key, Policy: e.policy, Units: units, ResetAt: e.reset, Start: e.start, Time: now}
+	if c.d.Ledger.Record(e.shard, ev) != 0 {
+		c.stats.released.Add(uint64(units))
+		e.used -= units
+		e.credit -= units
+	}
+}
+
+// forgetAfter is how long a key with no window and nothing in flight is
+// remembered after its last request.
+const forgetAfter = time.Minute
+
+// Sweep gives back idle credit, forgets idle windows, and reads windows
+// known to be full whose denials go on (in case a room notice was lost),
+// and the windows of reservations whose answer was lost. The edge calls it
+// every quarter of a second; ctx bounds its reads.
+func (c *Core) Sweep(ctx context.Context, now time.Time) {
+	idle := now.Add(-c.cfg.IdleRelease).UnixNano()
+	forget := now.Add(-forgetAfter).UnixNano()
+	var recheck, lost []*entry
+	c.table.each(func(e *entry) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		last := e.lastUseNano.Load()
+		if !e.reset.IsZero() && !now.Before(e.reset) {
+			e.expire()
+		}
+		// Credit unused for idle_release, or for three of the key's own
+		// intervals between requests if that is longer (a key that comes
+		// every two seconds keeps its credit between requests), goes back.
+		quiet := last < idle
+		if e.rate > 0 {
+			quiet = quiet && now.UnixNano()-last > int64(3e9/e.rate)
+		}
+		if e.credit > 0 && quiet && e.refill == nil {
+			c.release(e, now)
+		}
+		if !e.lost.IsZero() && e.inflight == 0 && !c.suspected(e.shard, now) {
+			lost = append(lost, e)
+		}
+		switch {
+		case !e.full:
+			e.verified, e.recheck = time.Time{}, 0
+		case e.verified.IsZero(): // full since the last sweep: read it a Recheck from now
+			e.verified, e.recheck = now, c.cfg.Recheck
+		case e.deniedSince && now.Sub(e.verified) >= e.recheck:
+			e.verified = now
+			e.deniedSince = false
+			// If this read finds the window still full, wait twice as long
+			// for the next: a window full for an hour costs a handful of
+			// reads, not one per second.
+			e.recheck = min(2*e.recheck, 32*c.cfg.Recheck)
+			recheck = append(recheck, e)
+		}
+		if last < forget && e.reset.IsZero() && e.refill == nil && len(e.debts) == 0 && e.lost.IsZero() {
+			c.table.remove(e.key.Digest(), e)
+		}
+	})
+	c.resolveLost(ctx, lost, now)
+	for _, e := range recheck {
+		if ctx.Err() != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisBudget)
+		w, err := c.d.Reserver.Check(rctx, e.key)
+		cancel()
+		c.stats.rechecks.Add(1)
+		if err != nil {
+			continue
+		}
+		e.mu.Lock()
+		switch {
+		case !w.Live:
+			e.expire()
+		case w.ResetAt.Equal(e.reset) && w.Used < e.used:
+			e.used = w.Used
+			if e.policy.Limit-e.used >= max(1, e.lastCost) {
+				e.full = false
+			}
+		}
+		e.mu.Unlock()
+	}
+}
+
+// ReleaseAll gives back every credit: the edge is stopping. Reservations
+// whose answer was lost are resolved first (within ctx), so that what they
+// got goes back too. Call it after Wait.
+func (c *Core) ReleaseAll(ctx context.Context, now time.Time) {
+	var lost []*entry
+	c.table.each(func(e *entry) {
+		e.mu.Lock()
+		if !e.lost.IsZero() && e.inflight == 0 {
+			lost = append(lost, e)
+		}
+		e.mu.Unlock()
+	})
+	c.resolveLost(ctx, lost, now)
+	c.table.each(func(e *entry) {
+		e.mu.Lock()
+		c.release(e, now)
+		e.mu.Unlock()
+	})
+}
+
+// Wait waits for the reservations in flight in the background.
+func (c *Core) Wait() { c.wg.Wait() }

@@ -1,0 +1,40 @@
+package limiter
+
+import "time"
+
+// Entry is one thing left to account for, as an edge's decision core hands
+// it to its outbox before it is numbered: the charge of an admission made
+// without a reservation, the refund of a 304, credit given back unused. The
+// outbox numbers it (Event's Producer and Seq) and either publishes it
+// (package events) or applies it on the primary.
+type Entry struct {
+	// Kind is Charge, Refund (a 304) or Release.
+	Kind   EventKind
+	Key    Key
+	Policy Policy
+	Units  int64
+	// ResetAt names the window the response showed (zero: the entry is
+	// placed by Start, a request admitted without knowing its window).
+	ResetAt time.Time
+	// Start is when the request started (a release: when its window did).
+	Start time.Time
+	// Time is when the entry was made: accounting lag counts from it.
+	Time        time.Time
+	RequestID   string
+	TraceParent string
+	// ChargeSeq, on a refund, is the sequence of the charge (an entry of the
+	// same producer) it gives back; 0 when the request was charged by a
+	// reservation.
+	ChargeSeq uint64
+}
+
+// Event is the window operation e becomes once numbered as seq of
+// producer.
+func (e Entry) Event(producer string, seq uint64) Event {
+	ev := Event{Producer: producer, Seq: seq, Kind: e.Kind, Key: e.Key, ResetAt: e.ResetAt, Start: e.Start,
+		Window: e.Policy.Window, Units: e.Units}
+	if e.Kind == Refund && e.ChargeSeq != 0 {
+		ev.RefProducer, ev.RefSeq = producer, e.ChargeSeq
+	}
+	return ev
+}

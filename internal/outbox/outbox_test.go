@@ -59,7 +59,11 @@ func TestDirectRouteNumbersAndApplies(t *testing.T) {
 	var learnt []int64
 	var mu sync.Mutex
 	ob, err := New(Options{Config: Config{Route: RouteDirect}, Applier: f, Producer: "edge.t",
-		Learn: func(_ int, _ limiter.Digest, _ time.Time, used int64) { mu.Lock(); learnt = append(learnt, used); mu.Unlock() }})
+		Learn: func(_ int, _ limiter.Digest, _ time.Time, used int64) {
+			mu.Lock()
+			learnt = append(learnt, used)
+			mu.Unlock()
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -691,9 +691,23 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 		}
 		a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
 		if !sleep(ctx, w.delay) {
+			w.settleLost(run, items, ops)
 			return false
 		}
 		w.delay = min(2*w.delay, a.cfg.RetryMax)
+	}
+}
+
+// settleLost asks once more, before the worker lets its shard go, what a
+// run whose answer was lost did: the primary may have applied it (a frozen
+// primary runs what its sockets hold when it wakes), and the next owner,
+// finding its events applied, can only record them as duplicates. The same
+// run sent again answers what the lost call did, so its records say so.
+func (w *worker) settleLost(run limiter.Run, items []item, ops []limiter.Event) {
+	call, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if res, err := w.a.store.ApplyRun(call, w.shard, w.a.now(), run, ops); err == nil {
+		w.record(items, res)
 	}
 }
 

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tallyhq/tally/internal/redisstore"
-
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -25,6 +23,7 @@ import (
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/natstest"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
 )

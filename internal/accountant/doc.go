@@ -32,6 +32,18 @@
 // lease's lifetime, at once after a graceful stop. Correctness does not
 // depend on the lease.
 //
+// # Files by job
+//
+//	accountant.go  the process: its shards, its counters (Stats, exported
+//	               once, as metrics, by metrics.go)
+//	lease.go       who serves a shard: the lease, held and renewed
+//	reader.go      reading a shard's subject in order, in runs
+//	apply.go       applying a run's events on the primary, retrying what
+//	               failed and narrowing down what Redis refuses
+//	records.go     what each event did: counters, decision records, notices
+//	purge.go       deleting from the stream what is applied and confirmed
+//	deadletter.go  setting aside what can never be applied
+//
 // # Shutdown
 //
 // When the context ends, each shard stops reading, finishes the run in

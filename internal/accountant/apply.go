@@ -1,0 +1,247 @@
+package accountant
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
+)
+
+// item is one message of a run.
+type item struct {
+	msg    jetstream.Msg
+	seq    uint64 // stream sequence
+	evs    []events.Accounting
+	ops    []limiter.Event
+	opsFor []int      // index in evs of each op
+	bad    error      // why the message must be dead-lettered
+	span   trace.Span // its process span, when traced
+	// refused, when set, are the only events of the message to
+	// dead-letter: Redis applied the others.
+	refused []events.Accounting
+}
+
+// process applies one run of messages, in order. It returns when every
+// message is applied or dead-lettered, or when ctx ends (the lease was lost
+// or the process is stopping) while Redis is failing: the messages then stay
+// in the stream for whoever holds the shard next.
+func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
+	a := w.a
+	items := make([]item, len(msgs))
+	for j, m := range msgs {
+		it := &items[j]
+		it.msg = m
+		if md, err := m.Metadata(); err == nil {
+			it.seq = md.Sequence.Stream
+			a.backlog[w.shard].Store(md.NumPending)
+		}
+		producer := events.ProducerOfSubject(a.cfg.Streams.Accounting.SubjectPrefix, w.name, m.Subject())
+		if producer == "" {
+			it.bad = fmt.Errorf("%w: the subject names no producer (want %s.<producer>)", events.ErrInvalidEvent,
+				events.AccountingSubject(a.cfg.Streams.Accounting.SubjectPrefix, w.name, ""))
+		} else {
+			it.evs, it.bad = events.DecodeAccounting(w.name, producer, m.Data())
+		}
+		a.msgEvents.Record(context.Background(), int64(len(it.evs)))
+		if it.bad == nil {
+			it.bad = w.convert(it)
+		}
+		if a.cfg.Tracer != nil {
+			_, it.span = a.cfg.Tracer.Start(events.ExtractTrace(context.Background(), m.Headers()), "process "+m.Subject(),
+				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(events.Links(it.evs)...),
+				trace.WithAttributes(events.MessagingAttributes("process", m.Subject(), w.name, len(it.evs))...))
+			defer it.span.End()
+		}
+	}
+	// Apply the good messages' events in runs of at most BatchSize.
+	for from := 0; from < len(items); {
+		to, n := from, 0
+		for to < len(items) && (n == 0 || n+len(items[to].ops) <= a.cfg.BatchSize) {
+			n += len(items[to].ops)
+			to++
+		}
+		if !w.applyRun(ctx, items[from:to]) {
+			return
+		}
+		from = to
+	}
+	for j := range items {
+		if items[j].bad != nil {
+			if !w.deadLetter(ctx, &items[j]) {
+				return
+			}
+		}
+		w.applied = max(w.applied, items[j].seq)
+	}
+	a.messages.Add(uint64(len(items)))
+	w.flushNotices()
+}
+
+// convert turns a message's events into window operations, or says why
+// they must not be applied.
+func (w *worker) convert(it *item) error {
+	for k := range it.evs {
+		e := &it.evs[k]
+		if e.KeyID != w.a.keys.KeyID() {
+			return fmt.Errorf("%w: event %d: tallykeyid %s is not this deployment's (%s): its key digest was made with another "+
+				"TALLY_KEY_SECRET and names another window", events.ErrInvalidEvent, k+1, e.KeyID, w.a.keys.KeyID())
+		}
+		if p, ok := w.a.cfg.Policies[e.Policy]; len(w.a.cfg.Policies) > 0 &&
+			(!ok || p.Limit != e.Limit || p.Window != time.Duration(e.WindowSeconds)*time.Second) {
+			return fmt.Errorf("%w: event %d: policy %q with limit %d per %ds is not configured", events.ErrInvalidEvent,
+				k+1, e.Policy, e.Limit, e.WindowSeconds)
+		}
+		op, ok, err := e.Op(w.a.keys)
+		if err != nil {
+			return err
+		}
+		if got := w.a.store.ShardOf(op.Key); got != w.shard {
+			return fmt.Errorf("%w: event %d: key of shard %s on shard %s's subject", events.ErrInvalidEvent,
+				k+1, w.a.store.ShardName(got), w.name)
+		}
+		if !ok { // a finish with nothing to refund
+			w.a.ignored.Add(1)
+			continue
+		}
+		it.ops = append(it.ops, op)
+		it.opsFor = append(it.opsFor, k)
+	}
+	return nil
+}
+
+// applyRun applies the events of items (in one or more calls), retrying
+// transient failures until ctx ends; a permanent failure is narrowed down to
+// the message that causes it. It reports false when ctx ended first.
+func (w *worker) applyRun(ctx context.Context, items []item) bool {
+	a := w.a
+	var ops []limiter.Event
+	for j := range items {
+		if items[j].bad == nil {
+			ops = append(ops, items[j].ops...)
+		}
+	}
+	if len(ops) == 0 {
+		return true
+	}
+	call, end := w.traced(ctx, items)
+	defer end()
+	run := limiter.Run{Caller: a.cfg.Owner, Seq: a.runs.Add(1)} // a retry sends the same run again
+	for {
+		res, err := w.apply(call, run, ops)
+		if err == nil {
+			w.delay = a.cfg.RetryMin
+			w.record(items, res)
+			return true
+		}
+		a.retries.Add(1)
+		if redisstore.Permanent(err) {
+			if len(items) > 1 { // find the message that fails
+				for j := range items {
+					if !w.applyRun(ctx, items[j:j+1]) {
+						return false
+					}
+				}
+				return true
+			}
+			it := &items[0]
+			w.attempts[it.seq]++
+			if w.attempts[it.seq] >= a.cfg.MaxAttempts {
+				delete(w.attempts, it.seq)
+				if len(it.ops) > 1 { // find the events that fail
+					return w.applyEach(ctx, it)
+				}
+				it.bad = fmt.Errorf("redis refused its events %d times: %w", a.cfg.MaxAttempts, err)
+				return true
+			}
+		}
+		if redisstore.Permanent(err) {
+			// Redis refused the command and will again: retry soon, a
+			// bounded number of times, without slowing down what follows
+			// (the backoff is for a node that is unreachable or busy).
+			a.log.Warn("Redis refused events; trying again before dead-lettering them", "shard", w.name,
+				"message", items[0].seq, "attempt", w.attempts[items[0].seq], "err", err)
+			if !sleep(ctx, a.cfg.RetryMin) {
+				return false
+			}
+			continue
+		}
+		a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
+		if !sleep(ctx, w.delay) {
+			w.settleLost(run, items, ops)
+			return false
+		}
+		w.delay = min(2*w.delay, a.cfg.RetryMax)
+	}
+}
+
+// settleLost asks once more, before the worker lets its shard go, what a
+// run whose answer was lost did: the primary may have applied it (a frozen
+// primary runs what its sockets hold when it wakes), and the next owner,
+// finding its events applied, can only record them as duplicates. The same
+// run sent again answers what the lost call did, so its records say so.
+func (w *worker) settleLost(run limiter.Run, items []item, ops []limiter.Event) {
+	call, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if res, err := w.a.store.ApplyRun(call, w.shard, w.a.now(), run, ops); err == nil {
+		w.record(items, res)
+	}
+}
+
+// traced returns ctx with the span a run's Redis calls are children of:
+// its message's process span when the run is one message, else an apply
+// span linked to each message's (end ends it). Untraced: ctx itself.
+func (w *worker) traced(ctx context.Context, items []item) (context.Context, func()) {
+	if w.a.cfg.Tracer == nil || len(items) == 0 {
+		return ctx, func() {}
+	}
+	if len(items) == 1 && items[0].span != nil {
+		return trace.ContextWithSpan(ctx, items[0].span), func() {}
+	}
+	links := make([]trace.Link, 0, len(items))
+	for j := range items {
+		if items[j].span != nil {
+			links = append(links, trace.Link{SpanContext: items[j].span.SpanContext()})
+		}
+	}
+	ctx, span := w.a.cfg.Tracer.Start(ctx, "apply "+w.name, trace.WithLinks(links...))
+	return ctx, func() { span.End() }
+}
+
+// applyEach applies the events of a message Redis keeps refusing one at a
+// time: those it accepts take effect (a message mixes the events of many
+// windows, and one broken window must not take the others' refunds with
+// it); those it refuses are the only ones dead-lettered. It reports false
+// when ctx ended first.
+func (w *worker) applyEach(ctx context.Context, it *item) bool {
+	var refused []error
+	for n := range it.ops {
+		one := []item{{msg: it.msg, seq: it.seq, evs: it.evs, ops: it.ops[n : n+1], opsFor: it.opsFor[n : n+1], span: it.span}}
+		if !w.applyRun(ctx, one) {
+			return false
+		}
+		if one[0].bad != nil {
+			it.refused = append(it.refused, it.evs[it.opsFor[n]])
+			refused = append(refused, one[0].bad)
+		}
+	}
+	if len(refused) > 0 {
+		it.bad = fmt.Errorf("%d of its %d events: %w", len(refused), len(it.ops), refused[0])
+	}
+	it.ops = nil // applied or set aside: nothing left to record
+	return true
+}
+
+// apply applies ops as run (the store bounds each script call): sent again
+// after an answer was lost, a run's results are what the lost call did.
+// The run in hand finishes even when shutdown has begun.
+func (w *worker) apply(ctx context.Context, run limiter.Run, ops []limiter.Event) (limiter.ApplyResult, error) {
+	call, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return w.a.store.ApplyRun(call, w.shard, w.a.now(), run, ops)
+}

@@ -1,0 +1,149 @@
+package accountant
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tallyhq/tally/internal/events"
+)
+
+// consume reads shard i's subject in order from its oldest message and
+// applies it, until ctx ends or reading fails.
+func (a *Accountant) consume(ctx context.Context, i int) error {
+	name := a.store.ShardName(i)
+	subject := events.ShardSubjects(a.cfg.Streams.Accounting.SubjectPrefix, name)
+	a.backlog[i].Store(0)
+	stream, err := a.js.Stream(ctx, a.cfg.Streams.Accounting.Name)
+	if err != nil {
+		return nilOnDone(ctx, fmt.Errorf("accountant: shard %s: %w", name, err))
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nilOnDone(ctx, fmt.Errorf("accountant: shard %s: %w", name, err))
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * a.cfg.BatchSize))
+	if err != nil {
+		return nilOnDone(ctx, fmt.Errorf("accountant: shard %s: %w", name, err))
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+
+	// One goroutine reads, so that a run can take what has arrived without
+	// a timer.
+	in := make(chan received, 2*a.cfg.BatchSize)
+	done := make(chan struct{})
+	var reader sync.WaitGroup
+	reader.Go(func() {
+		for {
+			m, err := it.Next()
+			select {
+			case in <- received{m, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	defer reader.Wait()
+	defer close(done)
+	defer it.Stop()
+
+	w := &worker{a: a, shard: i, name: name, subject: subject, stream: stream, delay: a.cfg.RetryMin,
+		attempts: map[uint64]int{}, idle: time.NewTimer(a.cfg.PurgeEvery)}
+	defer w.purge(true)
+	for {
+		msgs, err := w.collect(in)
+		if len(msgs) > 0 {
+			w.process(ctx, msgs)
+		}
+		w.purge(false)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accountant: shard %s: reading stopped: %w", name, err)
+		}
+	}
+}
+
+type worker struct {
+	a       *Accountant
+	shard   int
+	name    string
+	subject string
+	stream  jetstream.Stream
+	delay   time.Duration // before the next retry
+
+	// Stream sequences: the last message processed (applied or
+	// dead-lettered) and the last deleted from the stream.
+	applied, purged uint64
+	lastPurge       time.Time
+	idle            *time.Timer    // collect's timer
+	purging         sync.WaitGroup // a purge in the background
+	purgeFailed     atomic.Bool    // the last purge failed: do it again
+	attempts        map[uint64]int // stream seq → permanent failures
+	notices         []byte
+	notHeldLogged   time.Time // the last not_held event logged
+}
+
+// received is one message read from the stream, or the error that ended
+// reading.
+type received struct {
+	msg jetstream.Msg
+	err error
+}
+
+// collect waits up to PurgeEvery for one message, then takes those that
+// have arrived since (waiting up to BatchWait for more when it is set), up
+// to BatchSize messages. No message is no error.
+func (w *worker) collect(in <-chan received) ([]jetstream.Msg, error) {
+	w.idle.Reset(w.a.cfg.PurgeEvery)
+	var r received
+	select {
+	case r = <-in:
+	case <-w.idle.C:
+		return nil, nil
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	batch := []jetstream.Msg{r.msg}
+	var wait <-chan time.Time
+	for len(batch) < w.a.cfg.BatchSize {
+		select {
+		case r = <-in:
+			if r.err != nil {
+				return batch, r.err
+			}
+			batch = append(batch, r.msg)
+			continue
+		default:
+		}
+		if w.a.cfg.BatchWait == 0 {
+			break
+		}
+		if wait == nil {
+			w.idle.Reset(w.a.cfg.BatchWait)
+			wait = w.idle.C
+		}
+		select {
+		case r = <-in:
+			if r.err != nil {
+				return batch, r.err
+			}
+			batch = append(batch, r.msg)
+		case <-wait:
+			return batch, nil
+		}
+	}
+	return batch, nil
+}

@@ -1,0 +1,60 @@
+package credit
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// Benchmarks of the core alone, on the fakes: what one decision costs in
+// CPU and allocations, without HTTP, Redis or NATS. The limit is one no
+// key reaches, so every decision is an admission: from credit on a hot
+// key; over many keys, each key's first decision of its window reserves
+// (a fake call, no network).
+//
+//	go test -run X -bench . -benchmem ./internal/credit/
+
+func benchHarness(b *testing.B, keys int) (*harness, []limiter.Digest) {
+	b.Helper()
+	t := &testing.T{}
+	p := limiter.Policy{Name: "api", Limit: limiter.MaxLimit, Window: time.Hour}
+	h := newHarness(t, p, true, Config{Keys: max(keys, 1000)})
+	// The wall clock: a key's rate, and so the size of its reservations,
+	// is measured over real time.
+	var err error
+	h.core, err = New(Config{Keys: max(keys, 1000)}, Deps{Reserver: h.redis, Ledger: h.ledger, Keys: h.keys,
+		Producer: "edge.bench", FailOpen: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dgs := make([]limiter.Digest, keys)
+	for i := range dgs {
+		dgs[i] = h.keys.Key("api", fmt.Sprint("client-", i)).Digest()
+	}
+	return h, dgs
+}
+
+func benchDecide(b *testing.B, keys int) {
+	h, dgs := benchHarness(b, keys)
+	ctx := context.Background()
+	var n atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			if _, err := h.core.Decide(ctx, h.policy, 1, dgs[i%uint64(len(dgs))], time.Now(), i); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.StopTimer()
+	h.core.Wait()
+}
+
+func BenchmarkDecideOneKey(b *testing.B)   { benchDecide(b, 1) }
+func BenchmarkDecide100kKeys(b *testing.B) { benchDecide(b, 100_000) }

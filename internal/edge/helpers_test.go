@@ -1,6 +1,7 @@
 package edge_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -179,19 +180,44 @@ func getPath(t *testing.T, base, path, token string, hdr ...string) *http.Respon
 }
 
 // check asks an edge's decision API.
+// check asks the decision API for one request of identity under policy
+// core. Its answer (200 or 429) must be exactly an edge.CheckResponse, the
+// documented shape, agreeing with the rate-limit headers.
 func check(t *testing.T, e *edgeUnderTest, identity string) (*http.Response, map[string]any) {
 	t.Helper()
-	return post(t, e.api.URL+"/v1/check", `{"policy":"core","identity":"`+identity+`"}`)
+	resp, body := postRaw(t, e.api.URL+"/v1/check", `{"policy":"core","identity":"`+identity+`"}`)
+	var m map[string]any
+	_ = json.Unmarshal(body, &m)
+	if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusTooManyRequests {
+		var cr edge.CheckResponse
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		require.NoError(t, dec.Decode(&cr), "%s", body)
+		require.Equal(t, resp.StatusCode == http.StatusOK, cr.Allowed)
+		if h := resp.Header.Get("X-RateLimit-Remaining"); h != "" { // absent: admitted without knowing the window
+			require.Equal(t, h, strconv.FormatInt(cr.Remaining, 10))
+			require.Equal(t, resp.Header.Get("X-RateLimit-Limit"), strconv.FormatInt(cr.Limit, 10))
+		}
+	}
+	return resp, m
 }
 
 func post(t *testing.T, url, body string) (*http.Response, map[string]any) {
 	t.Helper()
+	resp, b := postRaw(t, url, body)
+	var m map[string]any
+	_ = json.Unmarshal(b, &m)
+	return resp, m
+}
+
+func postRaw(t *testing.T, url, body string) (*http.Response, []byte) {
+	t.Helper()
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	var m map[string]any
-	_ = json.NewDecoder(resp.Body).Decode(&m)
-	return resp, m
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
 }
 
 // used reads the window's count on the primary (0 when none is live).

@@ -114,30 +114,21 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, re
 		keys = append(keys, reply)
 	}
 
-	for attempt := 0; ; attempt++ {
-		v, err := n.primary.EvalSha(ctx, applyScript.Hash(), keys, args...).Int64Slice()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
-			s.reloads.Add(1)
-			if err := applyScript.Load(ctx, n.primary).Err(); err != nil {
-				return fmt.Errorf("limiter: apply on shard %s: loading the script: %w", n.name, err)
-			}
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("limiter: apply on shard %s: %w", n.name, scriptErr(err))
-		}
-		if len(v) != 4*len(valid) {
-			return fmt.Errorf("limiter: apply on shard %s: %d values for %d events", n.name, len(v), len(valid))
-		}
-		for k, j := range valid {
-			r := &out.Results[j]
-			r.Outcome, r.Used, r.Amount = limiter.Outcome(v[4*k]), v[4*k+1], v[4*k+3]
-			if v[4*k+2] != 0 {
-				r.ResetAt = fromMS(v[4*k+2])
-			}
-		}
-		return nil
+	v, err := s.run(ctx, n.primary, applyScript, false, keys, args...).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("limiter: apply on shard %s: %w", n.name, scriptErr(err))
 	}
+	if len(v) != 4*len(valid) {
+		return fmt.Errorf("limiter: apply on shard %s: %d values for %d events", n.name, len(v), len(valid))
+	}
+	for k, j := range valid {
+		r := &out.Results[j]
+		r.Outcome, r.Used, r.Amount = limiter.Outcome(v[4*k]), v[4*k+1], v[4*k+3]
+		if v[4*k+2] != 0 {
+			r.ResetAt = fromMS(v[4*k+2])
+		}
+	}
+	return nil
 }
 
 var kindArg = [...]string{limiter.Charge: "c", limiter.Refund: "r", limiter.Release: "x"}
@@ -184,10 +175,9 @@ func (s *Store) holdLease(ctx context.Context, i int, owner string, ttl time.Dur
 		}
 		_, _ = pipe.Exec(ctx)
 		v, err := cmd.Int64()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
-			s.reloads.Add(1)
-			if err := leaseScript.Load(ctx, n.primary).Err(); err != nil {
-				return out, fmt.Errorf("limiter: lease on shard %s: loading the script: %w", n.name, err)
+		if noScript(err) && attempt == 0 {
+			if err := s.reload(ctx, n.primary, leaseScript); err != nil {
+				return out, fmt.Errorf("limiter: lease on shard %s: %w", n.name, err)
 			}
 			continue
 		}

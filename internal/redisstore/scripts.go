@@ -9,23 +9,36 @@ import (
 
 // run calls sc on c by its hash (EVALSHA, or EVALSHA_RO when ro) and, when
 // the node does not have it (NOSCRIPT: a restart, a fail-over to a node that
-// never ran it, SCRIPT FLUSH), sends the script itself once, counting the
-// reload.
+// never ran it, SCRIPT FLUSH), loads it (reload) and calls it again, once.
+// Every script call goes through run, or through reload when it is part of
+// a pipeline.
 func (s *Store) run(ctx context.Context, c *redis.Client, sc *redis.Script, ro bool, keys []string, args ...any) *redis.Cmd {
-	var cmd *redis.Cmd
-	if ro {
-		cmd = c.EvalShaRO(ctx, sc.Hash(), keys, args...)
-	} else {
-		cmd = c.EvalSha(ctx, sc.Hash(), keys, args...)
+	for attempt := 0; ; attempt++ {
+		var cmd *redis.Cmd
+		if ro {
+			cmd = c.EvalShaRO(ctx, sc.Hash(), keys, args...)
+		} else {
+			cmd = c.EvalSha(ctx, sc.Hash(), keys, args...)
+		}
+		if attempt > 0 || !noScript(cmd.Err()) {
+			return cmd
+		}
+		if err := s.reload(ctx, c, sc); err != nil {
+			return cmd
+		}
 	}
-	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		return cmd
-	}
+}
+
+// noScript reports whether err says the node does not have the script.
+func noScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// reload sends sc to c (SCRIPT LOAD) after a NOSCRIPT, counting it.
+func (s *Store) reload(ctx context.Context, c *redis.Client, sc *redis.Script) error {
 	s.reloads.Add(1)
-	if ro {
-		return sc.EvalRO(ctx, c, keys, args...)
+	if err := sc.Load(ctx, c).Err(); err != nil {
+		return fmt.Errorf("loading the script: %w", err)
 	}
-	return sc.Eval(ctx, c, keys, args...)
+	return nil
 }
 
 // ScriptReloads is how many times a node was sent a script it did not have

@@ -26,6 +26,7 @@ import (
 	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -201,17 +202,6 @@ func (f *fixture) streamMsgs() uint64 {
 	return info.State.Msgs
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for range 500 {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // Charges, 304 refunds (of a charge and of a reservation) and releases are
 // applied; other statuses change nothing; the stream keeps nothing applied.
 func TestAppliesAndEmptiesTheStream(t *testing.T) {
@@ -227,7 +217,7 @@ func TestAppliesAndEmptiesTheStream(t *testing.T) {
 	})
 	f.publish([]events.Accounting{finished("edge-2", 1, k, r, 304, "", 0), released("edge-2", 2, k, r, 3)})
 	f.waitUsed(k, 4+5-1+2-1-3)
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	s := a.Stats()
 	require.EqualValues(t, 2, s.Charged)
 	require.EqualValues(t, 2, s.Refunded)
@@ -243,12 +233,12 @@ func TestAppliesAndEmptiesTheStream(t *testing.T) {
 	// applied, and the overshoot is counted.
 	over := started("edge-3", 1, k, r, 100)
 	f.publish([]events.Accounting{over})
-	waitFor(t, "the charge", func() bool { return a.Stats().Charged == 3 })
+	testutil.WaitFor(t, "the charge", func() bool { return a.Stats().Charged == 3 })
 	require.EqualValues(t, 6, a.Stats().OverLimit, "6 used + 100 charged: 6 over the limit of 100")
 	f.waitUsed(k, 106)
 
 	// What an operator reads on /metrics.
-	waitFor(t, "a record per event applied (none for the 200)", func() bool {
+	testutil.WaitFor(t, "a record per event applied (none for the 200)", func() bool {
 		return scrape(t, a)[`tally_accountant_decision_records_total{outcome="published"}`] == 6
 	})
 	m := scrape(t, a)
@@ -284,7 +274,7 @@ func TestAnomaliesAreNeverSampledAway(t *testing.T) {
 	f.publish([]events.Accounting{ordinary, started("edge-1", 2, k, r, 50)}) // 110 of 100: over
 	f.publish([]events.Accounting{ordinary}, "again")                        // a duplicate
 	f.waitUsed(k, 110)
-	waitFor(t, "the duplicate", func() bool { return a.Stats().Duplicates == 1 })
+	testutil.WaitFor(t, "the duplicate", func() bool { return a.Stats().Duplicates == 1 })
 
 	outcomes := f.outcomes(2)
 	require.ElementsMatch(t, []string{"charged_over_limit", "duplicate"}, outcomes, "the ordinary charge sampled away")
@@ -311,7 +301,7 @@ func (f *fixture) outcomes(n int) []string {
 			}
 		}
 	}
-	waitFor(f.t, "the records", func() bool { read(100 * time.Millisecond); return len(outcomes) >= n })
+	testutil.WaitFor(f.t, "the records", func() bool { read(100 * time.Millisecond); return len(outcomes) >= n })
 	read(300 * time.Millisecond) // and nothing more
 	return outcomes
 }
@@ -329,10 +319,10 @@ func TestLostAnswerIsRecordedAsWhatItDid(t *testing.T) {
 
 	f.primary.Pause()
 	f.publish([]events.Accounting{finished("edge-1", 2, k, r, 304, "edge-1", 1)})
-	waitFor(t, "a call that timed out", func() bool { return a.Stats().Retries > 0 })
+	testutil.WaitFor(t, "a call that timed out", func() bool { return a.Stats().Retries > 0 })
 	f.primary.Resume()
 	f.waitUsed(k, 4)
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	require.Equal(t, []string{"charged", "refunded"}, f.outcomes(2))
 	require.EqualValues(t, 1, a.Stats().Refunded)
 	require.Zero(t, a.Stats().Duplicates)
@@ -369,7 +359,7 @@ func TestDuplicatesTakeEffectOnce(t *testing.T) {
 	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
 	a := f.start()
 	f.waitUsed(k, 3)
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	require.EqualValues(t, 4, a.Stats().Duplicates)
 	require.EqualValues(t, 1, a.Stats().Charged)
 	require.EqualValues(t, 2, a.Stats().Repeated, "the two copies: every event applied before")
@@ -378,7 +368,7 @@ func TestDuplicatesTakeEffectOnce(t *testing.T) {
 	// After a restart, an old batch published again is still a duplicate.
 	b := f.start()
 	f.publish(batch, "copy-3")
-	waitFor(t, "the duplicates", func() bool { return b.Stats().Duplicates == 2 })
+	testutil.WaitFor(t, "the duplicates", func() bool { return b.Stats().Duplicates == 2 })
 	require.EqualValues(t, 3, f.used(k))
 	require.EqualValues(t, 1, b.Stats().Repeated)
 }
@@ -411,17 +401,17 @@ func TestCrashHandOverIsExactlyOnce(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	waitFor(t, "a shard served", func() bool { return a.Shards()[0].Active || b.Shards()[0].Active })
+	testutil.WaitFor(t, "a shard served", func() bool { return a.Shards()[0].Active || b.Shards()[0].Active })
 	leader, standby := a, b
 	if b.Shards()[0].Active {
 		leader, standby = b, a
 	}
-	waitFor(t, "charges", func() bool { return leader.Stats().Charged > 100 })
+	testutil.WaitFor(t, "charges", func() bool { return leader.Stats().Charged > 100 })
 	crashed := time.Now()
 	leader.crash()
-	waitFor(t, "the standby takes over", func() bool { return standby.Shards()[0].Active })
+	testutil.WaitFor(t, "the standby takes over", func() bool { return standby.Shards()[0].Active })
 	handOver := time.Since(crashed)
-	waitFor(t, "charges after the hand-over", func() bool { return standby.Stats().Charged > 100 })
+	testutil.WaitFor(t, "charges after the hand-over", func() bool { return standby.Stats().Charged > 100 })
 	close(stop)
 	<-published
 	f.waitUsed(k, int64(seq.Load()))
@@ -435,15 +425,15 @@ func TestGracefulHandOver(t *testing.T) {
 	f := newFixture(t)
 	k, r := f.keys.Key("core", "alice"), reset()
 	a := f.start()
-	waitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
+	testutil.WaitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
 	b := f.start()
-	waitFor(t, "b to ask for the lease", func() bool { return b.Shards()[0].Leasing })
+	testutil.WaitFor(t, "b to ask for the lease", func() bool { return b.Shards()[0].Leasing })
 	require.False(t, b.Shards()[0].Active, "one accountant per shard")
 	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
 	f.waitUsed(k, 1)
 	a.stop()
 	stopped := time.Now() // a freed its lease on its way out
-	waitFor(t, "b serves", func() bool { return b.Shards()[0].Active })
+	testutil.WaitFor(t, "b serves", func() bool { return b.Shards()[0].Active })
 	require.Less(t, time.Since(stopped), time.Second, "b polls every quarter of the lease's lifetime")
 	f.publish([]events.Accounting{started("edge-1", 2, k, r, 1)})
 	f.waitUsed(k, 2)
@@ -466,8 +456,8 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 		c.Policies = map[string]limiter.Policy{"core": {Name: "core", Limit: 100, Window: time.Minute}}
 	})
 	f.waitUsed(k, 2)
-	waitFor(t, "dead letters", func() bool { return a.Stats().DeadLettered == 2 })
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "dead letters", func() bool { return a.Stats().DeadLettered == 2 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	var reasons []string
 	for range 2 {
 		m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
@@ -493,9 +483,9 @@ func TestPermanentRedisErrorIsDeadLettered(t *testing.T) {
 	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
 	a := f.start()
 	f.waitUsed(k, 2)
-	waitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
+	testutil.WaitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
 	require.GreaterOrEqual(t, a.Stats().Retries, uint64(3))
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 }
 
 // A message that mixes a broken window's event with others' (an edge
@@ -512,8 +502,8 @@ func TestRefusedEventIsSetAsideAlone(t *testing.T) {
 	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1), started("edge-1", 2, bad, r, 1), started("edge-1", 3, k, r, 2)})
 	a := f.start()
 	f.waitUsed(k, 3)
-	waitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
 	require.NoError(t, err)
 	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "1 of its 3 events")
@@ -533,30 +523,30 @@ func TestTransientFailuresWaitThenApply(t *testing.T) {
 	ctx := context.Background()
 	k, r := f.keys.Key("core", "alice"), reset()
 	a := f.start()
-	waitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
+	testutil.WaitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
 
 	other := redistest.Start(t)
 	require.NoError(t, f.primary.Client().Do(ctx, "REPLICAOF", "127.0.0.1", other.Port).Err())
 	for i := range uint64(10) {
 		f.publish([]events.Accounting{started("edge-1", i+1, k, r, 1)})
 	}
-	waitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
+	testutil.WaitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
 	require.Zero(t, a.Stats().Charged)
 	require.NoError(t, f.primary.Client().Do(ctx, "REPLICAOF", "NO", "ONE").Err())
 	f.replica.WaitLinkUp()
 	f.waitUsed(k, 10)
 	require.Zero(t, a.Stats().DeadLettered, "READONLY is transient, never poison")
-	waitFor(t, "the applied events purged", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "the applied events purged", func() bool { return f.streamMsgs() == 0 })
 
 	f.primary.Stop()
 	for i := range uint64(10) {
 		f.publish([]events.Accounting{started("edge-1", i+11, k, r, 1)})
 	}
-	waitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
+	testutil.WaitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
 	// Failing long enough for the accountant to say it is not ready (twice
 	// the lease's lifetime): every attempt meanwhile could have deleted
 	// them had it wrongly believed them applied.
-	waitFor(t, "the shard failing for two lease lifetimes", func() bool { return a.Ready(ctx, nil) != nil })
+	testutil.WaitFor(t, "the shard failing for two lease lifetimes", func() bool { return a.Ready(ctx, nil) != nil })
 	require.EqualValues(t, 10, f.streamMsgs(), "nothing is deleted that was not applied")
 	f.primary.Restart() // empty: no persistence in tests
 	f.replica.WaitLinkUp()
@@ -571,16 +561,16 @@ func TestStreamKeepsWhatNoReplicaConfirmed(t *testing.T) {
 	k, r := f.keys.Key("core", "alice"), reset()
 	a := f.start()
 	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	f.replica.Stop()
 	f.publish([]events.Accounting{started("edge-1", 2, k, r, 1)})
 	f.waitUsed(k, 2)
-	waitFor(t, "an unconfirmed run", func() bool { return a.Stats().Unconfirmed > 0 })
-	waitFor(t, "a second purge, unconfirmed too", func() bool { return a.Stats().Unconfirmed > 1 })
+	testutil.WaitFor(t, "an unconfirmed run", func() bool { return a.Stats().Unconfirmed > 0 })
+	testutil.WaitFor(t, "a second purge, unconfirmed too", func() bool { return a.Stats().Unconfirmed > 1 })
 	require.EqualValues(t, 1, f.streamMsgs(), "applied, not confirmed: kept")
 	f.replica.Restart()
 	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	f.waitUsed(k, 3)
 }
 
@@ -614,12 +604,12 @@ func TestReadinessFollowsShards(t *testing.T) {
 	f := newFixture(t)
 	a := f.start()
 	ctx := context.Background()
-	waitFor(t, "ready", func() bool { return a.Ready(ctx, nil) == nil && a.Shards()[0].Active })
+	testutil.WaitFor(t, "ready", func() bool { return a.Ready(ctx, nil) == nil && a.Shards()[0].Active })
 	f.primary.Stop()
-	waitFor(t, "unready", func() bool { return a.Ready(ctx, nil) != nil })
+	testutil.WaitFor(t, "unready", func() bool { return a.Ready(ctx, nil) != nil })
 	require.ErrorContains(t, a.Ready(ctx, nil), "shard s0 failing")
 	f.primary.Restart()
-	waitFor(t, "ready again", func() bool { return a.Ready(ctx, nil) == nil && a.Shards()[0].Active })
+	testutil.WaitFor(t, "ready again", func() bool { return a.Ready(ctx, nil) == nil && a.Shards()[0].Active })
 }
 
 // Shutdown: the run in hand is applied and deleted from the stream, the
@@ -629,20 +619,20 @@ func TestShutdownLeavesNothingHalfDone(t *testing.T) {
 	k, r := f.keys.Key("core", "alice"), reset()
 	warm := f.start()
 	f.publish([]events.Accounting{started("edge-0", 1, k, r, 1)})
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 }) // the replica acknowledges
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 }) // the replica acknowledges
 	warm.stop()
 	for i := range uint64(200) {
 		f.publish([]events.Accounting{started("edge-1", i+1, k, r, 1)})
 	}
 	a := f.start()
-	waitFor(t, "some charges", func() bool { return a.Stats().Charged > 0 })
+	testutil.WaitFor(t, "some charges", func() bool { return a.Stats().Charged > 0 })
 	a.stop()
 	charged := a.Stats().Charged
 	require.EqualValues(t, charged+1, f.used(k))
 	require.LessOrEqual(t, f.streamMsgs(), 200-charged, "what was applied is deleted (or applied again harmlessly)")
 	b := f.start()
 	f.waitUsed(k, 201)
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	require.EqualValues(t, 200-charged, b.Stats().Charged)
 }
 
@@ -662,7 +652,7 @@ func TestEarlierBatchInTheStreamAfterALaterDirectOne(t *testing.T) {
 	a := f.start()
 	f.waitUsed(k, 3)
 	// The counts are taken after Redis answers: the stream empties after them.
-	waitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	require.EqualValues(t, 2, a.Stats().Charged)
 	require.Zero(t, a.Stats().Duplicates)
 }
@@ -681,7 +671,7 @@ func TestRedisCallsAreChildrenOfTheMessage(t *testing.T) {
 	f.publish([]events.Accounting{started("edge-1", 1, k, reset(), 1)})
 	f.waitUsed(k, 1)
 	var process, evalsha tracetest.SpanStub
-	waitFor(t, "the process and Redis spans", func() bool {
+	testutil.WaitFor(t, "the process and Redis spans", func() bool {
 		for _, s := range spans.GetSpans() {
 			switch {
 			case s.SpanKind == trace.SpanKindConsumer:

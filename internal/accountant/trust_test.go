@@ -1,12 +1,10 @@
 package accountant_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // Only who may publish, publishes: the attacks of a service (NATS user
@@ -82,7 +81,7 @@ func TestOnlyWhoMayPublishPublishes(t *testing.T) {
 	err = publishAs(events.AccountingSubject(f.streams.Accounting.SubjectPrefix, "s9", "billing.7"), started("billing.7", 1, k, r, 1))
 	require.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
 
-	waitFor(t, "every message read", func() bool { return f.streamMsgs() == 0 })
+	testutil.WaitFor(t, "every message read", func() bool { return f.streamMsgs() == 0 })
 	require.EqualValues(t, 81, f.used(k), "80, and billing's own charge of 1")
 	require.EqualValues(t, 2, a.Stats().DeadLettered)
 	require.EqualValues(t, 2, a.Stats().NotHeld, "the refund and the release of what it never held")
@@ -120,7 +119,7 @@ func TestAnotherSecretIsRefused(t *testing.T) {
 	require.NotEqual(t, f.keys.KeyID(), other.KeyID())
 	f.publish([]events.Accounting{started("edge.e1", 1, k, reset(), 3)})
 	a := f.startWithKeys(other)
-	waitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
+	testutil.WaitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
 	require.Zero(t, f.used(k))
 	m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
 	require.NoError(t, err)
@@ -171,10 +170,10 @@ func TestReadyMeansStreamsAndLeases(t *testing.T) {
 	ctx := context.Background()
 	f.primary.Stop()
 	a := f.start()
-	waitFor(t, "a failing lease", func() bool { return a.Shards()[0].Err != nil })
+	testutil.WaitFor(t, "a failing lease", func() bool { return a.Shards()[0].Err != nil })
 	require.ErrorContains(t, a.Ready(ctx, nil), "no lease asked for yet on shard(s) s0")
 	f.primary.Restart()
-	waitFor(t, "ready", func() bool { return a.Ready(ctx, nil) == nil })
+	testutil.WaitFor(t, "ready", func() bool { return a.Ready(ctx, nil) == nil })
 	_, err := f.js.Stream(ctx, f.streams.Accounting.Name)
 	require.NoError(t, err)
 }
@@ -188,7 +187,7 @@ func TestBadEventsAreRefusedWithoutSecrets(t *testing.T) {
 	ctx := context.Background()
 	dlq, err := f.js.CreateOrUpdateConsumer(ctx, f.streams.DeadLetters.Name, jetstream.ConsumerConfig{Durable: "inspect"})
 	require.NoError(t, err)
-	var logs syncBuffer
+	var logs testutil.Buffer
 	f.cfg.MaxAttempts = 5
 	nc, js := f.nats.ConnectAs("accountant")
 	_ = nc
@@ -212,7 +211,7 @@ func TestBadEventsAreRefusedWithoutSecrets(t *testing.T) {
 	_, err = f.js.Publish(ctx, events.AccountingSubject(f.streams.Accounting.SubjectPrefix, "s0", "edge.e1"), []byte(body))
 	require.NoError(t, err)
 
-	waitFor(t, "both dead-lettered", func() bool { return a.Stats().DeadLettered == 2 })
+	testutil.WaitFor(t, "both dead-lettered", func() bool { return a.Stats().DeadLettered == 2 })
 	require.Zero(t, a.Stats().Retries, "refused when read: no retries that stall the shard")
 	for range 2 {
 		m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
@@ -221,22 +220,4 @@ func TestBadEventsAreRefusedWithoutSecrets(t *testing.T) {
 	}
 	require.NotContains(t, logs.String(), token)
 	require.Contains(t, logs.String(), "message dead-lettered")
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/outbox"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // Through the proxy: each request charged once, a 304 refunded, and a 429
@@ -187,7 +188,7 @@ func TestFullWindowsCostNoRedisCall(t *testing.T) {
 	require.Equal(t, 429, get(t, a.proxy.URL, "full").StatusCode)
 	// b saw the key once before (it knows its window) and learns from a's
 	// notice that it is full.
-	waitFor(t, "b told", func() bool { return metric(t, b, `tally_edge_notices_total{direction="received"}`) > 0 })
+	testutil.WaitFor(t, "b told", func() bool { return metric(t, b, `tally_edge_notices_total{direction="received"}`) > 0 })
 	// The first denial may have come from a reservation the primary refused
 	// or from memory, depending on when a's reservations returned; from
 	// here on, every one comes from memory.
@@ -241,7 +242,7 @@ func TestLostNoticeConverges(t *testing.T) {
 	}
 	pl.waitUsed(pl.keys.Key("core", "h:lost"), 3)
 	require.Equal(t, 429, get(t, b.proxy.URL, "lost").StatusCode, "b still believes the window full")
-	waitFor(t, "b reads again and admits", func() bool { return get(t, b.proxy.URL, "lost").StatusCode == 200 })
+	testutil.WaitFor(t, "b reads again and admits", func() bool { return get(t, b.proxy.URL, "lost").StatusCode == 200 })
 	require.GreaterOrEqual(t, metric(t, b, "tally_edge_rechecks_total"), 1.0)
 }
 
@@ -283,7 +284,7 @@ func TestRefundOfAnAtomicCharge(t *testing.T) {
 	require.EqualValues(t, 1, pl.used(k), "charged before the answer")
 	require.Equal(t, 304, get(t, e.proxy.URL, "exact", "If-None-Match", `"v1"`).StatusCode)
 	pl.waitUsed(k, 1) // charged 2, refunded 1
-	waitFor(t, "the refund applied", func() bool { return pl.acc.Stats().Refunded == 1 })
+	testutil.WaitFor(t, "the refund applied", func() bool { return pl.acc.Stats().Refunded == 1 })
 	for range 2 {
 		require.Equal(t, 200, get(t, e.proxy.URL, "exact").StatusCode)
 	}
@@ -324,7 +325,7 @@ func TestNATSDownEdgeAppliesItself(t *testing.T) {
 	}
 	require.Less(t, time.Since(start), 5*time.Second, "requests were held up")
 	pl.waitUsed(k, 1)
-	waitFor(t, "the count of events applied directly", func() bool {
+	testutil.WaitFor(t, "the count of events applied directly", func() bool {
 		return metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`) == 10
 	})
 	require.Zero(t, metric(t, e, `tally_edge_accounting_events_total{outcome="dropped"}`))
@@ -366,12 +367,12 @@ func TestPrimaryDownFollowsPolicy(t *testing.T) {
 
 	pl.primary.Restart() // empty: the window is gone, the admissions are charged by start
 	pl.replica.WaitLinkUp()
-	waitFor(t, "the charges", func() bool {
+	testutil.WaitFor(t, "the charges", func() bool {
 		return pl.used(pl.keys.Key("core", "h:known")) == 1 && pl.used(pl.keys.Key("core", "h:unknown")) == 1
 	})
 
 	// The charges' records join the admissions' by request id.
-	waitFor(t, "the charges' records", func() bool { return len(accountants()) >= 2 })
+	testutil.WaitFor(t, "the charges' records", func() bool { return len(accountants()) >= 2 })
 	for _, path := range []string{"borrow", "fail-open"} {
 		i := slices.IndexFunc(edges(), func(r decisionRecord) bool { return r.Path == path })
 		require.GreaterOrEqual(t, i, 0, path)
@@ -481,10 +482,10 @@ func TestFullStreamEdgeAppliesItself(t *testing.T) {
 	for range 30 {
 		require.Equal(t, 304, get(t, e.proxy.URL, "full", "If-None-Match", `"v1"`).StatusCode)
 	}
-	waitFor(t, "events applied by the edge", func() bool {
+	testutil.WaitFor(t, "events applied by the edge", func() bool {
 		return metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`) > 0
 	})
-	waitFor(t, "every event delivered", func() bool { return metric(t, e, "tally_edge_accounting_queued") == 0 })
+	testutil.WaitFor(t, "every event delivered", func() bool { return metric(t, e, "tally_edge_accounting_queued") == 0 })
 	require.Zero(t, metric(t, e, `tally_edge_accounting_events_total{outcome="dropped"}`))
 	published := metric(t, e, `tally_edge_accounting_events_total{outcome="published"}`)
 	require.Greater(t, published, 0.0, "the first batches went to the stream")
@@ -493,7 +494,7 @@ func TestFullStreamEdgeAppliesItself(t *testing.T) {
 	require.Greater(t, metric(t, e, "tally_edge_accounting_message_events_count"), 0.0)
 	pl.startAccountant(small)
 	pl.waitUsed(k, 0) // 30 charges, 30 refunds: once each, whichever way they went
-	waitFor(t, "the stream's events applied", func() bool { return pl.acc.Stats().Refunded == uint64(published) })
+	testutil.WaitFor(t, "the stream's events applied", func() bool { return pl.acc.Stats().Refunded == uint64(published) })
 }
 
 // The direct route: the edge applies its events on the primary, and hands
@@ -507,7 +508,7 @@ func TestDirectRoute(t *testing.T) {
 		require.Equal(t, 304, get(t, e.proxy.URL, "direct", "If-None-Match", `"v1"`).StatusCode)
 	}
 	pl.waitUsed(k, 0)
-	waitFor(t, "5 events applied by the edge", func() bool {
+	testutil.WaitFor(t, "5 events applied by the edge", func() bool {
 		return metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`) == 5
 	})
 	require.Zero(t, pl.acc.Stats().Messages, "nothing went through the stream")
@@ -518,7 +519,7 @@ func TestDirectRoute(t *testing.T) {
 	// applies them when it is back.
 	pl.primary.Pause()
 	require.Equal(t, 304, get(t, e.proxy.URL, "direct", "If-None-Match", `"v1"`).StatusCode)
-	waitFor(t, "the events handed to JetStream", func() bool {
+	testutil.WaitFor(t, "the events handed to JetStream", func() bool {
 		return metric(t, e, `tally_edge_accounting_events_total{outcome="published"}`) == 2
 	})
 	pl.primary.Resume()
@@ -526,7 +527,7 @@ func TestDirectRoute(t *testing.T) {
 	// The edge's attempts may have reached the hung primary and been
 	// applied when it came back; then the JetStream copies are duplicates.
 	// Each event once.
-	waitFor(t, "the accountant read them", func() bool {
+	testutil.WaitFor(t, "the accountant read them", func() bool {
 		s := pl.acc.Stats()
 		return s.Charged+s.Netted+s.Refunded+s.Pending+s.Duplicates == 2
 	})

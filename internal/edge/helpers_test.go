@@ -29,6 +29,7 @@ import (
 	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -145,7 +146,7 @@ func (pl *pipeline) edge(mut func(*edge.Options)) *edgeUnderTest {
 	require.NoError(pl.t, err)
 	e := &edgeUnderTest{srv: srv, proxy: httptest.NewServer(srv.ProxyHandler()), api: httptest.NewServer(srv.APIHandler()),
 		admin: httptest.NewServer(srv.AdminHandler()), nc: nc, store: st}
-	waitFor(pl.t, "the edge ready", func() bool { return readyz(pl.t, e) == http.StatusOK })
+	testutil.WaitFor(pl.t, "the edge ready", func() bool { return readyz(pl.t, e) == http.StatusOK })
 	pl.t.Cleanup(func() {
 		e.proxy.Close()
 		e.api.Close()
@@ -237,17 +238,6 @@ func (pl *pipeline) waitUsed(k limiter.Key, want int64) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	pl.t.Fatalf("used = %d, want %d", got, want)
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for range 500 {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // streamMsgs is how many messages the accounting stream holds.

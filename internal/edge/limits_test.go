@@ -2,7 +2,6 @@ package edge_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // One path: a request path whose meaning depends on who decodes or
@@ -143,7 +143,7 @@ func TestSeveralLimits(t *testing.T) {
 	// Decision records: one per policy for each allowed request; the
 	// denial alone for the denied one.
 	byRequest := map[string][]string{}
-	waitFor(t, "the decision records", func() bool {
+	testutil.WaitFor(t, "the decision records", func() bool {
 		for k := range byRequest {
 			delete(byRequest, k)
 		}
@@ -207,24 +207,6 @@ func decisionRecords(t *testing.T, pl *pipeline, subject ...string) func() []dec
 	}
 }
 
-// syncBuffer is a log destination tests read while the edge writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // NATS and the primary both down: requests are still answered at once;
 // the accounting events wait in the edge up to its capacity, beyond which
 // they are dropped, counted and logged; the metrics say which dependency is
@@ -233,7 +215,7 @@ func (s *syncBuffer) String() string {
 func TestNATSAndPrimaryDownQueueThenDrop(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute, Mode: limiter.ModeExact}
-	var logs syncBuffer
+	var logs testutil.Buffer
 	e := pl.edge(func(o *edge.Options) {
 		o.Outbox.Capacity = 4
 		o.Log = slog.New(slog.NewTextHandler(&logs, nil))
@@ -249,7 +231,7 @@ func TestNATSAndPrimaryDownQueueThenDrop(t *testing.T) {
 		require.Equal(t, 304, get(t, e.proxy.URL, "both-down", "If-None-Match", `"v1"`).StatusCode)
 	}
 	require.Less(t, time.Since(start), 5*time.Second, "requests were held up")
-	waitFor(t, "NATS seen down", func() bool { return metric(t, e, "tally_edge_nats_connected") == 0 })
+	testutil.WaitFor(t, "NATS seen down", func() bool { return metric(t, e, "tally_edge_nats_connected") == 0 })
 	require.EqualValues(t, 0, metric(t, e, `tally_edge_primary_reachable{shard="s0"}`))
 	require.EqualValues(t, 4, metric(t, e, "tally_edge_accounting_queued"), "held up to the capacity")
 	require.EqualValues(t, 8, metric(t, e, `tally_edge_accounting_events_total{outcome="dropped"}`))
@@ -257,11 +239,11 @@ func TestNATSAndPrimaryDownQueueThenDrop(t *testing.T) {
 
 	pl.primary.Restart()
 	// The next request's reservation finds the primary again.
-	waitFor(t, "the primary seen back", func() bool {
+	testutil.WaitFor(t, "the primary seen back", func() bool {
 		get(t, e.proxy.URL, "both-down-probe")
 		return metric(t, e, `tally_edge_primary_reachable{shard="s0"}`) == 1
 	})
-	waitFor(t, "the queued events applied", func() bool {
+	testutil.WaitFor(t, "the queued events applied", func() bool {
 		return metric(t, e, "tally_edge_accounting_queued") == 0 &&
 			metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`) == 4
 	})
@@ -285,13 +267,13 @@ func TestLostReservationIsTakenBack(t *testing.T) {
 	require.Equal(t, "98", resp.Header.Get("X-RateLimit-Remaining"))
 	time.Sleep(100 * time.Millisecond)
 	pl.primary.Resume()
-	waitFor(t, "the lost reservation taken back", func() bool {
+	testutil.WaitFor(t, "the lost reservation taken back", func() bool {
 		return metric(t, e, "tally_edge_recovered_units_total") == 1
 	})
 	pl.waitUsed(k, 2)
 	// Everything the edge sent has been applied: nothing more lands.
-	waitFor(t, "nothing queued at the edge", func() bool { return metric(t, e, "tally_edge_accounting_queued") == 0 })
-	waitFor(t, "nothing left in the stream", func() bool { return pl.streamMsgs() == 0 })
+	testutil.WaitFor(t, "nothing queued at the edge", func() bool { return metric(t, e, "tally_edge_accounting_queued") == 0 })
+	testutil.WaitFor(t, "nothing left in the stream", func() bool { return pl.streamMsgs() == 0 })
 	require.EqualValues(t, 2, pl.used(k))
 }
 
@@ -299,7 +281,7 @@ func TestLostReservationIsTakenBack(t *testing.T) {
 // with the key's digest and the request and trace ids, never the identity.
 func TestDecisionsAreLogged(t *testing.T) {
 	pl := newPipeline(t)
-	var logs syncBuffer
+	var logs testutil.Buffer
 	e := pl.edge(func(o *edge.Options) {
 		o.Decisions.LogSample, o.Decisions.LogLevel = 1, "info"
 		o.Log = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -343,7 +325,7 @@ func TestDecisionsJoinByRequestID(t *testing.T) {
 	pl.waitUsed(k, 1)
 
 	var refund decisionRecord
-	waitFor(t, "the accountant's record", func() bool {
+	testutil.WaitFor(t, "the accountant's record", func() bool {
 		rs := accountants()
 		if len(rs) == 0 {
 			return false
@@ -356,7 +338,7 @@ func TestDecisionsJoinByRequestID(t *testing.T) {
 	require.EqualValues(t, 1, refund.Used, "the window after the refund")
 	require.Equal(t, k.Digest().String(), refund.Key)
 	var allowed []decisionRecord
-	waitFor(t, "the edge's records", func() bool { allowed = edges(); return len(allowed) == 2 })
+	testutil.WaitFor(t, "the edge's records", func() bool { allowed = edges(); return len(allowed) == 2 })
 	require.Equal(t, e.srv.Producer()+"-2", refund.RequestID, "the refund names the request it gives back")
 	require.True(t, slices.ContainsFunc(allowed, func(r decisionRecord) bool { return r.RequestID == refund.RequestID && r.Allowed }))
 	// An analyst's count of the window from the stream alone: allowed
@@ -381,7 +363,7 @@ func TestAbsorbedRefundIsRecorded(t *testing.T) {
 	require.Equal(t, 200, get(t, e.proxy.URL, "absorbed").StatusCode)
 	require.Equal(t, 304, get(t, e.proxy.URL, "absorbed", "If-None-Match", `"v1"`).StatusCode)
 	var rs []decisionRecord
-	waitFor(t, "three records", func() bool { rs = records(); return len(rs) >= 3 })
+	testutil.WaitFor(t, "three records", func() bool { rs = records(); return len(rs) >= 3 })
 	id := e.srv.Producer() + "-2"
 	require.Contains(t, rs, decisionRecord{RequestID: id, Policy: "core", Allowed: true, Path: "credit", Outcome: "refunded",
 		Used: 1, Key: pl.keys.Key("core", "h:absorbed").Digest().String()})

@@ -21,6 +21,7 @@ import (
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // One request's trace crosses the NATS hop: the edge's server span
@@ -54,7 +55,7 @@ func TestOneTraceAcrossTheNATSHop(t *testing.T) {
 		return spans.GetSpans()[i], true
 	}
 	var server, send, process tracetest.SpanStub
-	waitFor(t, "the three spans", func() bool {
+	testutil.WaitFor(t, "the three spans", func() bool {
 		var ok1, ok2, ok3 bool
 		server, ok1 = find(trace.SpanKindServer)
 		send, ok2 = find(trace.SpanKindProducer)
@@ -139,7 +140,7 @@ func TestDecisionAPISpans(t *testing.T) {
 		return m
 	}
 	var servers []tracetest.SpanStub
-	waitFor(t, "both server spans", func() bool {
+	testutil.WaitFor(t, "both server spans", func() bool {
 		servers = nil
 		for _, s := range spans.GetSpans() {
 			if s.SpanKind == trace.SpanKindServer {
@@ -164,7 +165,7 @@ func TestDecisionAPISpans(t *testing.T) {
 	}), "the reservation is the request's child")
 
 	want := events.TraceParent(server.SpanContext)
-	waitFor(t, "the decision record", func() bool {
+	testutil.WaitFor(t, "the decision record", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Contains(records, want)

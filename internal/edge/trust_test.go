@@ -23,6 +23,7 @@ import (
 	"github.com/tallyhq/tally/internal/outbox"
 	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/shard"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // A request is finished once: the same request_id sent again, to the same
@@ -175,7 +176,7 @@ func TestForgedNoticesChangeNothing(t *testing.T) {
 	send(forger.Append(nil, events.Notice{Full: true, Key: k.Digest().String(), ResetAt: reset, Used: 5}, time.Now()))
 	// Unsigned, in the old format.
 	send([]byte(fmt.Sprintf("full %s %d 5\n", k.Digest(), reset.UnixMilli())))
-	waitFor(t, "both refused", func() bool {
+	testutil.WaitFor(t, "both refused", func() bool {
 		return metric(t, e, `tally_edge_notices_total{direction="refused"}`) >= refusedBefore+2
 	})
 	require.Equal(t, 200, get(t, e.proxy.URL, "noticed").StatusCode, "not denied")
@@ -192,7 +193,7 @@ func TestForgedNoticesChangeNothing(t *testing.T) {
 	// A forged "room" in mode async would let the edge admit from what it
 	// believes.
 	send(forger.Append(nil, events.Notice{Key: k.Digest().String(), ResetAt: reset, Used: 0}, time.Now()))
-	waitFor(t, "both refused", func() bool {
+	testutil.WaitFor(t, "both refused", func() bool {
 		return metric(t, e, `tally_edge_notices_total{direction="refused"}`) >= refusedBefore+4
 	})
 	for range 5 {
@@ -261,7 +262,7 @@ func TestEdgeLearnsFromItsOwnRefunds(t *testing.T) {
 	require.Equal(t, 200, get(t, e.proxy.URL, "learner").StatusCode)
 	require.Equal(t, 304, get(t, e.proxy.URL, "learner", "If-None-Match", `"v1"`).StatusCode)
 	pl.waitUsed(pl.keys.Key("core", "h:learner"), 1)
-	waitFor(t, "the edge allows again", func() bool { return get(t, e.proxy.URL, "learner").StatusCode == 200 })
+	testutil.WaitFor(t, "the edge allows again", func() bool { return get(t, e.proxy.URL, "learner").StatusCode == 200 })
 
 	// Through the decision API the same: the window full, a 304
 	// finished, the next request allowed at once.
@@ -309,7 +310,7 @@ func TestEdgeNotReadyUntilItReachedEveryPrimary(t *testing.T) {
 	// Reached once and lost later: ready, degraded, and saying so.
 	e := pl.edge(nil)
 	pl.primary.Stop()
-	waitFor(t, "degraded", func() bool {
+	testutil.WaitFor(t, "degraded", func() bool {
 		_, _ = check(t, e, "down") // reservations fail: the request path marks the primary down
 		resp, err = http.Get(e.admin.URL + "/readyz")
 		require.NoError(t, err)
@@ -330,7 +331,7 @@ func TestClaimedBodiesAreNotAllocated(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	slowBodies(t, e.api.URL, 200, 64<<10)
-	waitFor(t, "every body being read", func() bool { return readingBodies() >= 200 })
+	testutil.WaitFor(t, "every body being read", func() bool { return readingBodies() >= 200 })
 	var during runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&during)

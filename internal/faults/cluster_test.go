@@ -286,17 +286,6 @@ func (c *cluster) settle(t *testing.T, e *edge) {
 	}
 }
 
-// waitFor polls cond every 50 ms until it holds, or fails t after limit.
-func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(limit); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // metrics reads a process's /metrics into "name{labels}" → value.
 func metrics(t *testing.T, adminAddr string) map[string]float64 {
 	out, err := tallymetrics.Scrape("http://" + adminAddr + "/metrics")

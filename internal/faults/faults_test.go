@@ -15,6 +15,7 @@ import (
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/stack"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // Durations of a scenario: load before the fault, how long a process stays
@@ -281,14 +282,14 @@ func accountantKilled(t *testing.T, c *cluster) {
 func streamFull(t *testing.T, c *cluster) {
 	const small = 16 << 10
 	r := c.start(t, func(f *config.File) { f.NATS.Streams.Accounting.MaxBytes = small })
-	waitFor(t, "the edge to shrink the accounting stream", 10*time.Second, func() bool {
+	testutil.WaitForWithin(t, "the edge to shrink the accounting stream", 10*time.Second, func() bool {
 		s, err := c.js.Stream(context.Background(), c.streams.Accounting.Name)
 		return err == nil && s.CachedInfo().Config.MaxBytes == small
 	})
 	var full jetstream.StreamState
 	r.fault(func() {
 		c.stopAccountant(false)
-		waitFor(t, "a full stream", 20*time.Second, func() bool {
+		testutil.WaitForWithin(t, "a full stream", 20*time.Second, func() bool {
 			return c.stream(t, c.streams.Accounting.Name).Bytes > small*3/4
 		})
 		time.Sleep(downFor)
@@ -338,7 +339,7 @@ func wrongTypeKey(t *testing.T, c *cluster) {
 		// idle_release.
 		broken.retired.Store(true)
 		c.breakWindow(t, broken)
-		waitFor(t, "a dead letter", 20*time.Second, func() bool {
+		testutil.WaitForWithin(t, "a dead letter", 20*time.Second, func() bool {
 			return c.stream(t, c.streams.DeadLetters.Name).LastSeq >= r.deadFrom
 		})
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/stack"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // A real Prometheus (Debian's) scrapes the edge and the accountant, parses
@@ -61,7 +62,7 @@ scrape_configs:
 			} `json:"activeTargets"`
 		} `json:"data"`
 	}
-	waitFor(t, "Prometheus to scrape both", 30*time.Second, func() bool {
+	testutil.WaitForWithin(t, "Prometheus to scrape both", 30*time.Second, func() bool {
 		if !api("/api/v1/targets", nil, &targets) || len(targets.Data.ActiveTargets) != 2 {
 			return false
 		}
@@ -81,7 +82,7 @@ scrape_configs:
 				} `json:"result"`
 			} `json:"data"`
 		}
-		waitFor(t, q, 10*time.Second, func() bool {
+		testutil.WaitForWithin(t, q, 10*time.Second, func() bool {
 			if !api("/api/v1/query", url.Values{"query": {q}}, &res) || len(res.Data.Result) != 1 {
 				return false
 			}
@@ -129,7 +130,7 @@ scrape_configs:
 	}
 	// Evaluations before the first scrapes may see no accountant: wait for
 	// one that has seen both.
-	waitFor(t, "every rule evaluated, none firing", 15*time.Second, func() bool {
+	testutil.WaitForWithin(t, "every rule evaluated, none firing", 15*time.Second, func() bool {
 		if !api("/api/v1/rules", nil, &rulesRes) || len(rulesRes.Data.Groups) == 0 {
 			return false
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/redistest"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // With traces exported, a process's Redis commands are spans under the
@@ -68,7 +69,7 @@ func TestProcessTracesRedisCommands(t *testing.T) {
 // go-redis's own log lines (a pool that cannot dial) come out as JSON
 // through the process's logger, like every other line.
 func TestRedisLogsAreJSON(t *testing.T) {
-	var buf syncBuffer
+	var buf testutil.Buffer
 	redis.SetLogger(redisLogger{slog.New(slog.NewJSONHandler(&buf, nil)).With("component", "go-redis")})
 	t.Cleanup(func() { redis.SetLogger(redisLogger{slog.New(slog.NewJSONHandler(io.Discard, nil))}) })
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 50 * time.Millisecond, MaxRetries: -1})
@@ -83,22 +84,4 @@ func TestRedisLogsAreJSON(t *testing.T) {
 		require.Equal(t, "go-redis", m["component"])
 		require.Equal(t, "WARN", m["level"])
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -20,11 +19,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/tallyhq/tally/internal/redisstore"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -34,8 +30,10 @@ import (
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/natstest"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/service"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // pki is a throwaway CA with a server certificate for 127.0.0.1 and a
@@ -101,24 +99,6 @@ func env(k string) string {
 		config.EnvNATSPassword: natstest.Password("operator")}[k]
 }
 
-// logBuffer collects what a logger writes, for tests that read it.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // refused connects once with cfg's NATS options (no retries) and returns
 // the server's refusal, or nil when it let the client in.
 func refused(cfg *config.File) error {
@@ -142,7 +122,7 @@ func connected(t *testing.T, cfg *config.File, log *slog.Logger, within time.Dur
 	return false
 }
 
-var discard = slog.New(slog.NewTextHandler(&logBuffer{}, nil))
+var discard = slog.New(slog.NewTextHandler(&testutil.Buffer{}, nil))
 
 // A NATS server that requires TLS with client certificates: reached with
 // the configured CA and client certificate, refused without them.
@@ -189,7 +169,7 @@ func TestNATSDisconnectIsLogged(t *testing.T) {
 	ns := natstest.Start(t)
 	cfg, err := load(t, "127.0.0.1:1", "", ns.ClientURL(), "")
 	require.NoError(t, err)
-	var logs logBuffer
+	var logs testutil.Buffer
 	nc, err := service.ConnectNATS(cfg, "test", "events go to the primaries", slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	defer nc.Close()
@@ -251,7 +231,7 @@ func TestCheckRedisRefusesEvictingPolicies(t *testing.T) {
 		}
 	}
 	rs.Stop()
-	var logs logBuffer
+	var logs testutil.Buffer
 	require.NoError(t, service.CheckRedis(ctx, st, slog.New(slog.NewTextHandler(&logs, nil))), "unreachable: start degraded")
 	require.Contains(t, logs.String(), "could not be checked")
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -306,28 +305,6 @@ func (f *fixture) outcomes(n int) []string {
 	return outcomes
 }
 
-// A script call whose answer is lost (the primary froze past the read
-// timeout, then ran it) is tried again; the records say what the lost call
-// did — the refund was applied — not that the retry found it applied
-// before.
-func TestLostAnswerIsRecordedAsWhatItDid(t *testing.T) {
-	f := newFixture(t)
-	k, r := f.keys.Key("core", "alice"), reset()
-	a := f.start()
-	f.publish([]events.Accounting{started("edge-1", 1, k, r, 5)})
-	f.waitUsed(k, 5)
-
-	f.primary.Pause()
-	f.publish([]events.Accounting{finished("edge-1", 2, k, r, 304, "edge-1", 1)})
-	testutil.WaitFor(t, "a call that timed out", func() bool { return a.Stats().Retries > 0 })
-	f.primary.Resume()
-	f.waitUsed(k, 4)
-	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
-	require.Equal(t, []string{"charged", "refunded"}, f.outcomes(2))
-	require.EqualValues(t, 1, a.Stats().Refunded)
-	require.Zero(t, a.Stats().Duplicates)
-}
-
 // scrape reads an accountant's /metrics.
 func scrape(t *testing.T, a *running) map[string]float64 {
 	t.Helper()
@@ -373,207 +350,6 @@ func TestDuplicatesTakeEffectOnce(t *testing.T) {
 	require.EqualValues(t, 1, b.Stats().Repeated)
 }
 
-// Invariant 7 across a crash: an accountant killed while events flow (its
-// lease left behind, whatever it applied not yet deleted from the stream)
-// is replaced within the lease's lifetime, and every event is applied
-// exactly once.
-func TestCrashHandOverIsExactlyOnce(t *testing.T) {
-	f := newFixture(t)
-	k, r := f.keys.Key("core", "hot"), reset()
-	a := f.start()
-	b := f.start() // standby
-	var seq atomic.Uint64
-	stop := make(chan struct{})
-	published := make(chan struct{})
-	go func() {
-		defer close(published)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			var batch []events.Accounting
-			for range 10 {
-				batch = append(batch, started("edge-1", seq.Add(1), k, r, 1))
-			}
-			f.publish(batch)
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	testutil.WaitFor(t, "a shard served", func() bool { return a.Shards()[0].Active || b.Shards()[0].Active })
-	leader, standby := a, b
-	if b.Shards()[0].Active {
-		leader, standby = b, a
-	}
-	testutil.WaitFor(t, "charges", func() bool { return leader.Stats().Charged > 100 })
-	crashed := time.Now()
-	leader.crash()
-	testutil.WaitFor(t, "the standby takes over", func() bool { return standby.Shards()[0].Active })
-	handOver := time.Since(crashed)
-	testutil.WaitFor(t, "charges after the hand-over", func() bool { return standby.Stats().Charged > 100 })
-	close(stop)
-	<-published
-	f.waitUsed(k, int64(seq.Load()))
-	require.Less(t, handOver, 3*time.Second, "within the lease's lifetime (1s) and a poll")
-	t.Logf("hand-over after a crash: %v; events %d; applied by the standby %d, duplicates %d",
-		handOver.Round(time.Millisecond), seq.Load(), standby.Stats().Charged, standby.Stats().Duplicates)
-}
-
-// A graceful stop frees the lease: the standby takes over at once.
-func TestGracefulHandOver(t *testing.T) {
-	f := newFixture(t)
-	k, r := f.keys.Key("core", "alice"), reset()
-	a := f.start()
-	testutil.WaitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
-	b := f.start()
-	testutil.WaitFor(t, "b to ask for the lease", func() bool { return b.Shards()[0].Leasing })
-	require.False(t, b.Shards()[0].Active, "one accountant per shard")
-	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
-	f.waitUsed(k, 1)
-	a.stop()
-	stopped := time.Now() // a freed its lease on its way out
-	testutil.WaitFor(t, "b serves", func() bool { return b.Shards()[0].Active })
-	require.Less(t, time.Since(stopped), time.Second, "b polls every quarter of the lease's lifetime")
-	f.publish([]events.Accounting{started("edge-1", 2, k, r, 1)})
-	f.waitUsed(k, 2)
-}
-
-// Messages that can never be applied are dead-lettered with their reason;
-// the shard goes on with the next ones.
-func TestPoisonMessagesAreDeadLettered(t *testing.T) {
-	f := newFixture(t)
-	ctx := context.Background()
-	k, r := f.keys.Key("core", "alice"), reset()
-	dlq, err := f.js.CreateOrUpdateConsumer(ctx, f.streams.DeadLetters.Name, jetstream.ConsumerConfig{Durable: "inspect"})
-	require.NoError(t, err)
-	other := started("edge-9", 1, k, r, 1)
-	other.Policy, other.Limit = "core", 5000 // terms nobody configured
-	f.publishRaw(`{"not":"an event"`)
-	f.publish([]events.Accounting{other})
-	f.publish([]events.Accounting{started("edge-1", 1, k, r, 2)})
-	a := f.start(func(c *accountant.Config) {
-		c.Policies = map[string]limiter.Policy{"core": {Name: "core", Limit: 100, Window: time.Minute}}
-	})
-	f.waitUsed(k, 2)
-	testutil.WaitFor(t, "dead letters", func() bool { return a.Stats().DeadLettered == 2 })
-	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
-	var reasons []string
-	for range 2 {
-		m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
-		require.NoError(t, err)
-		reasons = append(reasons, m.Headers().Get(accountant.HeaderDeadReason))
-		require.Contains(t, []string{"tally.accounting.s0.raw", "tally.accounting.s0.edge-9"}, m.Headers().Get(accountant.HeaderDeadSubject))
-		require.NotEmpty(t, m.Headers().Get(accountant.HeaderDeadSeq))
-	}
-	require.Contains(t, reasons[0], "invalid event")
-	require.Contains(t, reasons[1], "not configured")
-}
-
-// A Redis error that persists (a key of the wrong type) dead-letters the
-// message that causes it after a few attempts; the messages around it are
-// applied.
-func TestPermanentRedisErrorIsDeadLettered(t *testing.T) {
-	f := newFixture(t)
-	ctx := context.Background()
-	k, bad, r := f.keys.Key("core", "alice"), f.keys.Key("core", "broken"), reset()
-	require.NoError(t, f.primary.Client().Set(ctx, bad.String(), "not a hash", 0).Err())
-	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
-	f.publish([]events.Accounting{started("edge-1", 2, bad, r, 1)})
-	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
-	a := f.start()
-	f.waitUsed(k, 2)
-	testutil.WaitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
-	require.GreaterOrEqual(t, a.Stats().Retries, uint64(3))
-	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
-}
-
-// A message that mixes a broken window's event with others' (an edge
-// batches a shard's events together) loses only that event to the dead
-// letters: the others are applied, and the dead letter holds what Redis
-// refused and nothing else.
-func TestRefusedEventIsSetAsideAlone(t *testing.T) {
-	f := newFixture(t)
-	ctx := context.Background()
-	k, bad, r := f.keys.Key("core", "alice"), f.keys.Key("core", "broken"), reset()
-	require.NoError(t, f.primary.Client().Set(ctx, bad.String(), "not a hash", 0).Err())
-	dlq, err := f.js.CreateOrUpdateConsumer(ctx, f.streams.DeadLetters.Name, jetstream.ConsumerConfig{Durable: "inspect"})
-	require.NoError(t, err)
-	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1), started("edge-1", 2, bad, r, 1), started("edge-1", 3, k, r, 2)})
-	a := f.start()
-	f.waitUsed(k, 3)
-	testutil.WaitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
-	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
-	m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
-	require.NoError(t, err)
-	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "1 of its 3 events")
-	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "WRONGTYPE")
-	evs, err := events.DecodeAccounting("s0", "edge-1", m.Data())
-	require.NoError(t, err)
-	require.Len(t, evs, 1)
-	require.Equal(t, bad.Digest().String(), evs[0].Key)
-	require.EqualValues(t, 2, evs[0].Seq, "republished as it was: its producer number makes a replay safe")
-}
-
-// Transient failures — a primary that is down, or read-only after a
-// failover the configuration has not caught up with — hold the shard's
-// place: events wait in the stream and apply once it is back, none lost.
-func TestTransientFailuresWaitThenApply(t *testing.T) {
-	f := newFixture(t)
-	ctx := context.Background()
-	k, r := f.keys.Key("core", "alice"), reset()
-	a := f.start()
-	testutil.WaitFor(t, "a serves", func() bool { return a.Shards()[0].Active })
-
-	other := redistest.Start(t)
-	require.NoError(t, f.primary.Client().Do(ctx, "REPLICAOF", "127.0.0.1", other.Port).Err())
-	for i := range uint64(10) {
-		f.publish([]events.Accounting{started("edge-1", i+1, k, r, 1)})
-	}
-	testutil.WaitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
-	require.Zero(t, a.Stats().Charged)
-	require.NoError(t, f.primary.Client().Do(ctx, "REPLICAOF", "NO", "ONE").Err())
-	f.replica.WaitLinkUp()
-	f.waitUsed(k, 10)
-	require.Zero(t, a.Stats().DeadLettered, "READONLY is transient, never poison")
-	testutil.WaitFor(t, "the applied events purged", func() bool { return f.streamMsgs() == 0 })
-
-	f.primary.Stop()
-	for i := range uint64(10) {
-		f.publish([]events.Accounting{started("edge-1", i+11, k, r, 1)})
-	}
-	testutil.WaitFor(t, "the shard failing", func() bool { return a.Shards()[0].Err != nil })
-	// Failing long enough for the accountant to say it is not ready (twice
-	// the lease's lifetime): every attempt meanwhile could have deleted
-	// them had it wrongly believed them applied.
-	testutil.WaitFor(t, "the shard failing for two lease lifetimes", func() bool { return a.Ready(ctx, nil) != nil })
-	require.EqualValues(t, 10, f.streamMsgs(), "nothing is deleted that was not applied")
-	f.primary.Restart() // empty: no persistence in tests
-	f.replica.WaitLinkUp()
-	f.waitUsed(k, 10)
-	require.Zero(t, a.Stats().DeadLettered)
-}
-
-// Applied events stay in the stream until a replica confirms them (WAIT),
-// so that a failover cannot lose what the stream no longer holds.
-func TestStreamKeepsWhatNoReplicaConfirmed(t *testing.T) {
-	f := newFixture(t)
-	k, r := f.keys.Key("core", "alice"), reset()
-	a := f.start()
-	f.publish([]events.Accounting{started("edge-1", 1, k, r, 1)})
-	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
-	f.replica.Stop()
-	f.publish([]events.Accounting{started("edge-1", 2, k, r, 1)})
-	f.waitUsed(k, 2)
-	testutil.WaitFor(t, "an unconfirmed run", func() bool { return a.Stats().Unconfirmed > 0 })
-	testutil.WaitFor(t, "a second purge, unconfirmed too", func() bool { return a.Stats().Unconfirmed > 1 })
-	require.EqualValues(t, 1, f.streamMsgs(), "applied, not confirmed: kept")
-	f.replica.Restart()
-	f.publish([]events.Accounting{started("edge-1", 3, k, r, 1)})
-	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
-	f.waitUsed(k, 3)
-}
-
 // A refund or release that gives a window room again is announced to the
 // edges on core NATS.
 func TestRoomNotices(t *testing.T) {
@@ -610,30 +386,6 @@ func TestReadinessFollowsShards(t *testing.T) {
 	require.ErrorContains(t, a.Ready(ctx, nil), "shard s0 failing")
 	f.primary.Restart()
 	testutil.WaitFor(t, "ready again", func() bool { return a.Ready(ctx, nil) == nil && a.Shards()[0].Active })
-}
-
-// Shutdown: the run in hand is applied and deleted from the stream, the
-// lease is given up, and what was not read waits for the next accountant.
-func TestShutdownLeavesNothingHalfDone(t *testing.T) {
-	f := newFixture(t)
-	k, r := f.keys.Key("core", "alice"), reset()
-	warm := f.start()
-	f.publish([]events.Accounting{started("edge-0", 1, k, r, 1)})
-	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 }) // the replica acknowledges
-	warm.stop()
-	for i := range uint64(200) {
-		f.publish([]events.Accounting{started("edge-1", i+1, k, r, 1)})
-	}
-	a := f.start()
-	testutil.WaitFor(t, "some charges", func() bool { return a.Stats().Charged > 0 })
-	a.stop()
-	charged := a.Stats().Charged
-	require.EqualValues(t, charged+1, f.used(k))
-	require.LessOrEqual(t, f.streamMsgs(), 200-charged, "what was applied is deleted (or applied again harmlessly)")
-	b := f.start()
-	f.waitUsed(k, 201)
-	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
-	require.EqualValues(t, 200-charged, b.Stats().Charged)
 }
 
 // A batch waiting in the stream is still applied after a later batch of the

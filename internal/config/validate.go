@@ -1,0 +1,335 @@
+// Package config reads Tally's configuration file: one YAML file for a
+// deployment, from which the edge-checker and the accountant each take the
+// sections they need. Errors name the line and the field. Environment
+// variables override addresses and secrets (Env), so that secrets need not
+// be written in the file.
+//
+// docs/configuration.md describes every field and its default.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	pathpkg "path"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tallyhq/tally/internal/credit"
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/outbox"
+	"github.com/tallyhq/tally/internal/shard"
+)
+
+type fieldError struct {
+	path string // e.g. policies[1].limit
+	msg  string
+}
+
+func (e *fieldError) Error() string { return e.path + ": " + e.msg }
+
+func fieldErr(path, format string, args ...any) error {
+	return &fieldError{path: path, msg: fmt.Sprintf(format, args...)}
+}
+
+func (f *File) validate() error {
+	if f.KeyPrefix == "" {
+		f.KeyPrefix = "tally"
+	}
+	if _, err := limiter.NewKeySpace(f.KeyPrefix, f.KeySecret); err != nil {
+		return fieldErr("key_prefix", "%v", err)
+	}
+	if err := shard.Validate(f.Redis.Shards); err != nil {
+		var ce *shard.ConfigError
+		if !errors.As(err, &ce) {
+			return err
+		}
+		path := "redis.shards"
+		if ce.Field != "" {
+			path = "redis." + ce.Field
+		}
+		return fieldErr(path, "%s", ce.Msg)
+	}
+	if err := f.Redis.ReadPolicy.Validate(); err != nil {
+		return fieldErr("redis.read_policy", "want primary or fail")
+	}
+	if f.NATS.URL == "" {
+		f.NATS.URL = "nats://127.0.0.1:4222"
+	}
+	if u, err := url.Parse(f.NATS.URL); err != nil || u.Host == "" {
+		return fieldErr("nats.url", "%q: want nats://host:port", f.NATS.URL)
+	}
+	if err := f.NATS.Streams.Validate(); err != nil {
+		return fieldErr("nats.streams", "%s", strings.TrimPrefix(err.Error(), events.ErrInvalidConfig.Error()+": "))
+	}
+	if f.Redis.WaitReplicas < -1 {
+		return fieldErr("redis.wait_replicas", "%d: want -1 (never), 0 (default) or a number of replicas", f.Redis.WaitReplicas)
+	}
+	seen := map[string]bool{}
+	for i, p := range f.Policies {
+		path := fmt.Sprintf("policies[%d]", i)
+		if err := p.Limiter().Validate(); err != nil {
+			var pe *limiter.PolicyError
+			if !errors.As(err, &pe) {
+				return err
+			}
+			return fieldErr(path+"."+pe.Field, "%s", pe.Msg)
+		}
+		if seen[p.Name] {
+			return fieldErr(path+".name", "duplicate policy %q", p.Name)
+		}
+		if p.Key != "" && p.Key != KeyIdentity && p.Key != KeyAddress {
+			return fieldErr(path+".key", "%q: want identity or address", p.Key)
+		}
+		seen[p.Name] = true
+	}
+	byName := f.PolicyMap()
+	paths := map[string]bool{}
+	for i, r := range f.Routes {
+		path := fmt.Sprintf("routes[%d]", i)
+		if !strings.HasPrefix(r.Path, "/") {
+			return fieldErr(path+".path", "%q: want a path starting with /", r.Path)
+		}
+		if clean := pathpkg.Clean(r.Path); paths[clean] {
+			return fieldErr(path+".path", "duplicate route %q", r.Path)
+		} else {
+			paths[clean] = true
+		}
+		field := path + ".policy"
+		switch {
+		case r.Policy != "" && len(r.Policies) > 0:
+			return fieldErr(path, "set policy or policies, not both")
+		case len(r.Policies) > 0:
+			field = path + ".policies"
+		case r.Policy == "":
+			return fieldErr(field, "missing: the route's policy")
+		}
+		for _, name := range r.Names() {
+			p, ok := byName[name]
+			if !ok {
+				return fieldErr(field, "unknown policy %q (known: %s)", name, strings.Join(sortedKeys(byName), ", "))
+			}
+			if r.Cost < 0 || r.Cost > p.Limit {
+				return fieldErr(path+".cost", "%d: want 1 to the limit of policy %q (%d)", r.Cost, name, p.Limit)
+			}
+		}
+	}
+	if d := f.Edge.DefaultPolicy; d != "" && !seen[d] {
+		return fieldErr("edge.default_policy", "unknown policy %q", d)
+	}
+	for i, name := range f.Edge.GlobalPolicies {
+		if !seen[name] {
+			return fieldErr(fmt.Sprintf("edge.global_policies[%d]", i), "unknown policy %q", name)
+		}
+	}
+	if err := f.validateSecurity(); err != nil {
+		return err
+	}
+	if s := f.Accountant.Decisions.SampleApplied; s > 1 {
+		return fieldErr("accountant.decisions.sample_applied", "%v: want 0 to 1 (negative: none)", s)
+	}
+	return f.validateEdge()
+}
+
+func (f *File) validateEdge() error {
+	e := &f.Edge
+	if e.Listen != "" {
+		u, err := url.Parse(e.Upstream)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fieldErr("edge.upstream", "%q: proxy mode (edge.listen) needs an http(s) upstream URL", e.Upstream)
+		}
+	}
+	switch e.OnRedisError {
+	case "":
+		e.OnRedisError = "allow"
+	case "allow", "deny":
+	default:
+		return fieldErr("edge.on_redis_error", "%q: want allow or deny", e.OnRedisError)
+	}
+	if e.MaxHeaderBytes == 0 {
+		e.MaxHeaderBytes = 16 << 10
+	}
+	if e.MaxHeaderBytes < 1024 || e.MaxHeaderBytes > 1<<20 {
+		return fieldErr("edge.max_header_bytes", "%d: want 1024 to 1048576", e.MaxHeaderBytes)
+	}
+	for _, d := range []struct {
+		field string
+		v     *time.Duration
+		def   time.Duration
+	}{{"read_header_timeout", &e.ReadHeaderTimeout, 5 * time.Second}, {"read_timeout", &e.ReadTimeout, 30 * time.Second},
+		{"write_timeout", &e.WriteTimeout, 60 * time.Second}, {"idle_timeout", &e.IdleTimeout, 120 * time.Second}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+		if *d.v < 100*time.Millisecond || *d.v > time.Hour {
+			return fieldErr("edge."+d.field, "%v: want 100ms to 1h", *d.v)
+		}
+	}
+	if e.ReadHeaderTimeout > e.ReadTimeout {
+		return fieldErr("edge.read_header_timeout", "%v: want at most read_timeout (%v)", e.ReadHeaderTimeout, e.ReadTimeout)
+	}
+	if e.ShutdownTimeout == 0 {
+		e.ShutdownTimeout = 15 * time.Second
+	}
+	id := &e.Identity
+	if id.IPv4Prefix == 0 {
+		id.IPv4Prefix = 32
+	}
+	if id.IPv6Prefix == 0 {
+		id.IPv6Prefix = 64
+	}
+	if id.IPv4Prefix < 8 || id.IPv4Prefix > 32 {
+		return fieldErr("edge.identity.ipv4_prefix", "%d: want 8 to 32", id.IPv4Prefix)
+	}
+	if id.IPv6Prefix < 16 || id.IPv6Prefix > 128 {
+		return fieldErr("edge.identity.ipv6_prefix", "%d: want 16 to 128", id.IPv6Prefix)
+	}
+	for i, c := range id.TrustedProxies {
+		if _, err := parsePrefix(c); err != nil {
+			return fieldErr(fmt.Sprintf("edge.identity.trusted_proxies[%d]", i), "%q: want an address or CIDR", c)
+		}
+	}
+	if err := e.Outbox.Validate(); err != nil {
+		return fieldErr("edge.outbox", "%s", strings.TrimPrefix(err.Error(), outbox.ErrInvalidConfig.Error()+": "))
+	}
+	if err := e.Credit.Validate(); err != nil {
+		return fieldErr("edge.credit", "%s", strings.TrimPrefix(err.Error(), credit.ErrInvalidConfig.Error()+": "))
+	}
+	if s := e.Decisions.SampleAllowed; s > 1 {
+		return fieldErr("edge.decisions.sample_allowed", "%v: want 0 to 1 (negative: none)", s)
+	}
+	if s := e.Decisions.LogSample; s < 0 || s > 1 {
+		return fieldErr("edge.decisions.log_sample", "%v: want 0 (none) to 1 (every decision)", s)
+	}
+	var level slog.Level
+	if l := e.Decisions.LogLevel; l != "" && level.UnmarshalText([]byte(l)) != nil {
+		return fieldErr("edge.decisions.log_level", "%q: want debug, info, warn or error", l)
+	}
+	if len(f.Policies) == 0 && (e.Listen != "" || e.APIListen != "") {
+		return fieldErr("policies", "the edge needs at least one policy")
+	}
+	return nil
+}
+
+// validateSecurity refuses what would expose Tally or its data: a decision
+// API whose request ids cannot be signed, APIs reachable beyond loopback
+// without a token, TLS settings that cannot be loaded.
+func (f *File) validateSecurity() error {
+	e := &f.Edge
+	if e.AdminListen == "" {
+		e.AdminListen = "127.0.0.1:9090"
+	}
+	if e.APIListen != "" {
+		if f.APIToken == "" && !Loopback(e.APIListen) {
+			return fieldErr("edge.api_listen", "%q is reachable beyond loopback: set %s, the bearer token the API then requires",
+				e.APIListen, EnvAPIToken)
+		}
+	}
+	for _, l := range []struct{ field, addr string }{{"edge.admin_listen", e.AdminListen}, {"accountant.admin_listen", f.Accountant.AdminListen}} {
+		if l.addr != "" && f.AdminToken == "" && !Loopback(l.addr) {
+			return fieldErr(l.field, "%q is reachable beyond loopback: set %s, the bearer token /metrics then requires",
+				l.addr, EnvAdminToken)
+		}
+	}
+	var err error
+	if f.redisTLS, err = f.Redis.TLS.Config(); err != nil {
+		return fieldErr("redis.tls", "%v", err)
+	}
+	if f.natsOpts, err = f.NATS.options(); err != nil {
+		return fieldErr("nats", "%v", err)
+	}
+	return nil
+}
+
+// Loopback reports whether a listen address (host:port) accepts
+// connections from this machine only.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}
+
+// validPrefixTokens reports whether s is subject tokens of [A-Za-z0-9_-]
+// separated by dots.
+func validPrefixTokens(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" {
+			return false
+		}
+		for i := 0; i < len(tok); i++ {
+			if c := tok[i]; (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// lineOf finds the line of a path like "policies[1].limit" in the document;
+// 0 when it is not there (a default, or an override from the environment).
+func lineOf(doc *yaml.Node, path string) int {
+	n := doc
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := 0
+	for _, part := range strings.Split(path, ".") {
+		name, idx := part, -1
+		if i := strings.IndexByte(part, '['); i >= 0 && strings.HasSuffix(part, "]") {
+			name = part[:i]
+			idx, _ = strconv.Atoi(part[i+1 : len(part)-1])
+		}
+		if n == nil || n.Kind != yaml.MappingNode {
+			return line
+		}
+		var next *yaml.Node
+		for k := 0; k+1 < len(n.Content); k += 2 {
+			if n.Content[k].Value == name {
+				line, next = n.Content[k].Line, n.Content[k+1]
+				break
+			}
+		}
+		if next == nil {
+			return line
+		}
+		n = next
+		if idx >= 0 {
+			if n.Kind != yaml.SequenceNode || idx >= len(n.Content) {
+				return line
+			}
+			n = n.Content[idx]
+			line = n.Line
+		}
+	}
+	return line
+}
+
+// parsePrefix reads a CIDR, or a single address as a full-length prefix.
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		return p.Masked(), err
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}

@@ -1,0 +1,388 @@
+package credit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// Refunds of 304s: into the edge's own credit when a reservation charged
+// the request in the window the edge still holds; otherwise by an event
+// naming the charge.
+func TestRefunds(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		mode     limiter.Mode
+		state    func(h *harness)
+		absorbed bool
+		refund   bool // a Refund entry
+		chargeOf bool // naming the request's charge event
+	}{
+		{"credit, auto", limiter.ModeAuto, func(h *harness) { h.open(4, 3, false) }, true, false, false},
+		{"reserved, exact", limiter.ModeExact, func(h *harness) {}, false, true, false},
+		{"borrowed, async", limiter.ModeAsync, func(h *harness) { h.open(testLimit-1, 0, false) }, false, true, true},
+		{"fail open", limiter.ModeAuto, func(h *harness) { h.redis.down = true }, false, true, true},
+		{"fail open, charge dropped", limiter.ModeAuto, func(h *harness) {
+			h.redis.down = true
+			h.ledger.full = true
+		}, false, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, policyOf(c.mode), true, fast)
+			c.state(h)
+			v, err := h.decide(1)
+			if err != nil || !v.Allowed() {
+				t.Fatalf("%v %v", v.Path, err)
+			}
+			before, from := v, h.ledger.len()
+			creditBefore, _, _ := h.snapshot()
+			absorbed := h.core.Refund(v)
+			entries := h.ledger.since(from)
+			if absorbed != c.absorbed || (len(entries) == 1) != c.refund || len(entries) > 1 {
+				t.Fatalf("absorbed %v, entries %+v", absorbed, entries)
+			}
+			if c.absorbed {
+				if cr, _, _ := h.snapshot(); cr != creditBefore+1 {
+					t.Fatalf("credit %d, want %d", cr, creditBefore+1)
+				}
+			}
+			if c.refund {
+				e := entries[0]
+				if e.Kind != limiter.Refund || e.Units != 1 || (e.ChargeSeq != 0) != c.chargeOf || e.ChargeSeq != before.ChargeSeq {
+					t.Fatalf("refund %+v of verdict charged by %d", e, before.ChargeSeq)
+				}
+			}
+		})
+	}
+	t.Run("window reset since", func(t *testing.T) {
+		h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+		h.open(4, 3, false)
+		v, _ := h.decide(1)
+		h.clock.Advance(2 * time.Minute)
+		if h.core.Refund(v) {
+			t.Fatal("absorbed into a window that has reset")
+		}
+		if e := h.ledger.since(0); len(e) != 1 || e[0].Kind != limiter.Refund || !e[0].ResetAt.Equal(v.Reset) {
+			t.Fatalf("entries %+v", e)
+		}
+	})
+	t.Run("another limit denied the request", func(t *testing.T) {
+		h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+		h.open(4, 3, false)
+		v, _ := h.decide(1)
+		h.core.GiveBack([]Verdict{v, {Decided: true}}) // the second: a denial, nothing to give
+		if cr, _, _ := h.snapshot(); cr != 3 {
+			t.Fatalf("credit %d after giving back, want 3", cr)
+		}
+	})
+}
+
+// Credit unused for IdleRelease goes back to the window (a Release entry),
+// the edge's count of the window lowered with it; busy credit stays.
+func TestIdleCreditIsReleased(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+	h.open(4, 3, false)
+	e := h.entry()
+	e.lastUseNano.Store(h.clock.Now().UnixNano())
+	h.clock.Advance(500 * time.Millisecond)
+	h.core.Sweep(context.Background(), h.clock.Now())
+	if n := h.ledger.len(); n != 0 {
+		t.Fatalf("%d entries before the credit was idle", n)
+	}
+	h.clock.Advance(time.Second)
+	h.core.Sweep(context.Background(), h.clock.Now())
+	got := h.ledger.since(0)
+	if len(got) != 1 || got[0].Kind != limiter.Release || got[0].Units != 3 {
+		t.Fatalf("entries %+v, want one release of 3", got)
+	}
+	if cr, used, _ := h.snapshot(); cr != 0 || used != 1 {
+		t.Fatalf("credit %d used %d after the release, want 0 and 1", cr, used)
+	}
+	if h.core.Stats().Released != 3 {
+		t.Fatalf("released %d", h.core.Stats().Released)
+	}
+	// A release the outbox cannot take keeps the credit (spent later, or
+	// given back at the next sweep).
+	h.open(4, 3, false)
+	h.ledger.full = true
+	h.clock.Advance(2 * time.Second)
+	h.core.Sweep(context.Background(), h.clock.Now())
+	if cr, _, _ := h.snapshot(); cr != 3 {
+		t.Fatalf("credit %d after a refused release, want 3", cr)
+	}
+}
+
+// A window believed full whose denials go on is read again after Recheck
+// (a room notice may have been lost), and admits again once the read finds
+// room; while it stays full, the reads grow rarer.
+func TestFullWindowsAreReadAgain(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+	h.open(testLimit, 0, true)
+	sweep := func() { h.core.Sweep(context.Background(), h.clock.Now()) }
+	sweep() // notes when the window was found full
+	for i, wait := range []time.Duration{time.Second, 2 * time.Second} {
+		h.clock.Advance(wait)
+		if v, _ := h.decide(1); v.Allowed() {
+			t.Fatal("admitted into a full window")
+		}
+		calls := h.redis.numCalls()
+		sweep()
+		if h.redis.numCalls() != calls+1 {
+			t.Fatalf("read %d: no read of the full window", i)
+		}
+	}
+	h.clock.Advance(2 * time.Second) // less than the doubled wait (4s)
+	h.decide(1)
+	calls := h.redis.numCalls()
+	sweep()
+	if h.redis.numCalls() != calls {
+		t.Fatal("read again before the doubled wait")
+	}
+	// Another edge released 5 units; the notice was lost.
+	h.redis.mu.Lock()
+	h.redis.windows[h.dg].used = 5
+	h.redis.mu.Unlock()
+	h.clock.Advance(2 * time.Second)
+	sweep()
+	if v, _ := h.decide(1); !v.Allowed() {
+		t.Fatalf("denied after the read found room: %v", v.Path)
+	}
+}
+
+// A reservation whose answer was lost (the primary made it, the edge had
+// stopped waiting) is found by the sweep: in mode auto its units are the
+// edge's credit, in mode exact they go back.
+func TestLostReservationsAreFound(t *testing.T) {
+	for mode, release := range map[limiter.Mode]bool{limiter.ModeAuto: false, limiter.ModeExact: true} {
+		t.Run(string(mode), func(t *testing.T) {
+			h := newHarness(t, policyOf(mode), true, fast)
+			h.redis.lose = true
+			v, err := h.decide(1)
+			if err != nil || v.Path != PathFailOpen {
+				t.Fatalf("%v %v", v.Path, err)
+			}
+			h.redis.lose = false
+			from := h.ledger.len()
+			h.core.Sweep(context.Background(), h.clock.Now())
+			if h.core.Stats().Recovered != 1 {
+				t.Fatalf("recovered %d units, want 1", h.core.Stats().Recovered)
+			}
+			got := h.ledger.since(from)
+			if release != (len(got) == 1 && got[0].Kind == limiter.Release) {
+				t.Fatalf("entries %+v", got)
+			}
+			if cr, _, _ := h.snapshot(); release == (cr != 0) {
+				t.Fatalf("credit %d", cr)
+			}
+		})
+	}
+}
+
+// Reservations failing in a row mark the primary suspect: requests stop
+// waiting for it until one succeeds, or for a second.
+func TestSuspectPrimary(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+	h.redis.down = true
+	for range suspectAfter {
+		if h.core.Suspected(0) {
+			t.Fatal("suspected before enough failures")
+		}
+		h.decide(1)
+	}
+	if !h.core.Suspected(0) {
+		t.Fatal("not suspected after failures in a row")
+	}
+	h.clock.Advance(suspectFor + time.Millisecond)
+	if h.core.Suspected(0) {
+		t.Fatal("still suspected after suspectFor")
+	}
+	h.clock.Advance(-suspectFor)
+	h.redis.down = false
+	if v, _ := h.decide(1); !v.Allowed() {
+		t.Fatal(v.Path)
+	}
+	if h.core.Suspected(0) {
+		t.Fatal("suspected after a reservation succeeded")
+	}
+	// Refusals (invalid arguments) say nothing of the primary.
+	h2 := newHarness(t, policyOf(limiter.ModeExact), true, fast)
+	for range 2 * suspectAfter {
+		h2.core.takeFailed(h2.core.entry(h2.dg, h2.policy), limiter.ErrInvalidArgument)
+	}
+	if h2.core.Suspected(0) {
+		t.Fatal("refusals marked the primary suspect")
+	}
+}
+
+// Peek denies from what is known of a full window without an entry or a
+// Redis call; it reports nothing for keys it does not know as full.
+func TestPeek(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+	if _, full := h.core.Peek(h.policy, 1, h.dg, h.clock.Now(), 1); full || h.entry() != nil {
+		t.Fatal("peek of an unknown key")
+	}
+	h.open(4, 3, false)
+	if _, full := h.core.Peek(h.policy, 1, h.dg, h.clock.Now(), 1); full {
+		t.Fatal("peek denied a window with credit")
+	}
+	h.open(testLimit, 0, true)
+	v, full := h.core.Peek(h.policy, 1, h.dg, h.clock.Now(), 1)
+	if !full || v.Allowed() || v.Path != PathCache || v.Decision.Remaining != 0 || h.redis.numCalls() != 0 {
+		t.Fatalf("peek of a full window: %v %+v", full, v.Decision)
+	}
+}
+
+// What the edge applies itself (a refund, a release, a finish) lowers its
+// count of the window and is told to the other edges as a room notice.
+func TestLearnAndFinish(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeExact), true, fast)
+	v, err := h.decide(1)
+	if err != nil || !v.Allowed() {
+		t.Fatal(err)
+	}
+	h.open(testLimit, 0, true)
+	res, err := h.core.Finish(context.Background(), v, 304, h.clock.Now())
+	if err != nil || res.Amount != 1 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if _, used, full := h.snapshot(); full || used != testLimit-1 {
+		t.Fatalf("after the finish: used %d full %v", used, full)
+	}
+	last := h.notes.notices[len(h.notes.notices)-1]
+	if last.Full || last.Used != testLimit-1 {
+		t.Fatalf("notice %+v", last)
+	}
+	if v2, _ := h.decide(1); !v2.Allowed() {
+		t.Fatal("denied after room was made")
+	}
+}
+
+// Entries the table lets go give their credit back.
+func TestEvictionReleasesCredit(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, Config{Keys: 1, RedisBudget: 5 * time.Millisecond})
+	h.open(4, 3, false)
+	shard := h.dg.Hash() % tableShards
+	for i := 0; ; i++ { // another key in the same table shard
+		k := h.keys.Key("api", fmt.Sprint("other", i))
+		if k.Digest().Hash()%tableShards == shard {
+			h.core.Decide(context.Background(), h.policy, 1, k.Digest(), h.clock.Now(), 99)
+			break
+		}
+	}
+	h.core.Wait()
+	got := h.ledger.since(0)
+	if len(got) != 1 || got[0].Kind != limiter.Release || got[0].Units != 3 || h.core.Stats().Evicted != 1 {
+		t.Fatalf("entries %+v, evicted %d", got, h.core.Stats().Evicted)
+	}
+}
+
+// Mode async: a charge the primary has not applied counts as used in the
+// next reservation (Owed), and is settled once a reservation's answer
+// shows it applied.
+func TestAsyncDebtsSettle(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAsync), true, fast)
+	h.open(testLimit-3, 0, false)
+	v, _ := h.decide(1)
+	if v.Path != PathBorrow || len(h.entry().debts) != 1 {
+		t.Fatalf("%v debts %v", v.Path, h.entry().debts)
+	}
+	h.ledger.apply(h.redis, h.keys, h.ledger.len())
+	h.clock.Advance(time.Second)
+	h.entry().credit = 0
+	if v, _ := h.decide(1); !v.Allowed() {
+		t.Fatal(v.Path)
+	}
+	if d := h.entry().debts; len(d) != 1 && !slices.ContainsFunc(d, func(d debt) bool { return d.seq == 1 }) {
+		t.Fatalf("debts %v", d)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	for _, c := range []Config{{Horizon: -1}, {Share: -1}, {Keys: -1}, {RedisBudget: -time.Second}} {
+		if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	if d := (Config{}).WithDefaults(); d.Share != 8 || d.Horizon != 5*time.Second || d.Keys != 100_000 {
+		t.Errorf("defaults %+v", d)
+	}
+	if _, err := New(Config{}, Deps{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("New without ports: %v", err)
+	}
+}
+
+// Stopping gives every credit back, the units of reservations whose
+// answer was lost included.
+func TestReleaseAllGivesEverythingBack(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+	h.open(4, 3, false)
+	other := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+	other.redis.lose = true
+	if v, _ := other.decide(1); v.Path != PathFailOpen {
+		t.Fatal(v.Path)
+	}
+	other.redis.lose = false
+	for _, x := range []*harness{h, other} {
+		from := x.ledger.len()
+		x.core.ReleaseAll(context.Background(), x.clock.Now())
+		got := x.ledger.since(from)
+		if len(got) != 1 || got[0].Kind != limiter.Release {
+			t.Fatalf("entries %+v", got)
+		}
+	}
+	if u := h.ledger.since(0)[0].Units; u != 3 {
+		t.Fatalf("released %d, want 3", u)
+	}
+}
+
+// Keys with no window and nothing in flight are forgotten a while after
+// their last request.
+func TestIdleKeysAreForgotten(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+	h.decide(1)
+	h.clock.Advance(time.Minute + forgetAfter + time.Second)
+	h.core.Sweep(context.Background(), h.clock.Now())
+	if k := h.core.Stats().Keys; k != 0 || h.entry() != nil {
+		t.Fatalf("%d keys remembered", k)
+	}
+}
+
+// In mode exact, while the primary is suspect one request at a time
+// finds out whether it is back; its success clears the mark.
+func TestExactProbesASuspectPrimary(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeExact), true, fast)
+	h.redis.down = true
+	for range suspectAfter {
+		h.decide(1)
+	}
+	if !h.core.Suspected(0) {
+		t.Fatal("not suspected")
+	}
+	h.redis.down = false
+	calls := h.redis.numCalls()
+	if v, _ := h.decide(1); v.Path != PathReserve || h.redis.numCalls() != calls+1 || h.core.Suspected(0) {
+		t.Fatalf("probe: %v, suspected %v", v.Path, h.core.Suspected(0))
+	}
+}
+
+func TestVerdict(t *testing.T) {
+	v := Verdict{Producer: "edge.a", ReqNum: 7, HolderNum: 36, Now: epoch, Policy: policyOf(limiter.ModeAuto)}
+	if v.RequestID() != "edge.a-7" || v.Holder() != "edge.a.10" || (Verdict{}).RequestID() != "" {
+		t.Fatalf("%q %q", v.RequestID(), v.Holder())
+	}
+	if !v.Allowed() || !v.Expires().Equal(epoch.Add(time.Minute+time.Second)) {
+		t.Fatal("an admission without a window expires a window and a second after its start")
+	}
+	v.Decided, v.Reset = true, epoch.Add(time.Minute)
+	if v.Allowed() || !v.Expires().Equal(v.Reset) {
+		t.Fatal("a decided verdict expires at its reset")
+	}
+	if PathBorrow.String() != "borrow" || Path(99).String() != "unknown" {
+		t.Fatal("path names")
+	}
+}

@@ -7,9 +7,9 @@
 --
 -- KEYS[1] -> the window hash of one (resource, identity) key (keys.go)
 -- KEYS[2] -> the calling edge's producer hash on this shard (keys.go); read
---            only: what of the edge's events apply.lua applied, so that the
---            edge can tell which of its own events the returned count
---            already holds
+--            only, and only when the edge owes something (ARGV[9]): what of
+--            the edge's events apply.lua applied, so that the edge can tell
+--            which of its own events the returned count already holds
 -- ARGV[1] -> now, ms since the Unix epoch (the edge's clock, read once for
 --            the decision)
 -- ARGV[2] -> window length, ms (1000 .. 1e12)
@@ -43,7 +43,8 @@
 --   reset_at, start  the window, ms; both 0 when need is 0 and none is live
 --   opened    1 when this call opened the window, else 0
 --   applied   the highest n such that every event 1..n of the producer has
---             been applied here (0 when none has)
+--             been applied here (0 when none has, and when owed is ""
+--             the producer's hash is not read: 0)
 --   mine      every unit reserved for the holder in this window so far, this
 --             call's included (0 when no window is live)
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
@@ -82,14 +83,26 @@ for tok in string.gmatch(owedArg, "[^,]+") do
   table.insert(owedPairs, { tonumber(sq), tonumber(un) })
 end
 
-local applied = applied_prefix(KEYS[2])
+-- What the edge owes counts only for the events not applied yet: the
+-- producer's hash is read only when the edge owes something.
+local applied = 0
 local owed = 0
-for _, o in ipairs(owedPairs) do
-  if o[1] > applied then
-    owed = owed + o[2]
+if #owedPairs > 0 then
+  applied = applied_prefix(KEYS[2])
+  for _, o in ipairs(owedPairs) do
+    if o[1] > applied then
+      owed = owed + o[2]
+    end
   end
 end
-local w = load(KEYS[1])
+-- One read: the window, and what it holds for the holder and the producer.
+local held_field = "c:" .. producer
+local f = redis.call("HMGET", KEYS[1], "u", "s", "r", "p", mine_field, held_field)
+local w = nil
+if tonumber(f[3]) ~= nil and tonumber(f[2]) ~= nil then
+  w = { u = tonumber(f[1]) or 0, s = tonumber(f[2]), r = tonumber(f[3]), p = tonumber(f[4]) or 0 }
+end
+local mine, held = tonumber(f[5]) or 0, tonumber(f[6]) or 0
 local opened = 0
 if w == nil or w.r <= now then
   if need == 0 then
@@ -99,12 +112,15 @@ if w == nil or w.r <= now then
   if w ~= nil then
     p = w.r
   end
+  -- A window that ended, or a key holding part of one: replaced whole.
+  if w ~= nil or f[1] or f[5] or f[6] then
+    redis.call("DEL", KEYS[1])
+  end
   w = fresh(now, len, p)
-  opened = 1
-  owed = 0 -- what the edge owes is for a window that has ended
+  opened, owed, mine, held = 1, 0, 0, 0
 end
 if need == 0 then
-  return { 0, w.u, w.r, w.s, 0, applied, tonumber(redis.call("HGET", KEYS[1], mine_field)) or 0 }
+  return { 0, w.u, w.r, w.s, 0, applied, mine }
 end
 local granted = 0
 local room = limit - w.u - owed
@@ -112,14 +128,14 @@ if room >= need then
   granted = math.min(want, room)
   w.u = w.u + granted
 end
-if granted > 0 or opened == 1 then
-  save(KEYS[1], w, grace)
-end
-local mine = 0
-if granted > 0 then
-  mine = redis.call("HINCRBY", KEYS[1], mine_field, granted)
-  redis.call("HINCRBY", KEYS[1], "c:" .. producer, granted)
-else
-  mine = tonumber(redis.call("HGET", KEYS[1], mine_field)) or 0
+mine, held = mine + granted, held + granted
+-- One write: a new window whole, with its expiry; else the count and the
+-- holder's and the producer's shares of it.
+if opened == 1 then
+  redis.call("HSET", KEYS[1], "u", num(w.u), "s", num(w.s), "r", num(w.r), "p", num(w.p), mine_field, num(mine),
+    held_field, num(held))
+  redis.call("PEXPIREAT", KEYS[1], num(w.r + grace))
+elseif granted > 0 then
+  redis.call("HSET", KEYS[1], "u", num(w.u), mine_field, num(mine), held_field, num(held))
 end
 return { granted, w.u, w.r, w.s, opened, applied, mine }

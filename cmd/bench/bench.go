@@ -160,6 +160,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 		{"round trips on the idle machine", b.roundTrips},
 		{"saturation, closed loop (no-op, exact, auto)", b.saturation},
 		{"latency, open loop at 25/50/75/90% of saturation", b.latency},
+		{"key counts: 1, 100, 10k and 1M keys, closed loop; 2,500/s over 10k keys, open loop", b.keyCounts},
 		{"the denied path (windows full)", b.denied},
 		{"one hot key offered 5x its limit from 1, 2 and 4 edges, modes auto and async", b.hotKey},
 		{"accountant throughput, with and without WAIT", b.accountantThroughput},

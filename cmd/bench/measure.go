@@ -30,6 +30,7 @@ type sample struct {
 	cpu       map[string]time.Duration
 	self      time.Duration
 	calls     int64
+	commands  int64 // every command, those run inside scripts included
 	streamSeq map[string]uint64
 	// decisions of the edges, by path: "credit" and "cache" (from memory),
 	// and every path.
@@ -43,7 +44,7 @@ func (b *bench) sample(ctx context.Context, procs map[string][]*stack.Proc) samp
 			s.cpu[name] += p.CPU()
 		}
 	}
-	s.calls = b.redisCalls(ctx)
+	s.calls, s.commands = b.redisCalls(ctx)
 	for _, e := range procs["edge-checker"] {
 		for k, v := range metricsText(e.AdminAddr) {
 			if !strings.HasPrefix(k, "tally_edge_decisions_total{") {
@@ -66,24 +67,29 @@ func (b *bench) sample(ctx context.Context, procs map[string][]*stack.Proc) samp
 	return s
 }
 
-// redisCalls counts the script calls all Redis nodes have served.
-func (b *bench) redisCalls(ctx context.Context) int64 {
-	var n int64
+// redisCalls counts the script calls all Redis nodes have served, and
+// every command (those scripts ran included).
+func (b *bench) redisCalls(ctx context.Context) (scripts, commands int64) {
 	for _, c := range b.rdb {
 		info, err := c.Info(ctx, "commandstats").Result()
 		if err != nil {
 			continue
 		}
 		for _, line := range strings.Split(info, "\n") {
-			for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_evalsha_ro:", "cmdstat_eval_ro:"} {
-				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd+"calls="); ok {
-					v, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-					n += v
-				}
+			line = strings.TrimSpace(line)
+			name, rest, ok := strings.Cut(line, ":calls=")
+			if !ok || !strings.HasPrefix(name, "cmdstat_") {
+				continue
+			}
+			v, _ := strconv.ParseInt(rest[:max(0, strings.IndexByte(rest, ','))], 10, 64)
+			commands += v
+			switch name {
+			case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro":
+				scripts += v
 			}
 		}
 	}
-	return n
+	return scripts, commands
 }
 
 // cost turns two samples around a run into per-request figures.

@@ -28,6 +28,8 @@ type report struct {
 	Accountant []accountantResult `json:"accountant"`
 	Lag        []lagResult        `json:"lag"`
 	RoundTrips roundTrips         `json:"idle_round_trips"`
+	KeyCounts  []keyCountResult   `json:"key_counts"`
+	OpenKeys   []openKeysResult   `json:"open_loop_many_keys"`
 }
 
 type roundTrips struct {
@@ -280,6 +282,7 @@ func (r *report) markdown(w *strings.Builder, chart, raw string) {
 		p("| %s | %.0f | %.0f – %.0f | %.2f | %.2f |", s.Target, s.Median, s.Min, s.Max, s.Median/noop.Median, s.Median/exact.Median)
 	}
 	p("")
+	r.keysMarkdown(p)
 	p("## Latency against offered load")
 	p("")
 	p("Open loop (latency counted from each request's scheduled send time), at shares of each target's")

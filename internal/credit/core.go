@@ -293,13 +293,16 @@ func (c *Core) want(e *entry, need int64) int64 {
 }
 
 // prefetch starts a reservation before the credit runs out, when the key
-// is busy enough for its credit to be gone within half the horizon.
-// Callers hold e.mu.
+// is busy enough to need more than it holds within half the horizon. A key
+// that comes less often than that reserves when it comes: what it would
+// reserve ahead would sit unused, and go back by an event. Callers hold
+// e.mu.
 func (c *Core) prefetch(e *entry, cost int64, now time.Time) {
 	if e.refill != nil || e.full || e.rate == 0 || c.suspected(e.shard, now) {
 		return
 	}
-	if low := max(cost, int64(e.rate*c.cfg.Horizon.Seconds()/2)); e.credit < low {
+	soon := e.rate * c.cfg.Horizon.Seconds() / 2 // units the key is expected to ask for within half the horizon
+	if soon >= float64(cost) && float64(e.credit) < soon {
 		c.startTake(e, cost, now)
 	}
 }

@@ -336,3 +336,29 @@ func TestReservationsFollowTheRate(t *testing.T) {
 		})
 	}
 }
+
+// A key seen less often than its reservations would last costs one
+// reservation of exactly what it asks for per visit: nothing reserved
+// ahead, so nothing left to give back.
+func TestQuietKeyReservesOnlyWhatItUses(t *testing.T) {
+	p := policyOf(limiter.ModeAuto)
+	p.Limit = 1000
+	h := newHarness(t, p, true, fast)
+	for range 5 {
+		calls := h.redis.numCalls()
+		if v, err := h.decide(1); err != nil || v.Path != PathReserve {
+			t.Fatalf("%v %v", v.Path, err)
+		}
+		if c := h.redis.numCalls() - calls; c != 1 {
+			t.Fatalf("%d Redis calls for a visit, want 1", c)
+		}
+		if cr, _, _ := h.snapshot(); cr != 0 {
+			t.Fatalf("credit %d left after a visit", cr)
+		}
+		h.clock.Advance(3 * time.Second)
+		h.core.Sweep(context.Background(), h.clock.Now())
+	}
+	if n := h.ledger.len(); n != 0 {
+		t.Fatalf("%d entries to account for; want none", n)
+	}
+}

@@ -90,7 +90,10 @@ func (f *fakeRedis) take(k limiter.Key, now time.Time, a limiter.TakeArgs) limit
 		f.windows[k.Digest()] = w
 		owed = 0
 	}
-	g := limiter.Grant{Live: true, ResetAt: w.reset, Start: w.start, Applied: f.applied}
+	g := limiter.Grant{Live: true, ResetAt: w.reset, Start: w.start}
+	if len(a.Owed) > 0 { // take.lua reads the producer's hash only then
+		g.Applied = f.applied
+	}
 	if room := a.Limit - w.used - owed; a.Need > 0 && room >= a.Need {
 		g.Granted = min(a.Want, room)
 		w.used += g.Granted

@@ -61,7 +61,8 @@ type Grant struct {
 	Opened bool
 	// Applied is the highest n such that every event 1..n of the producer
 	// has been applied on this shard (below the oldest number still
-	// missing, when a later batch was applied first).
+	// missing, when a later batch was applied first). It is read only when
+	// TakeArgs.Owed is not empty (0 otherwise): only debts need it.
 	Applied uint64
 	// Mine is every unit reserved for the holder in this window so far,
 	// this call's included: more than the holder knows it was given means

@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +18,11 @@ import (
 // benchEnv is a primary and a replica on the system clock, with 1,000 live
 // windows: what edges and an accountant see in steady state.
 func benchEnv(b *testing.B) (*redisstore.Store, []limiter.Key) {
+	st, keys, _ := benchEnvWithPrimary(b)
+	return st, keys
+}
+
+func benchEnvWithPrimary(b *testing.B) (*redisstore.Store, []limiter.Key, *redistest.Server) {
 	b.Helper()
 	p, r := redistest.StartPair(b)
 	ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
@@ -28,7 +35,7 @@ func benchEnv(b *testing.B) (*redisstore.Store, []limiter.Key) {
 		}
 	}
 	r.WaitSynced(p)
-	return st, keys
+	return st, keys, p
 }
 
 // BenchmarkCheckReplica: one read on a replica, 8 concurrent callers per
@@ -48,23 +55,67 @@ func BenchmarkCheckReplica(b *testing.B) {
 	})
 }
 
-// BenchmarkTakePrimary: one reservation per call on the primary (what
-// mode: exact does per request), 8 concurrent callers per core.
+// BenchmarkTakePrimary: one reservation per call on the primary, 8
+// concurrent callers per core: in live windows (what mode exact does per
+// request), and each opening a new window (a key seen for the first time).
+// redis-µs/op is the primary's own time per script call (INFO
+// commandstats), beside the round trip.
 func BenchmarkTakePrimary(b *testing.B) {
-	st, keys := benchEnv(b)
-	var i atomic.Uint64
-	b.SetParallelism(8)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			_, err := st.Take(context.Background(), keys[i.Add(1)%1000], time.Now(),
-				limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench"})
-			if err != nil {
-				b.Error(err)
-				return
-			}
+	for _, fresh := range []bool{false, true} {
+		name := "live"
+		if fresh {
+			name = "fresh"
 		}
-	})
+		b.Run(name, func(b *testing.B) {
+			st, keys, primary := benchEnvWithPrimary(b)
+			var i atomic.Uint64
+			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
+			before := scriptMicros(b, primary)
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					n := i.Add(1)
+					k := keys[n%1000]
+					if fresh {
+						k = ks.Key("core", fmt.Sprintf("fresh-%s-%d", b.Name(), n))
+					}
+					_, err := st.Take(context.Background(), k, time.Now(),
+						limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench"})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			after := scriptMicros(b, primary)
+			if calls := after.calls - before.calls; calls > 0 {
+				b.ReportMetric((after.us-before.us)/float64(calls), "redis-µs/op")
+			}
+		})
+	}
+}
+
+type scriptStats struct {
+	calls int64
+	us    float64
+}
+
+// scriptMicros reads the primary's EVALSHA count and time.
+func scriptMicros(b *testing.B, p *redistest.Server) (st scriptStats) {
+	info, err := p.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+			f := strings.Split(rest, ",")
+			st.calls, _ = strconv.ParseInt(f[0], 10, 64)
+			st.us, _ = strconv.ParseFloat(strings.TrimPrefix(f[1], "usec="), 64)
+		}
+	}
+	return st
 }
 
 // BenchmarkApply: accounting events in one script call per run, one caller

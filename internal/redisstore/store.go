@@ -139,6 +139,7 @@ type shardNodes struct {
 	replicas []*redis.Client
 	health   *shard.Replicas
 	wait     int // replicas ConfirmApplied waits for
+	takes    *takeQueue
 }
 
 // NewStore connects (lazily) to every node of every shard; keys names the
@@ -175,6 +176,7 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 		for _, r := range sc.Replicas {
 			n.replicas = append(n.replicas, redis.NewClient(opts.client(r, opts.MaxRetries)))
 		}
+		n.takes = newTakeQueue(s, n.primary)
 		s.shards = append(s.shards, n)
 	}
 	s.m = shard.NewMap(names)
@@ -202,6 +204,7 @@ func (o *Options) client(n shard.Node, retries int) *redis.Options {
 func (s *Store) Close() error {
 	var errs []error
 	for _, n := range s.shards {
+		n.takes.close()
 		errs = append(errs, n.primary.Close())
 		for _, r := range n.replicas {
 			errs = append(errs, r.Close())

@@ -37,9 +37,8 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 		owed = append(owed, ':')
 		owed = strconv.AppendInt(owed, o.Units, 10)
 	}
-	v, err := s.run(ctx, n.primary, takeScript, false, []string{k.String(), s.producerKey(a.Producer)},
-		ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder, a.Producer,
-		string(owed)).Int64Slice()
+	v, err := n.takes.do(ctx, []string{k.String(), s.producerKey(a.Producer)}, []any{ms(now), a.Window.Milliseconds(),
+		a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder, a.Producer, string(owed)})
 	if err != nil {
 		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
 	}

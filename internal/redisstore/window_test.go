@@ -243,7 +243,7 @@ func TestTakeLeavesRoomForWhatIsOwed(t *testing.T) {
 	g = take(0, 0, owed...)
 	require.Zero(t, g.Applied, "event 1 is still missing")
 	e.apply(t, charge("edge-o", 1, k, g.ResetAt, t0, 2))
-	g = take(0, 0)
+	g = take(0, 0, owed...)
 	require.EqualValues(t, 2, g.Applied)
 	require.EqualValues(t, 5, g.Used)
 	require.Zero(t, take(1, 1, owed...).Granted, "applied now, and full")

@@ -1,0 +1,153 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Reservations of many keys share round trips. Each shard has a queue of
+// takes and two senders; a sender takes every take waiting (up to
+// maxBatch) and sends them in one pipeline: one write and one read for all
+// of them, where one call each would cost a round trip, a pooled connection
+// and two system calls apiece. Nothing waits to fill a batch: a take that
+// finds a sender idle goes at once, alone, on its caller's context (its
+// deadline and its trace); batches form only while senders are busy, which
+// is when they pay.
+//
+// A take whose caller stopped waiting before it was sent is not sent. One
+// sent and then given up on may still be made, as with a single call: the
+// holder learns so from its next take (limiter.Grant.Mine).
+
+const (
+	// takeSenders per shard: round trips in flight at once. Two keep a
+	// lone take from waiting behind a batch; more leave each sender too
+	// little to batch (make bench over 1M keys: 1, 2 and 4 senders within
+	// noise of each other in throughput, 2 with the lowest open-loop p99).
+	takeSenders = 2
+	maxBatch    = 128 // takes per pipeline
+	queueLen    = 4096
+)
+
+// batchTimeout bounds a pipeline of several callers' takes, which runs on
+// no caller's context.
+const batchTimeout = 2 * time.Second
+
+type takeCall struct {
+	ctx  context.Context
+	keys []string
+	args []any
+	v    []int64
+	err  error
+	done chan struct{}
+}
+
+type takeQueue struct {
+	s     *Store
+	c     *redis.Client
+	calls chan *takeCall
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+func newTakeQueue(s *Store, c *redis.Client) *takeQueue {
+	q := &takeQueue{s: s, c: c, calls: make(chan *takeCall, queueLen), stop: make(chan struct{})}
+	for range takeSenders {
+		q.wg.Go(q.send)
+	}
+	return q
+}
+
+var errStoreClosed = errors.New("limiter: the store is closed")
+
+// do runs one take through the queue and waits for its answer or ctx.
+func (q *takeQueue) do(ctx context.Context, keys []string, args []any) ([]int64, error) {
+	c := &takeCall{ctx: ctx, keys: keys, args: args, done: make(chan struct{})}
+	select {
+	case q.calls <- c:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-q.stop:
+		return nil, errStoreClosed
+	}
+	select {
+	case <-c.done:
+		return c.v, c.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-q.stop:
+		return nil, errStoreClosed
+	}
+}
+
+func (q *takeQueue) close() {
+	close(q.stop)
+	q.wg.Wait()
+}
+
+func (q *takeQueue) send() {
+	batch := make([]*takeCall, 0, maxBatch)
+	for {
+		var first *takeCall
+		select {
+		case first = <-q.calls:
+		case <-q.stop:
+			return
+		}
+		batch = append(batch[:0], first)
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case c := <-q.calls:
+				batch = append(batch, c)
+			default:
+				break fill
+			}
+		}
+		// Callers that stopped waiting are answered now, unsent.
+		live := batch[:0]
+		for _, c := range batch {
+			if err := c.ctx.Err(); err != nil {
+				c.err = err
+				close(c.done)
+				continue
+			}
+			live = append(live, c)
+		}
+		switch len(live) {
+		case 0:
+		case 1:
+			c := live[0]
+			c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
+			close(c.done)
+		default:
+			q.pipeline(live)
+		}
+	}
+}
+
+// pipeline sends calls in one round trip; a call the node answers NOSCRIPT
+// (its script cache emptied) is sent again alone once the script is loaded.
+func (q *takeQueue) pipeline(calls []*takeCall) {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	// The pipeline's span, if any, joins the first caller's trace.
+	ctx = trace.ContextWithSpan(ctx, trace.SpanFromContext(calls[0].ctx))
+	pipe := q.c.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, c := range calls {
+		c.v, c.err = cmds[i].Int64Slice()
+		if noScript(c.err) {
+			c.v, c.err = q.s.run(ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
+		}
+		close(c.done)
+	}
+}

@@ -27,11 +27,13 @@ type item struct {
 	refused []events.Accounting
 }
 
-// process applies one run of messages, in order. It returns when every
-// message is applied or dead-lettered, or when ctx ends (the lease was lost
-// or the process is stopping) while Redis is failing: the messages then stay
-// in the stream for whoever holds the shard next.
-func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
+// process applies one run of messages, in order. It reports true when every
+// message is applied or dead-lettered, false when ctx ended first (the lease
+// was lost or the process is stopping) while Redis was failing: the
+// messages then stay in the stream for whoever holds the shard next, and
+// the worker must read no further (a later message processed would move
+// what is purged past them).
+func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) bool {
 	a := w.a
 	items := make([]item, len(msgs))
 	for j, m := range msgs {
@@ -67,20 +69,21 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) {
 			to++
 		}
 		if !w.applyRun(ctx, items[from:to]) {
-			return
+			return false
 		}
 		from = to
 	}
 	for j := range items {
 		if items[j].bad != nil {
 			if !w.deadLetter(ctx, &items[j]) {
-				return
+				return false
 			}
 		}
 		w.applied = max(w.applied, items[j].seq)
 	}
 	a.messages.Add(uint64(len(items)))
 	w.flushNotices()
+	return true
 }
 
 // convert turns a message's events into window operations, or says why

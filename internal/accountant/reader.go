@@ -62,8 +62,10 @@ func (a *Accountant) consume(ctx context.Context, i int) error {
 	defer w.purge(true)
 	for {
 		msgs, err := w.collect(in)
-		if len(msgs) > 0 {
-			w.process(ctx, msgs)
+		if len(msgs) > 0 && !w.process(ctx, msgs) {
+			// Stopped short: nothing after an unapplied message is read,
+			// so that nothing purges it.
+			return nil
 		}
 		w.purge(false)
 		if err != nil {

@@ -103,6 +103,8 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 			case limiter.Pending:
 				a.pending.Add(1)
 			}
+			a.log.Debug("event", "shard", w.name, "message", it.seq, "producer", e.Producer, "seq", e.Seq, "kind", op.Kind,
+				"outcome", outcome, "amount", r.Amount, "used", r.Used, "request_id", e.RequestID)
 			a.recordDecision(w.name, e, outcome, r, now)
 		}
 		if dups > 0 && dups == len(it.ops) {

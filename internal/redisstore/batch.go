@@ -51,6 +51,7 @@ type takeQueue struct {
 	c     *redis.Client
 	calls chan *takeCall
 	stop  chan struct{}
+	once  sync.Once
 	wg    sync.WaitGroup
 }
 
@@ -84,8 +85,10 @@ func (q *takeQueue) do(ctx context.Context, keys []string, args []any) ([]int64,
 	}
 }
 
+// close stops the senders once they have sent what they hold; Store.Close
+// may be called more than once.
 func (q *takeQueue) close() {
-	close(q.stop)
+	q.once.Do(func() { close(q.stop) })
 	q.wg.Wait()
 }
 

@@ -54,3 +54,13 @@ func TestTakeOfAGoneCallerIsNotSent(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, g.Live, "no window was opened")
 }
+
+// Closing a store twice is harmless, and a take after Close fails at once.
+func TestTakeAfterClose(t *testing.T) {
+	e := newEnv(t, redisstore.Options{})
+	require.NoError(t, e.store.Close())
+	_ = e.store.Close()
+	_, err := e.store.Take(context.Background(), e.keys.Key("core", "closed"), e.clock.Now(),
+		limiter.TakeArgs{Window: minute, Limit: 3, Need: 1, Want: 1, Producer: "edge-b"})
+	require.Error(t, err)
+}

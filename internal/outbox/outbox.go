@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -338,7 +337,6 @@ func (ob *Outbox) publish(q *queue, batch []item) flight {
 		events.InjectTrace(ctx, m)
 		defer span.End()
 	}
-	slog.Default().Debug("publishing accounting events", "shard", q.name, "first", batch[0].seq, "last", batch[len(batch)-1].seq)
 	ack, err := ob.js.PublishMsgAsync(m, jetstream.WithMsgID(m.Header.Get(events.HeaderMsgID)))
 	if err != nil {
 		ob.o.Log.Warn("publishing accounting events failed", "shard", q.name, "err", err)
@@ -355,7 +353,6 @@ func (ob *Outbox) apply(q *queue, batch []item) error {
 	for i, it := range batch {
 		evs[i] = it.e.Event(ob.o.Producer, it.seq)
 	}
-	slog.Default().Debug("applying accounting events", "shard", q.name, "first", batch[0].seq, "last", batch[len(batch)-1].seq)
 	ctx, cancel := context.WithTimeout(context.Background(), ob.cfg.PublishTimeout)
 	defer cancel()
 	res, err := ob.o.Applier.Apply(ctx, q.shard, time.Now(), evs)

@@ -84,7 +84,7 @@ func (c *Core) deny(v Verdict, e *entry, path Path) Verdict {
 
 func decision(v Verdict, e *entry, allowed bool, used int64) limiter.Decision {
 	d := limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
-		Used: used, Window: v.Policy.Window, ResetAt: e.reset, Now: v.Now}
+		Used: max(0, used), Window: v.Policy.Window, ResetAt: e.reset, Now: v.Now}
 	d.Remaining = max(0, d.Limit-d.Used)
 	return d
 }

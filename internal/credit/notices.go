@@ -29,7 +29,9 @@ func (c *Core) Heard(n Notice) {
 		e.used = max(e.used, n.Used)
 	case !n.Full && e.reset.Equal(n.ResetAt):
 		e.full = false
-		e.used = n.Used
+		// The count a notice carries may predate this edge's latest
+		// reservation: it holds at least what this edge reserved.
+		e.used = max(n.Used, e.credit)
 	}
 }
 
@@ -58,7 +60,7 @@ func (c *Core) Learn(shard int, dg limiter.Digest, reset time.Time, used int64) 
 	if e := c.table.lookup(dg); e != nil {
 		e.mu.Lock()
 		if e.reset.Equal(reset) {
-			e.used = used
+			e.used = max(used, e.credit)
 			if e.full && e.room() >= max(1, e.lastCost) {
 				e.full = false
 			}

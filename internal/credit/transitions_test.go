@@ -386,3 +386,23 @@ func TestVerdict(t *testing.T) {
 		t.Fatal("path names")
 	}
 }
+
+// A room notice older than this edge's latest reservation (its count
+// lower than what this edge holds) never makes a decision say it used less
+// than nothing, nor more room than the window has.
+func TestStaleRoomNoticeKeepsCountsSane(t *testing.T) {
+	p := policyOf(limiter.ModeAuto)
+	h := newHarness(t, p, true, fast)
+	h.open(6, 5, false) // 5 of the 6 counted are this edge's credit
+	h.core.Heard(h.notice(false, 0))
+	v, err := h.decide(1)
+	if err != nil || !v.Allowed() {
+		t.Fatal(v.Path, err)
+	}
+	if d := v.Decision; d.Used < 0 || d.Remaining > testLimit-1 {
+		t.Fatalf("used %d, remaining %d after a stale notice", d.Used, d.Remaining)
+	}
+	if _, used, _ := h.snapshot(); used < 4 {
+		t.Fatalf("the edge counts %d, below the credit it holds", used)
+	}
+}

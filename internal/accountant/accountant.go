@@ -89,7 +89,7 @@ func New(js jetstream.JetStream, store *redisstore.Store, keys *limiter.KeySpace
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Accountant{js: js, store: store, keys: keys, cfg: cfg.withDefaults(), log: log, now: time.Now,
+	a := &Accountant{js: js, store: store, keys: keys, cfg: cfg.WithDefaults(), log: log, now: time.Now,
 		lagHist: noop.Float64Histogram{}, msgEvents: noop.Int64Histogram{}, signer: events.NewNotices(keys.Derive(events.NoticeKeyLabel))}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
@@ -105,10 +105,14 @@ func New(js jetstream.JetStream, store *redisstore.Store, keys *limiter.KeySpace
 	return a
 }
 
-// Run creates the streams if needed (waiting for NATS when it is not up
-// yet), then serves every shard until ctx ends. A shard that fails retries
-// by itself (see Shards); Run returns nil after a clean shutdown.
+// Run refuses a configuration Config.Validate refuses, creates the streams
+// if needed (waiting for NATS when it is not up yet), then serves every
+// shard until ctx ends. A shard that fails retries by itself (see Shards);
+// Run returns nil after a clean shutdown.
 func (a *Accountant) Run(ctx context.Context) error {
+	if err := a.cfg.Validate(); err != nil {
+		return err
+	}
 	names := make([]string, a.store.Shards())
 	for i := range names {
 		names[i] = a.store.ShardName(i)

@@ -43,6 +43,7 @@
 //	records.go     what each event did: counters, decision records, notices
 //	purge.go       deleting from the stream what is applied and confirmed
 //	deadletter.go  setting aside what can never be applied
+//	config.go      the tunables, their defaults and checks
 //
 // # Shutdown
 //

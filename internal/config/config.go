@@ -30,6 +30,7 @@ import (
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/outbox"
 	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/internal/setting"
 	"github.com/tallyhq/tally/internal/shard"
 )
 
@@ -163,20 +164,12 @@ type Identity struct {
 	IPv6Prefix int `yaml:"ipv6_prefix"`
 }
 
-// Accountant configures the accountant (accountant.Config has the
-// defaults).
+// Accountant configures the accountant: its tunables (accountant.Config,
+// which has their defaults and checks) and its admin listener.
 type Accountant struct {
-	BatchSize   int           `yaml:"batch_size"`
-	BatchWait   time.Duration `yaml:"batch_wait"`
-	LeaseTTL    time.Duration `yaml:"lease_ttl"`
-	PurgeEvery  time.Duration `yaml:"purge_every"`
-	RetryMin    time.Duration `yaml:"retry_min"`
-	RetryMax    time.Duration `yaml:"retry_max"`
-	MaxAttempts int           `yaml:"max_attempts"`
-	AdminListen string        `yaml:"admin_listen"`
-	// Decisions says which of the accountant's records go to the
-	// decisions stream.
-	Decisions accountant.DecisionsConfig `yaml:"decisions"`
+	accountant.Config `yaml:",inline"`
+	// AdminListen serves /healthz, /readyz and /metrics. Empty: none.
+	AdminListen string `yaml:"admin_listen"`
 }
 
 // Policy is one rate limit.
@@ -244,15 +237,16 @@ func Parse(b []byte, env func(string) string) (*File, error) {
 	if err := f.applyEnv(env); err != nil {
 		return nil, err
 	}
+	f.withDefaults()
 	if err := f.validate(); err != nil {
-		var fe *fieldError
-		if errors.As(err, &fe) {
-			if line := lineOf(&root, fe.path); line > 0 {
-				return nil, fmt.Errorf("%w: line %d: %s: %s", ErrInvalid, line, fe.path, fe.msg)
-			}
-			return nil, fmt.Errorf("%w: %s: %s", ErrInvalid, fe.path, fe.msg)
+		var se *setting.Error
+		if !errors.As(err, &se) {
+			return nil, err
 		}
-		return nil, err
+		if line := lineOf(&root, se.Field); line > 0 {
+			return nil, fmt.Errorf("%w: line %d: %s: %s", ErrInvalid, line, se.Field, se.Msg)
+		}
+		return nil, fmt.Errorf("%w: %s: %s", ErrInvalid, se.Field, se.Msg)
 	}
 	return &f, nil
 }

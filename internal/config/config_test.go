@@ -116,7 +116,7 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"proxy without upstream", "  upstream: http://127.0.0.1:9000\n", "", "edge.upstream"},
 		{"bad trusted proxy", "10.0.0.0/8]", "10.0.0.0/99]", "edge.identity.trusted_proxies[1]"},
 		{"bad mode", "    limit: 100", "    limit: 100\n    mode: fast", "line 20: policies[0].mode"},
-		{"bad stream", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  streams: {storage: tape}", "nats.streams: storage"},
+		{"bad stream", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  streams: {storage: tape}", "line 11: nats.streams.storage: \"tape\": want file or memory"},
 		{"bad on_redis_error", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  on_redis_error: maybe", "line 13: edge.on_redis_error"},
 		{"slow-client timeouts out of range", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  read_timeout: 2h", "edge.read_timeout: 2h0m0s: want 100ms to 1h"},
 		{"header timeout beyond the read timeout", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  read_header_timeout: 40s", "edge.read_header_timeout"},

@@ -10,7 +10,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"net/url"
@@ -21,66 +20,121 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/tallyhq/tally/internal/credit"
-	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
-	"github.com/tallyhq/tally/internal/outbox"
+	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/internal/setting"
 	"github.com/tallyhq/tally/internal/shard"
 )
 
-type fieldError struct {
-	path string // e.g. policies[1].limit
-	msg  string
-}
-
-func (e *fieldError) Error() string { return e.path + ": " + e.msg }
-
 func fieldErr(path, format string, args ...any) error {
-	return &fieldError{path: path, msg: fmt.Sprintf(format, args...)}
+	return setting.Errorf(ErrInvalid, path, format, args...)
 }
 
-func (f *File) validate() error {
+// withDefaults sets the defaults of the file's own fields (those no
+// component owns: the key prefix, the NATS address, the edge's listeners).
+// A component's section keeps its zero values: the component applies its
+// own defaults (its WithDefaults), and Validate judges them.
+func (f *File) withDefaults() {
 	if f.KeyPrefix == "" {
 		f.KeyPrefix = "tally"
 	}
+	if f.NATS.URL == "" {
+		f.NATS.URL = "nats://127.0.0.1:4222"
+	}
+	f.Edge = f.Edge.withDefaults()
+}
+
+// withDefaults is e with the defaults of its own fields.
+func (e Edge) withDefaults() Edge {
+	if e.AdminListen == "" {
+		e.AdminListen = "127.0.0.1:9090"
+	}
+	if e.OnRedisError == "" {
+		e.OnRedisError = "allow"
+	}
+	if e.MaxHeaderBytes == 0 {
+		e.MaxHeaderBytes = 16 << 10
+	}
+	for _, d := range e.timeouts() {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if e.ShutdownTimeout == 0 {
+		e.ShutdownTimeout = 15 * time.Second
+	}
+	if e.Identity.IPv4Prefix == 0 {
+		e.Identity.IPv4Prefix = 32
+	}
+	if e.Identity.IPv6Prefix == 0 {
+		e.Identity.IPv6Prefix = 64
+	}
+	return e
+}
+
+type timeout struct {
+	field string
+	v     *time.Duration
+	def   time.Duration
+}
+
+func (e *Edge) timeouts() []timeout {
+	return []timeout{{"read_header_timeout", &e.ReadHeaderTimeout, 5 * time.Second}, {"read_timeout", &e.ReadTimeout, 30 * time.Second},
+		{"write_timeout", &e.WriteTimeout, 60 * time.Second}, {"idle_timeout", &e.IdleTimeout, 120 * time.Second},
+		{"shutdown_timeout", &e.ShutdownTimeout, 15 * time.Second}}
+}
+
+// validate checks every field once, after withDefaults: the file's own
+// fields here, each component's section by its Validate.
+func (f *File) validate() error {
 	if _, err := limiter.NewKeySpace(f.KeyPrefix, f.KeySecret); err != nil {
 		return fieldErr("key_prefix", "%v", err)
 	}
 	if err := shard.Validate(f.Redis.Shards); err != nil {
-		var ce *shard.ConfigError
-		if !errors.As(err, &ce) {
-			return err
-		}
-		path := "redis.shards"
-		if ce.Field != "" {
-			path = "redis." + ce.Field
-		}
-		return fieldErr(path, "%s", ce.Msg)
+		return setting.In("redis", err)
 	}
-	if err := f.Redis.ReadPolicy.Validate(); err != nil {
-		return fieldErr("redis.read_policy", "want primary or fail")
-	}
-	if f.NATS.URL == "" {
-		f.NATS.URL = "nats://127.0.0.1:4222"
+	if err := f.Redis.validate(f.StoreOptions()); err != nil {
+		return err
 	}
 	if u, err := url.Parse(f.NATS.URL); err != nil || u.Host == "" {
 		return fieldErr("nats.url", "%q: want nats://host:port", f.NATS.URL)
 	}
 	if err := f.NATS.Streams.Validate(); err != nil {
-		return fieldErr("nats.streams", "%s", strings.TrimPrefix(err.Error(), events.ErrInvalidConfig.Error()+": "))
+		return setting.In("nats.streams", err)
 	}
-	if f.Redis.WaitReplicas < -1 {
-		return fieldErr("redis.wait_replicas", "%d: want -1 (never), 0 (default) or a number of replicas", f.Redis.WaitReplicas)
+	if err := f.validatePolicies(); err != nil {
+		return err
 	}
+	if err := f.validateSecurity(); err != nil {
+		return err
+	}
+	if err := f.Accountant.Validate(); err != nil {
+		return setting.In("accountant", err)
+	}
+	return f.validateEdge()
+}
+
+// validate places the store's verdict on the file's fields: the three
+// timeouts the store has are one setting here.
+func (r Redis) validate(o redisstore.Options) error {
+	err := o.Validate()
+	var e *setting.Error
+	if errors.As(err, &e) {
+		switch e.Field {
+		case "dial_timeout", "read_timeout", "write_timeout":
+			return fieldErr("redis.timeout", "%s", e.Msg)
+		}
+		return setting.In("redis", err)
+	}
+	return err
+}
+
+func (f *File) validatePolicies() error {
 	seen := map[string]bool{}
 	for i, p := range f.Policies {
 		path := fmt.Sprintf("policies[%d]", i)
 		if err := p.Limiter().Validate(); err != nil {
-			var pe *limiter.PolicyError
-			if !errors.As(err, &pe) {
-				return err
-			}
-			return fieldErr(path+"."+pe.Field, "%s", pe.Msg)
+			return setting.In(path, err)
 		}
 		if seen[p.Name] {
 			return fieldErr(path+".name", "duplicate policy %q", p.Name)
@@ -129,13 +183,10 @@ func (f *File) validate() error {
 			return fieldErr(fmt.Sprintf("edge.global_policies[%d]", i), "unknown policy %q", name)
 		}
 	}
-	if err := f.validateSecurity(); err != nil {
-		return err
+	if len(f.Policies) == 0 && (f.Edge.Listen != "" || f.Edge.APIListen != "") {
+		return fieldErr("policies", "the edge needs at least one policy")
 	}
-	if s := f.Accountant.Decisions.SampleApplied; s > 1 {
-		return fieldErr("accountant.decisions.sample_applied", "%v: want 0 to 1 (negative: none)", s)
-	}
-	return f.validateEdge()
+	return nil
 }
 
 func (f *File) validateEdge() error {
@@ -146,28 +197,13 @@ func (f *File) validateEdge() error {
 			return fieldErr("edge.upstream", "%q: proxy mode (edge.listen) needs an http(s) upstream URL", e.Upstream)
 		}
 	}
-	switch e.OnRedisError {
-	case "":
-		e.OnRedisError = "allow"
-	case "allow", "deny":
-	default:
+	if e.OnRedisError != "allow" && e.OnRedisError != "deny" {
 		return fieldErr("edge.on_redis_error", "%q: want allow or deny", e.OnRedisError)
-	}
-	if e.MaxHeaderBytes == 0 {
-		e.MaxHeaderBytes = 16 << 10
 	}
 	if e.MaxHeaderBytes < 1024 || e.MaxHeaderBytes > 1<<20 {
 		return fieldErr("edge.max_header_bytes", "%d: want 1024 to 1048576", e.MaxHeaderBytes)
 	}
-	for _, d := range []struct {
-		field string
-		v     *time.Duration
-		def   time.Duration
-	}{{"read_header_timeout", &e.ReadHeaderTimeout, 5 * time.Second}, {"read_timeout", &e.ReadTimeout, 30 * time.Second},
-		{"write_timeout", &e.WriteTimeout, 60 * time.Second}, {"idle_timeout", &e.IdleTimeout, 120 * time.Second}} {
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+	for _, d := range e.timeouts() {
 		if *d.v < 100*time.Millisecond || *d.v > time.Hour {
 			return fieldErr("edge."+d.field, "%v: want 100ms to 1h", *d.v)
 		}
@@ -175,16 +211,7 @@ func (f *File) validateEdge() error {
 	if e.ReadHeaderTimeout > e.ReadTimeout {
 		return fieldErr("edge.read_header_timeout", "%v: want at most read_timeout (%v)", e.ReadHeaderTimeout, e.ReadTimeout)
 	}
-	if e.ShutdownTimeout == 0 {
-		e.ShutdownTimeout = 15 * time.Second
-	}
 	id := &e.Identity
-	if id.IPv4Prefix == 0 {
-		id.IPv4Prefix = 32
-	}
-	if id.IPv6Prefix == 0 {
-		id.IPv6Prefix = 64
-	}
 	if id.IPv4Prefix < 8 || id.IPv4Prefix > 32 {
 		return fieldErr("edge.identity.ipv4_prefix", "%d: want 8 to 32", id.IPv4Prefix)
 	}
@@ -196,24 +223,13 @@ func (f *File) validateEdge() error {
 			return fieldErr(fmt.Sprintf("edge.identity.trusted_proxies[%d]", i), "%q: want an address or CIDR", c)
 		}
 	}
-	if err := e.Outbox.Validate(); err != nil {
-		return fieldErr("edge.outbox", "%s", strings.TrimPrefix(err.Error(), outbox.ErrInvalidConfig.Error()+": "))
-	}
-	if err := e.Credit.Validate(); err != nil {
-		return fieldErr("edge.credit", "%s", strings.TrimPrefix(err.Error(), credit.ErrInvalidConfig.Error()+": "))
-	}
-	if s := e.Decisions.SampleAllowed; s > 1 {
-		return fieldErr("edge.decisions.sample_allowed", "%v: want 0 to 1 (negative: none)", s)
-	}
-	if s := e.Decisions.LogSample; s < 0 || s > 1 {
-		return fieldErr("edge.decisions.log_sample", "%v: want 0 (none) to 1 (every decision)", s)
-	}
-	var level slog.Level
-	if l := e.Decisions.LogLevel; l != "" && level.UnmarshalText([]byte(l)) != nil {
-		return fieldErr("edge.decisions.log_level", "%q: want debug, info, warn or error", l)
-	}
-	if len(f.Policies) == 0 && (e.Listen != "" || e.APIListen != "") {
-		return fieldErr("policies", "the edge needs at least one policy")
+	for _, sec := range []struct {
+		path string
+		err  error
+	}{{"edge.outbox", e.Outbox.Validate()}, {"edge.credit", e.Credit.Validate()}, {"edge.decisions", e.Decisions.Validate()}} {
+		if sec.err != nil {
+			return setting.In(sec.path, sec.err)
+		}
 	}
 	return nil
 }
@@ -223,9 +239,6 @@ func (f *File) validateEdge() error {
 // without a token, TLS settings that cannot be loaded.
 func (f *File) validateSecurity() error {
 	e := &f.Edge
-	if e.AdminListen == "" {
-		e.AdminListen = "127.0.0.1:9090"
-	}
 	if e.APIListen != "" {
 		if f.APIToken == "" && !Loopback(e.APIListen) {
 			return fieldErr("edge.api_listen", "%q is reachable beyond loopback: set %s, the bearer token the API then requires",

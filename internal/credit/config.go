@@ -2,8 +2,9 @@ package credit
 
 import (
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/tallyhq/tally/internal/setting"
 )
 
 // Config tunes how an edge reserves and remembers windows
@@ -39,18 +40,24 @@ type Config struct {
 // ErrInvalidConfig is wrapped by Config.Validate's errors.
 var ErrInvalidConfig = errors.New("credit: invalid config")
 
-// Validate refuses negative values; zero ones take the defaults.
+// Validate refuses values no edge can work with, as a *setting.Error
+// naming the field; zero values stand for the defaults.
 func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"horizon", c.Horizon}, {"idle_release", c.IdleRelease}, {"recheck", c.Recheck}, {"redis_budget", c.RedisBudget}} {
-		if d.v < 0 {
-			return fmt.Errorf("%w: %s %v: want a positive duration (or 0 for the default)", ErrInvalidConfig, d.name, d.v)
+		max  time.Duration
+	}{{"horizon", c.Horizon, time.Hour}, {"idle_release", c.IdleRelease, time.Hour},
+		{"recheck", c.Recheck, time.Hour}, {"redis_budget", c.RedisBudget, 10 * time.Second}} {
+		if d.v < 0 || d.v > d.max {
+			return setting.Errorf(ErrInvalidConfig, d.name, "%v: want a duration up to %v (0: the default)", d.v, d.max)
 		}
 	}
-	if c.Share < 0 || c.Keys < 0 {
-		return fmt.Errorf("%w: share %d, keys %d: want positive numbers (or 0 for the defaults)", ErrInvalidConfig, c.Share, c.Keys)
+	if c.Share < 0 || c.Share > 1000 {
+		return setting.Errorf(ErrInvalidConfig, "share", "%d: want 1 to 1000 (0: the default)", c.Share)
+	}
+	if c.Keys < 0 || c.Keys > 100_000_000 {
+		return setting.Errorf(ErrInvalidConfig, "keys", "%d: want 1 to 100000000 (0: the default)", c.Keys)
 	}
 	return nil
 }

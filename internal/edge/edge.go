@@ -30,6 +30,7 @@ import (
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/outbox"
 	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/internal/setting"
 	"github.com/tallyhq/tally/internal/telemetry"
 )
 
@@ -86,6 +87,36 @@ type DecisionsConfig struct {
 	// (debug, info, warn or error; default debug).
 	LogSample float64 `yaml:"log_sample"`
 	LogLevel  string  `yaml:"log_level"`
+}
+
+// ErrInvalidConfig is wrapped by the edge's configuration errors.
+var ErrInvalidConfig = errors.New("edge: invalid config")
+
+// WithDefaults is c with its zero values replaced by the defaults.
+func (c DecisionsConfig) WithDefaults() DecisionsConfig {
+	c.BatcherConfig = c.BatcherConfig.WithDefaults()
+	if c.LogLevel == "" {
+		c.LogLevel = "debug"
+	}
+	return c
+}
+
+// Validate refuses shares outside their range and unknown log levels, as a
+// *setting.Error naming the field.
+func (c DecisionsConfig) Validate() error {
+	if err := c.BatcherConfig.Validate(); err != nil {
+		return err
+	}
+	var level slog.Level
+	switch {
+	case c.SampleAllowed > 1:
+		return setting.Errorf(ErrInvalidConfig, "sample_allowed", "%v: want 0 to 1 (negative: none)", c.SampleAllowed)
+	case c.LogSample < 0 || c.LogSample > 1:
+		return setting.Errorf(ErrInvalidConfig, "log_sample", "%v: want 0 (none) to 1 (every decision)", c.LogSample)
+	case c.LogLevel != "" && level.UnmarshalText([]byte(c.LogLevel)) != nil:
+		return setting.Errorf(ErrInvalidConfig, "log_level", "%q: want debug, info, warn or error", c.LogLevel)
+	}
+	return nil
 }
 
 // Options configure a Server. Store, Keys and Policies are required.
@@ -191,8 +222,8 @@ func New(o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	o.Streams = o.Streams.WithDefaults()
-	if err := o.Streams.Validate(); err != nil {
+	o.Streams, o.Decisions = o.Streams.WithDefaults(), o.Decisions.WithDefaults()
+	if err := errors.Join(setting.In("streams", o.Streams.Validate()), setting.In("decisions", o.Decisions.Validate())); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
 	if o.Source == "" {
@@ -214,11 +245,7 @@ func New(o Options) (*Server, error) {
 	s := &Server{o: o, log: telemetry.NewRateLog(o.Log, 5*time.Second), stop: make(chan struct{}), decisionLevel: slog.LevelDebug,
 		notices: events.NewNotices(o.Keys.Derive(events.NoticeKeyLabel)), ticketKey: o.Keys.Derive(ticketKeyLabel),
 		ready: newReadiness(o.Store.Shards())}
-	if o.Decisions.LogLevel != "" {
-		if err := s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)); err != nil {
-			return nil, fmt.Errorf("edge: decisions log level %q: want debug, info, warn or error", o.Decisions.LogLevel)
-		}
-	}
+	_ = s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)) // validated above
 	if err := s.resolveRoutes(); err != nil {
 		return nil, err
 	}

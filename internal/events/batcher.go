@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tallyhq/tally/internal/setting"
 )
 
 // BatcherConfig bounds a decisions batcher. Zero values take the defaults
@@ -25,7 +27,24 @@ type BatcherConfig struct {
 	MaxInFlight int `yaml:"max_in_flight"`
 }
 
-func (c BatcherConfig) withDefaults() BatcherConfig {
+// Validate refuses negative or unworkable bounds as a *setting.Error
+// naming the field; zero values stand for the defaults.
+func (c BatcherConfig) Validate() error {
+	switch {
+	case c.Buffer < 0 || c.Buffer > 10_000_000:
+		return setting.Errorf(ErrInvalidConfig, "buffer", "%d: want 1 to 10000000 (0: the default)", c.Buffer)
+	case c.MaxBatch < 0 || c.MaxBatch > MaxBatch:
+		return setting.Errorf(ErrInvalidConfig, "max_batch", "%d: want 1 to %d (0: the default)", c.MaxBatch, MaxBatch)
+	case c.Interval < 0 || c.Interval > time.Minute:
+		return setting.Errorf(ErrInvalidConfig, "interval", "%v: want a duration up to 1m (0: the default)", c.Interval)
+	case c.MaxInFlight < 0 || c.MaxInFlight > 4096:
+		return setting.Errorf(ErrInvalidConfig, "max_in_flight", "%d: want 1 to 4096 (0: the default)", c.MaxInFlight)
+	}
+	return nil
+}
+
+// WithDefaults is c with its zero values replaced by the defaults.
+func (c BatcherConfig) WithDefaults() BatcherConfig {
 	if c.Buffer <= 0 {
 		c.Buffer = 16384
 	}
@@ -65,7 +84,7 @@ type Batcher struct {
 
 // NewBatcher starts a batcher publishing on nc to subject.
 func NewBatcher(nc *nats.Conn, subject string, cfg BatcherConfig) (*Batcher, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	b := &Batcher{cfg: cfg, subject: subject, queue: make(chan Decision, cfg.Buffer),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	js, err := jetstream.New(nc,

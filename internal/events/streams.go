@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tallyhq/tally/internal/setting"
 )
 
 // ErrInvalidConfig is wrapped by stream configuration errors.
@@ -88,11 +90,48 @@ func (s Streams) WithDefaults() Streams {
 	return s
 }
 
-// Validate reports the first problem with s (after defaults), wrapping
-// ErrInvalidConfig.
-func (s Streams) Validate() error {
-	_, err := s.WithDefaults().jetstream(nil)
-	return err
+// Validate reports the first problem with s (zero values stand for the
+// defaults) as a *setting.Error naming the field.
+func (s Streams) Validate() error { return s.WithDefaults().check() }
+
+func (s Streams) check() error {
+	bad := func(field, format string, args ...any) error {
+		return setting.Errorf(ErrInvalidConfig, field, format, args...)
+	}
+	if s.Storage != "file" && s.Storage != "memory" {
+		return bad("storage", "%q: want file or memory", clip(s.Storage))
+	}
+	if s.Replicas < 1 || s.Replicas > 5 {
+		return bad("replicas", "%d: want 1 to 5", s.Replicas)
+	}
+	names := map[string]bool{}
+	for _, c := range []struct {
+		field string
+		StreamConfig
+	}{{"accounting", s.Accounting}, {"decisions", s.Decisions}, {"dead_letters", s.DeadLetters}} {
+		switch {
+		case !validStreamName(c.Name):
+			return bad(c.field+".name", "%q: want 1 to 64 of [A-Za-z0-9_-]", clip(c.Name))
+		case names[c.Name]:
+			return bad(c.field+".name", "%q: another stream has this name", c.Name)
+		case !validPrefix(c.SubjectPrefix):
+			return bad(c.field+".subject_prefix", "%q: want tokens of [a-z0-9_-] separated by dots", clip(c.SubjectPrefix))
+		case names[c.SubjectPrefix]:
+			return bad(c.field+".subject_prefix", "%q: another stream has this prefix", c.SubjectPrefix)
+		case c.MaxAge < 0:
+			return bad(c.field+".max_age", "%v: want a positive duration (0: the default)", c.MaxAge)
+		case c.MaxBytes < -1:
+			return bad(c.field+".max_bytes", "%d: want a positive size, or -1 for no bound", c.MaxBytes)
+		}
+		names[c.Name], names[c.SubjectPrefix] = true, true
+	}
+	if !validPrefix(s.NoticePrefix) || names[s.NoticePrefix] {
+		return bad("notice_prefix", "%q: want tokens of [a-z0-9_-] separated by dots, unlike the streams' prefixes", clip(s.NoticePrefix))
+	}
+	if s.Duplicates <= 0 || s.Duplicates > s.Accounting.MaxAge {
+		return bad("duplicates", "%v: want a positive duration within the accounting stream's max_age (%v)", s.Duplicates, s.Accounting.MaxAge)
+	}
+	return nil
 }
 
 // DecisionsSubject is where edges publish their decisions.
@@ -110,36 +149,12 @@ func (s Streams) AccountantDecisionsSubject() string {
 // JetStream (no stream takes it) instead of waiting in the stream forever.
 // The decisions stream takes the edges' and the accountants' subjects only.
 func (s Streams) jetstream(shards []string) ([]jetstream.StreamConfig, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
 	storage := jetstream.FileStorage
-	switch s.Storage {
-	case "file":
-	case "memory":
+	if s.Storage == "memory" {
 		storage = jetstream.MemoryStorage
-	default:
-		return nil, fmt.Errorf("%w: storage %q: want file or memory", ErrInvalidConfig, s.Storage)
-	}
-	if s.Replicas < 1 || s.Replicas > 5 {
-		return nil, fmt.Errorf("%w: replicas %d: want 1 to 5", ErrInvalidConfig, s.Replicas)
-	}
-	names := map[string]bool{}
-	for _, c := range []StreamConfig{s.Accounting, s.Decisions, s.DeadLetters} {
-		switch {
-		case !validStreamName(c.Name):
-			return nil, fmt.Errorf("%w: stream name %q: want 1 to 64 of [A-Za-z0-9_-]", ErrInvalidConfig, clip(c.Name))
-		case names[c.Name] || names[c.SubjectPrefix]:
-			return nil, fmt.Errorf("%w: stream %s: names and subject prefixes must differ", ErrInvalidConfig, c.Name)
-		case !validPrefix(c.SubjectPrefix):
-			return nil, fmt.Errorf("%w: subject prefix %q: want tokens of [a-z0-9_-] separated by dots", ErrInvalidConfig, clip(c.SubjectPrefix))
-		case c.MaxAge < 0 || c.MaxBytes < -1:
-			return nil, fmt.Errorf("%w: stream %s: max_age and max_bytes must not be negative", ErrInvalidConfig, c.Name)
-		}
-		names[c.Name], names[c.SubjectPrefix] = true, true
-	}
-	if !validPrefix(s.NoticePrefix) || names[s.NoticePrefix] {
-		return nil, fmt.Errorf("%w: notice prefix %q", ErrInvalidConfig, clip(s.NoticePrefix))
-	}
-	if s.Duplicates <= 0 || (s.Accounting.MaxAge > 0 && s.Duplicates > s.Accounting.MaxAge) {
-		return nil, fmt.Errorf("%w: duplicates %v must be positive and within the accounting max_age", ErrInvalidConfig, s.Duplicates)
 	}
 	for _, sh := range shards {
 		if !validShard(sh) {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tallyhq/tally/internal/setting"
 )
 
 // ErrInvalidPolicy is wrapped by every policy validation error.
@@ -73,16 +75,9 @@ type Policy struct {
 	Mode Mode
 }
 
-// PolicyError is a policy problem with the field it is in.
-type PolicyError struct {
-	Field string // name, limit, window, cost or mode
-	Msg   string
-}
-
-func (e *PolicyError) Error() string { return ErrInvalidPolicy.Error() + ": " + e.Msg }
-
-// Unwrap makes errors.Is(err, ErrInvalidPolicy) hold.
-func (e *PolicyError) Unwrap() error { return ErrInvalidPolicy }
+// PolicyError is a policy problem with the field it is in (name, limit,
+// window, cost or mode); it wraps ErrInvalidPolicy.
+type PolicyError = setting.Error
 
 // ValidPolicyName reports whether s can name a policy: 1 to 64 of
 // [a-z0-9_.-], starting with a letter or digit.
@@ -103,19 +98,19 @@ func ValidPolicyName(s string) bool {
 // Validate reports the first problem with p as a *PolicyError.
 func (p Policy) Validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &PolicyError{Field: field, Msg: fmt.Sprintf(format, args...)}
+		return setting.Errorf(ErrInvalidPolicy, field, format, args...)
 	}
 	switch {
 	case !ValidPolicyName(p.Name):
-		return bad("name", "name %q: want 1 to 64 of [a-z0-9_.-]", truncate(p.Name, 70))
+		return bad("name", "%q: want 1 to 64 of [a-z0-9_.-], starting with a letter or digit", truncate(p.Name, 70))
 	case p.Limit < 1 || p.Limit > MaxLimit:
-		return bad("limit", "%s: limit %d: want 1 to %d", p.Name, p.Limit, MaxLimit)
+		return bad("limit", "%d: want 1 to %d (policy %s)", p.Limit, MaxLimit, p.Name)
 	case p.Window < MinWindow || p.Window > MaxWindow || p.Window%time.Second != 0:
-		return bad("window", "%s: window %v: want whole seconds from %v to %v", p.Name, p.Window, MinWindow, MaxWindow)
+		return bad("window", "%v: want whole seconds from %v to %v (policy %s)", p.Window, MinWindow, MaxWindow, p.Name)
 	case p.Cost < 0 || p.Cost > p.Limit:
-		return bad("cost", "%s: cost %d: want 1 to the limit (%d)", p.Name, p.Cost, p.Limit)
+		return bad("cost", "%d: want 1 to the limit, %d (policy %s)", p.Cost, p.Limit, p.Name)
 	case p.Mode.Validate() != nil:
-		return bad("mode", "%s: mode %q: want auto, exact or async", p.Name, p.Mode)
+		return bad("mode", "%q: want auto, exact or async (policy %s)", p.Mode, p.Name)
 	}
 	return nil
 }

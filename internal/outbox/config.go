@@ -2,10 +2,10 @@ package outbox
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/setting"
 )
 
 // Config bounds the accounting events an edge holds. Zero values take the
@@ -40,17 +40,20 @@ const (
 var ErrInvalidConfig = errors.New("outbox: invalid config")
 
 // Validate refuses an unknown route, negative values and batches larger
-// than a message may hold.
+// than a message may hold, as a *setting.Error naming the field; zero
+// values stand for the defaults.
 func (c Config) Validate() error {
-	if c.Route != "" && c.Route != RouteStream && c.Route != RouteDirect {
-		return fmt.Errorf("%w: route %q: want stream or direct", ErrInvalidConfig, c.Route)
-	}
-	if c.Capacity < 0 || c.InFlight < 0 || c.PublishTimeout < 0 {
-		return fmt.Errorf("%w: capacity %d, in_flight %d, publish_timeout %v: want positive values (or 0 for the defaults)",
-			ErrInvalidConfig, c.Capacity, c.InFlight, c.PublishTimeout)
-	}
-	if c.MaxBatch < 0 || c.MaxBatch > events.MaxBatch {
-		return fmt.Errorf("%w: max_batch %d: want 1 to %d (or 0 for the default)", ErrInvalidConfig, c.MaxBatch, events.MaxBatch)
+	switch {
+	case c.Route != "" && c.Route != RouteStream && c.Route != RouteDirect:
+		return setting.Errorf(ErrInvalidConfig, "route", "%q: want stream or direct", c.Route)
+	case c.Capacity < 0 || c.Capacity > 100_000_000:
+		return setting.Errorf(ErrInvalidConfig, "capacity", "%d: want 1 to 100000000 (0: the default)", c.Capacity)
+	case c.PublishTimeout < 0 || c.PublishTimeout > time.Minute:
+		return setting.Errorf(ErrInvalidConfig, "publish_timeout", "%v: want a duration up to 1m (0: the default)", c.PublishTimeout)
+	case c.MaxBatch < 0 || c.MaxBatch > events.MaxBatch:
+		return setting.Errorf(ErrInvalidConfig, "max_batch", "%d: want 1 to %d (0: the default)", c.MaxBatch, events.MaxBatch)
+	case c.InFlight < 0 || c.InFlight > 1024:
+		return setting.Errorf(ErrInvalidConfig, "in_flight", "%d: want 1 to 1024 (0: the default)", c.InFlight)
 	}
 	return nil
 }

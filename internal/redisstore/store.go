@@ -1,8 +1,6 @@
 package redisstore
 
 import (
-	"github.com/tallyhq/tally/internal/limiter"
-
 	"context"
 	"crypto/tls"
 	"errors"
@@ -16,6 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/setting"
 	"github.com/tallyhq/tally/internal/shard"
 	"github.com/tallyhq/tally/lua"
 )
@@ -82,25 +82,23 @@ type Options struct {
 	ScriptEvents int
 }
 
-func (o *Options) setDefaults() error {
+// ErrInvalidOptions is wrapped by Options.Validate's errors.
+var ErrInvalidOptions = errors.New("redisstore: invalid options")
+
+// WithDefaults is o with its zero values replaced by the defaults; it
+// changes nothing else.
+func (o Options) WithDefaults() Options {
 	if o.Clock == nil {
 		o.Clock = limiter.SystemClock{}
 	}
 	if o.Grace == 0 {
 		o.Grace = 60 * time.Second
 	}
-	if o.Grace < time.Second {
-		return fmt.Errorf("%w: grace %v: want at least 1s", limiter.ErrInvalidArgument, o.Grace)
-	}
 	if o.SkewTolerance == 0 {
 		o.SkewTolerance = 2 * time.Second
 	}
-	o.SkewTolerance = max(0, o.SkewTolerance)
-	if err := o.ReadPolicy.Validate(); err != nil {
-		return err
-	}
 	for _, d := range []*time.Duration{&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout} {
-		if *d <= 0 {
+		if *d == 0 {
 			*d = 500 * time.Millisecond
 		}
 	}
@@ -110,14 +108,47 @@ func (o *Options) setDefaults() error {
 	if o.ProducerTTL == 0 {
 		o.ProducerTTL = 25 * time.Hour
 	}
-	if o.ProducerTTL < time.Second {
-		return fmt.Errorf("%w: producer ttl %v: want at least 1s", limiter.ErrInvalidArgument, o.ProducerTTL)
-	}
-	if o.WaitTimeout <= 0 {
+	if o.WaitTimeout == 0 {
 		o.WaitTimeout = 100 * time.Millisecond
 	}
-	if o.ScriptEvents <= 0 {
+	if o.ScriptEvents == 0 {
 		o.ScriptEvents = 128
+	}
+	return o
+}
+
+// Validate refuses, as a *setting.Error naming the field, every option a
+// store cannot work with; zero values stand for the defaults.
+func (o Options) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return setting.Errorf(ErrInvalidOptions, field, format, args...)
+	}
+	d := o.WithDefaults()
+	switch {
+	case d.Grace < time.Second || d.Grace > 24*time.Hour:
+		return bad("grace", "%v: want 1s to 24h", d.Grace)
+	case d.SkewTolerance < 0 || d.SkewTolerance > time.Minute:
+		return bad("skew_tolerance", "%v: want 0 to 1m", d.SkewTolerance)
+	case d.ReadPolicy.Validate() != nil:
+		return bad("read_policy", "%q: want primary or fail", d.ReadPolicy)
+	case d.DialTimeout < 0 || d.DialTimeout > time.Minute:
+		return bad("dial_timeout", "%v: want a duration up to 1m (0: the default)", d.DialTimeout)
+	case d.ReadTimeout < 0 || d.ReadTimeout > time.Minute:
+		return bad("read_timeout", "%v: want a duration up to 1m (0: the default)", d.ReadTimeout)
+	case d.WriteTimeout < 0 || d.WriteTimeout > time.Minute:
+		return bad("write_timeout", "%v: want a duration up to 1m (0: the default)", d.WriteTimeout)
+	case d.MaxRetries < -1:
+		return bad("max_retries", "%d: want -1 (none) or more", d.MaxRetries)
+	case d.PoolSize < 0:
+		return bad("pool_size", "%d: want a positive size (0: go-redis's default)", d.PoolSize)
+	case d.ProducerTTL < time.Second:
+		return bad("producer_ttl", "%v: want at least 1s", d.ProducerTTL)
+	case d.WaitReplicas < -1:
+		return bad("wait_replicas", "%d: want -1 (never), 0 (default) or a number of replicas", d.WaitReplicas)
+	case d.WaitTimeout < 0 || d.WaitTimeout > time.Minute:
+		return bad("wait_timeout", "%v: want a duration up to 1m (0: the default)", d.WaitTimeout)
+	case d.ScriptEvents < 0 || d.ScriptEvents > limiter.MaxApply:
+		return bad("script_events", "%d: want 1 to %d (0: the default)", d.ScriptEvents, limiter.MaxApply)
 	}
 	return nil
 }
@@ -152,7 +183,8 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 	if err := shard.Validate(shards); err != nil {
 		return nil, err
 	}
-	if err := opts.setDefaults(); err != nil {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	names := make([]string, len(shards))

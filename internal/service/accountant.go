@@ -34,11 +34,9 @@ func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) erro
 		return fmt.Errorf("nats: %w", err)
 	}
 	a := cfg.Accountant
-	acc := accountant.New(js, p.store, p.keys, accountant.Config{
-		Streams: cfg.NATS.Streams, Policies: cfg.PolicyMap(), Metrics: p.metrics, Tracer: p.tracing.Tracer("tally/accountant"),
-		BatchSize: a.BatchSize, BatchWait: a.BatchWait, LeaseTTL: a.LeaseTTL, PurgeEvery: a.PurgeEvery,
-		RetryMin: a.RetryMin, RetryMax: a.RetryMax, MaxAttempts: a.MaxAttempts, Decisions: a.Decisions,
-	}, log)
+	ac := a.Config
+	ac.Streams, ac.Policies, ac.Metrics, ac.Tracer = cfg.NATS.Streams, cfg.PolicyMap(), p.metrics, p.tracing.Tracer("tally/accountant")
+	acc := accountant.New(js, p.store, p.keys, ac, log)
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -6,6 +6,8 @@ import (
 	"net"
 	"regexp"
 	"strconv"
+
+	"github.com/tallyhq/tally/internal/setting"
 )
 
 // ErrInvalidConfig is wrapped by every configuration error.
@@ -45,27 +47,14 @@ type Config struct {
 
 var nameRE = regexp.MustCompile(`^[a-z0-9_-]{1,32}$`)
 
-// ConfigError is a configuration problem with the field it is in, so that
-// callers can point at it (config files report the line).
-type ConfigError struct {
-	// Field is the path below the shard list, e.g. "shards[1].replicas[0]";
-	// empty for the list as a whole.
-	Field string
-	Msg   string
-}
-
-func (e *ConfigError) Error() string {
-	if e.Field == "" {
-		return ErrInvalidConfig.Error() + ": " + e.Msg
-	}
-	return ErrInvalidConfig.Error() + ": " + e.Field + ": " + e.Msg
-}
-
-// Unwrap makes errors.Is(err, ErrInvalidConfig) hold.
-func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+// ConfigError is a configuration problem with the field it is in, below
+// the shard list ("shards[1].replicas[0]"; empty for the list as a whole),
+// so that callers can point at it (config files report the line). It wraps
+// ErrInvalidConfig.
+type ConfigError = setting.Error
 
 func configErr(field, format string, args ...any) error {
-	return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	return setting.Errorf(ErrInvalidConfig, field, format, args...)
 }
 
 // Validate reports the first problem with the shard list as a

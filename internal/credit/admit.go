@@ -106,7 +106,7 @@ func (c *Core) Refund(v Verdict) (absorbed bool) {
 	now := c.d.Clock.Now()
 	if v.ChargeSeq == 0 && v.Policy.Mode.OrDefault() != limiter.ModeExact {
 		if e := c.table.lookup(v.Key.Digest()); e != nil {
-			e.mu.Lock()
+			e.lock()
 			ok := e.reset.Equal(v.Reset) && e.live(now)
 			if ok {
 				e.credit += v.Cost

@@ -118,7 +118,7 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	var deadline time.Time // real time: set when the request first has to wait
 	e.lastUseNano.Store(now.UnixNano())
 
-	e.mu.Lock()
+	e.lock()
 	defer e.mu.Unlock()
 	path := PathCredit // PathReserve once the request has waited for a reservation
 	for {
@@ -178,7 +178,7 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 	if e == nil {
 		return Verdict{}, false
 	}
-	e.mu.Lock()
+	e.lock()
 	defer e.mu.Unlock()
 	if !e.full || !e.live(now) || e.room() >= cost {
 		return Verdict{}, false
@@ -193,7 +193,7 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 // deadline passes or ctx ends; it reports whether the reservation came in.
 func (c *Core) wait(ctx context.Context, e *entry, ch chan struct{}, deadline time.Time) bool {
 	e.mu.Unlock()
-	defer e.mu.Lock()
+	defer e.lock()
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -224,7 +224,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	g, err := c.d.Reserver.Take(ctx, e.key, now, args)
 	cancel()
-	e.mu.Lock()
+	e.lock()
 	e.inflight--
 	c.stats.takes.Add(1)
 	if err != nil {
@@ -263,7 +263,7 @@ func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 		g, err := c.d.Reserver.Take(ctx, e.key, now, args)
 		cancel()
 		c.stats.takes.Add(1)
-		e.mu.Lock()
+		e.lock()
 		e.inflight--
 		if err != nil {
 			c.takeFailed(e, err)
@@ -432,7 +432,7 @@ func (c *Core) resolveLost(ctx context.Context, lost []*entry, now time.Time) {
 		if err != nil {
 			continue
 		}
-		e.mu.Lock()
+		e.lock()
 		if g.Live && e.inflight == 0 {
 			if e.reset.IsZero() { // the lost reservation opened the window
 				e.reset, e.start, e.used = g.ResetAt, g.Start, g.Used

@@ -28,7 +28,7 @@ func (h *harness) open(used, credit int64, full bool) {
 	start := h.clock.Now()
 	reset := start.Add(time.Minute).Truncate(time.Second)
 	h.redis.set(h.key, start, reset, used, e.holder, credit)
-	e.mu.Lock()
+	e.lock()
 	defer e.mu.Unlock()
 	e.reset, e.start, e.used, e.credit, e.full = reset, start, used, credit, full
 	e.known, e.mine, e.countsReset = credit, credit, reset
@@ -360,5 +360,57 @@ func TestQuietKeyReservesOnlyWhatItUses(t *testing.T) {
 	}
 	if n := h.ledger.len(); n != 0 {
 		t.Fatalf("%d entries to account for; want none", n)
+	}
+}
+
+// The sweep leaves an entry with nothing in hand alone until its window
+// resets, then until the key is to be forgotten; any change makes it due
+// again. A table of a million keys seen once costs a sweep almost nothing,
+// and each still expires, gives back what it gets and is forgotten.
+func TestSweepLeavesSettledEntriesAlone(t *testing.T) {
+	p := policyOf(limiter.ModeAuto)
+	p.Limit = 1000
+	h := newHarness(t, p, true, fast)
+	if _, err := h.decide(1); err != nil {
+		t.Fatal(err)
+	}
+	e := h.entry()
+	sweep := func() { h.core.Sweep(context.Background(), h.clock.Now()) }
+	sweep()
+	e.mu.Lock()
+	reset := e.reset
+	e.mu.Unlock()
+	if q := e.quietUntil.Load(); q != reset.UnixNano() {
+		t.Fatalf("quiet until %v, want the window's reset %v", time.Unix(0, q).UTC(), reset)
+	}
+	// A change (credit reserved for this edge) makes it due: the idle
+	// credit goes back at the next sweeps.
+	h.open(5, 3, false)
+	if q := e.quietUntil.Load(); q != 0 {
+		t.Fatalf("quiet until %v after a change", time.Unix(0, q).UTC())
+	}
+	h.clock.Advance(2 * time.Second)
+	sweep()
+	if got := h.ledger.since(0); len(got) != 1 || got[0].Kind != limiter.Release || got[0].Units != 3 {
+		t.Fatalf("entries %+v, want the idle credit released", got)
+	}
+	// Settled again: quiet until the reset; past it the window is let go,
+	// and a minute after the key's last request it is forgotten.
+	sweep()
+	if q := e.quietUntil.Load(); q != reset.UnixNano() {
+		t.Fatalf("quiet until %v, want %v", time.Unix(0, q).UTC(), reset)
+	}
+	h.clock.Set(reset)
+	sweep()
+	e.mu.Lock()
+	expired := e.reset.IsZero()
+	e.mu.Unlock()
+	if !expired || h.entry() == nil {
+		t.Fatalf("past the reset: expired %v, remembered %v", expired, h.entry() != nil)
+	}
+	h.clock.Set(epoch.Add(forgetAfter + time.Second))
+	sweep()
+	if h.entry() != nil {
+		t.Fatal("a key a minute past its last request is still remembered")
 	}
 }

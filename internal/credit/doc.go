@@ -54,6 +54,14 @@
 // borrow in a known window — else FailOpen: admit and charge by an event,
 // or ErrUnavailable).
 //
+// The sweep runs every quarter of a second but visits only the entries
+// that hold something: credit, a full window, a reservation in flight or
+// lost, debts. An entry with none of these is settled: the sweep marks it
+// quiet until its window resets (or, with no window, until the key is to
+// be forgotten, a minute after its last request), and any change to it
+// (entry.lock) makes it due again. A table of 100,000 keys seen once each
+// costs a sweep a map walk, not 100,000 locks.
+//
 // Modes: auto (the above), exact (one reservation of exactly the request's
 // cost per request, made by the request itself), async (like auto, but
 // once the window is open a request never waits: over its credit it is
@@ -68,6 +76,7 @@
 // taken by the same goroutine in the other order: the table lock is taken
 // first and released before an entry's (get, lookup, each), and an evicted
 // entry's lock is taken only after the table lock is released. Counters
-// are atomics. Ports are called without any lock held, except the Ledger
+// are atomics. Every change to an entry takes its lock through
+// entry.lock, which also marks the entry due for the sweep. Ports are called without any lock held, except the Ledger
 // and the Notifier, which must not block (they queue).
 package credit

@@ -67,6 +67,12 @@ type entry struct {
 	// lastUseNano is when the key last had a request (Unix ns): read
 	// without mu when the table chooses what to evict.
 	lastUseNano atomic.Int64
+	// quietUntil is when the sweep next has something to do for e (Unix
+	// ns); 0: at the next sweep. The sweep sets it for an entry with
+	// nothing in hand (no credit, not full, nothing in flight, lost or
+	// owed) to its window's reset or, with no window, to when the key is
+	// forgotten; lock clears it, so that any change makes e due again.
+	quietUntil atomic.Int64
 	// Convergence reads of full windows.
 	deniedSince bool
 	verified    time.Time     // when the window was last found (or believed) full
@@ -77,6 +83,18 @@ type entry struct {
 type debt struct {
 	seq   uint64
 	units int64
+}
+
+// lock takes e.mu to change e: the sweep looks at e again next time.
+func (e *entry) lock() {
+	e.mu.Lock()
+	e.quietUntil.Store(0)
+}
+
+// settled reports whether the sweep has nothing to do for e until its
+// window resets or the key is to be forgotten. Callers hold e.mu.
+func (e *entry) settled() bool {
+	return e.credit == 0 && !e.full && !e.deniedSince && e.inflight == 0 && e.refill == nil && e.lost.IsZero() && len(e.debts) == 0
 }
 
 func (e *entry) exact() bool { return e.policy.Mode.OrDefault() == limiter.ModeExact }
@@ -223,14 +241,20 @@ func (t *table) lookup(d limiter.Digest) *entry {
 
 // each calls f for every entry, one table shard at a time (f must not call
 // back into the table).
-func (t *table) each(f func(*entry)) {
+func (t *table) each(f func(*entry)) { t.eachDue(0, f) }
+
+// eachDue calls f for every entry not quiet at now (Unix ns; 0: every
+// entry), outside the table's locks.
+func (t *table) eachDue(now int64, f func(*entry)) {
 	var buf []*entry
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
 		buf = buf[:0]
 		for _, e := range s.m {
-			buf = append(buf, e)
+			if q := e.quietUntil.Load(); now == 0 || q == 0 || now >= q {
+				buf = append(buf, e)
+			}
 		}
 		s.mu.Unlock()
 		for _, e := range buf {

@@ -15,7 +15,7 @@ func (c *Core) Heard(n Notice) {
 	if e == nil {
 		return
 	}
-	e.mu.Lock()
+	e.lock()
 	defer e.mu.Unlock()
 	if !c.d.Clock.Now().Before(n.ResetAt) {
 		return
@@ -58,7 +58,7 @@ func (c *Core) Learn(shard int, dg limiter.Digest, reset time.Time, used int64) 
 		return
 	}
 	if e := c.table.lookup(dg); e != nil {
-		e.mu.Lock()
+		e.lock()
 		if e.reset.Equal(reset) {
 			e.used = max(used, e.credit)
 			if e.full && e.room() >= max(1, e.lastCost) {

@@ -50,7 +50,7 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 	idle := now.Add(-c.cfg.IdleRelease).UnixNano()
 	forget := now.Add(-forgetAfter).UnixNano()
 	var recheck, lost []*entry
-	c.table.each(func(e *entry) {
+	c.table.eachDue(now.UnixNano(), func(e *entry) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		last := e.lastUseNano.Load()
@@ -86,6 +86,18 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 		}
 		if last < forget && e.reset.IsZero() && e.refill == nil && len(e.debts) == 0 && e.lost.IsZero() {
 			c.table.remove(e.key.Digest(), e)
+			return
+		}
+		// An entry with nothing in hand is left alone until its window
+		// resets (or, without one, until it is to be forgotten) unless it
+		// changes: most of a large table is keys seen once, and a sweep
+		// visits only the few that hold credit or are full.
+		if e.settled() {
+			until := e.reset
+			if until.IsZero() {
+				until = time.Unix(0, last).Add(forgetAfter)
+			}
+			e.quietUntil.Store(until.UnixNano())
 		}
 	})
 	c.resolveLost(ctx, lost, now)

@@ -80,8 +80,9 @@ type Accountant struct {
 	// streamsReady is set once the streams exist.
 	streamsReady atomic.Bool
 
-	mu     sync.Mutex
-	states []ShardState
+	mu      sync.Mutex
+	states  []ShardState
+	carried []carry // per shard: what its last worker left (carry.go)
 }
 
 // New returns an accountant. log may be nil (slog.Default).
@@ -96,6 +97,7 @@ func New(js jetstream.JetStream, store *redisstore.Store, keys *limiter.KeySpace
 	a.runs.Store(binary.BigEndian.Uint64(b[:]) >> 16) // below 2^48: room for 2^49 runs under limiter.MaxSeq
 	a.backlog = make([]atomic.Uint64, store.Shards())
 	a.states = make([]ShardState, store.Shards())
+	a.carried = make([]carry, store.Shards())
 	for i := range a.states {
 		a.states[i].Name = store.ShardName(i)
 	}

@@ -43,6 +43,9 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) bool {
 			it.seq = md.Sequence.Stream
 			a.backlog[w.shard].Store(md.NumPending)
 		}
+		if it.seq != 0 && it.seq <= w.applied {
+			continue // applied by this process's previous worker of the shard, not yet purged
+		}
 		producer := events.ProducerOfSubject(a.cfg.Streams.Accounting.SubjectPrefix, w.name, m.Subject())
 		if producer == "" {
 			it.bad = fmt.Errorf("%w: the subject names no producer (want %s.<producer>)", events.ErrInvalidEvent,
@@ -61,14 +64,34 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) bool {
 			defer it.span.End()
 		}
 	}
+	// A run whose answer was lost goes again as itself, alone; it is
+	// forgotten once its messages are read in another shape (or gone).
+	lostFrom, lostTo, resend := 0, 0, false
+	if w.lost != nil && len(items) > 0 {
+		lostFrom, lostTo, resend = w.lost.lostIn(items)
+		if !resend && items[len(items)-1].seq >= w.lost.seqs[0] {
+			w.lost = nil
+		}
+	}
 	// Apply the good messages' events in runs of at most BatchSize.
 	for from := 0; from < len(items); {
+		if resend && from == lostFrom {
+			if !w.applyRun(ctx, items[lostFrom:lostTo], w.lost.run) {
+				return false
+			}
+			w.lost, resend, from = nil, false, lostTo
+			continue
+		}
+		limit := len(items)
+		if resend && from < lostFrom {
+			limit = lostFrom
+		}
 		to, n := from, 0
-		for to < len(items) && (n == 0 || n+len(items[to].ops) <= a.cfg.BatchSize) {
+		for to < limit && (n == 0 || n+len(items[to].ops) <= a.cfg.BatchSize) {
 			n += len(items[to].ops)
 			to++
 		}
-		if !w.applyRun(ctx, items[from:to]) {
+		if !w.applyRun(ctx, items[from:to], limiter.Run{}) {
 			return false
 		}
 		from = to
@@ -118,10 +141,11 @@ func (w *worker) convert(it *item) error {
 	return nil
 }
 
-// applyRun applies the events of items (in one or more calls), retrying
-// transient failures until ctx ends; a permanent failure is narrowed down to
-// the message that causes it. It reports false when ctx ended first.
-func (w *worker) applyRun(ctx context.Context, items []item) bool {
+// applyRun applies the events of items (in one or more calls) as run (the
+// zero Run: a new one), retrying transient failures until ctx ends; a
+// permanent failure is narrowed down to the message that causes it. It
+// reports false when ctx ended first.
+func (w *worker) applyRun(ctx context.Context, items []item, run limiter.Run) bool {
 	a := w.a
 	var ops []limiter.Event
 	for j := range items {
@@ -134,7 +158,9 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 	}
 	call, end := w.traced(ctx, items)
 	defer end()
-	run := limiter.Run{Caller: a.cfg.Owner, Seq: a.runs.Add(1)} // a retry sends the same run again
+	if run.Seq == 0 {
+		run = limiter.Run{Caller: a.cfg.Owner, Seq: a.runs.Add(1)} // a retry sends the same run again
+	}
 	for {
 		res, err := w.apply(call, run, ops)
 		if err == nil {
@@ -146,7 +172,7 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 		if redisstore.Permanent(err) {
 			if len(items) > 1 { // find the message that fails
 				for j := range items {
-					if !w.applyRun(ctx, items[j:j+1]) {
+					if !w.applyRun(ctx, items[j:j+1], limiter.Run{}) {
 						return false
 					}
 				}
@@ -176,7 +202,13 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 		}
 		a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
 		if !sleep(ctx, w.delay) {
-			w.settleLost(run, items, ops)
+			if !w.settleLost(run, items, ops) {
+				seqs := make([]uint64, len(items))
+				for j := range items {
+					seqs[j] = items[j].seq
+				}
+				w.lost = &lostRun{run: run, seqs: seqs, ops: len(ops)}
+			}
 			return false
 		}
 		w.delay = min(2*w.delay, a.cfg.RetryMax)
@@ -188,12 +220,17 @@ func (w *worker) applyRun(ctx context.Context, items []item) bool {
 // primary runs what its sockets hold when it wakes), and the next owner,
 // finding its events applied, can only record them as duplicates. The same
 // run sent again answers what the lost call did, so its records say so.
-func (w *worker) settleLost(run limiter.Run, items []item, ops []limiter.Event) {
+// It reports whether it learnt that answer; when it did not, the next
+// worker of this process sends the run again (carry.go).
+func (w *worker) settleLost(run limiter.Run, items []item, ops []limiter.Event) bool {
 	call, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if res, err := w.a.store.ApplyRun(call, w.shard, w.a.now(), run, ops); err == nil {
-		w.record(items, res)
+	res, err := w.a.store.ApplyRun(call, w.shard, w.a.now(), run, ops)
+	if err != nil {
+		return false
 	}
+	w.record(items, res)
+	return true
 }
 
 // traced returns ctx with the span a run's Redis calls are children of:
@@ -225,7 +262,7 @@ func (w *worker) applyEach(ctx context.Context, it *item) bool {
 	var refused []error
 	for n := range it.ops {
 		one := []item{{msg: it.msg, seq: it.seq, evs: it.evs, ops: it.ops[n : n+1], opsFor: it.opsFor[n : n+1], span: it.span}}
-		if !w.applyRun(ctx, one) {
+		if !w.applyRun(ctx, one, limiter.Run{}) {
 			return false
 		}
 		if one[0].bad != nil {

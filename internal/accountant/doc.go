@@ -43,6 +43,9 @@
 //	records.go     what each event did: counters, decision records, notices
 //	purge.go       deleting from the stream what is applied and confirmed
 //	deadletter.go  setting aside what can never be applied
+//	carry.go       what a worker that lets its shard go leaves to the next
+//	               one of the process: what it applied, a run whose answer
+//	               was lost
 //	config.go      the tunables, their defaults and checks
 //
 // # Shutdown

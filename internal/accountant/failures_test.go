@@ -38,6 +38,32 @@ func TestLostAnswerIsRecordedAsWhatItDid(t *testing.T) {
 	require.Zero(t, a.Stats().Duplicates)
 }
 
+// The same, when the lease is lost while the answer is: the primary froze
+// long enough for the shard to be handed over, and the worker's last try
+// also timed out. When the primary answers again, this process takes the
+// shard back and sends the run again as itself — not as a new run, which
+// would find the refund applied and record it as a duplicate (the
+// decisions stream would then count one refund too few).
+func TestLostAnswerOutlivesALostLease(t *testing.T) {
+	f := newFixture(t)
+	k, r := f.keys.Key("core", "alice"), reset()
+	a := f.start()
+	f.publish([]events.Accounting{started("edge-1", 1, k, r, 5)})
+	f.waitUsed(k, 5)
+
+	f.primary.Pause()
+	f.publish([]events.Accounting{finished("edge-1", 2, k, r, 304, "edge-1", 1)})
+	testutil.WaitFor(t, "a call that timed out", func() bool { return a.Stats().Retries > 0 })
+	testutil.WaitFor(t, "the shard let go", func() bool { return !a.Shards()[0].Active })
+	f.primary.Resume()
+	f.waitUsed(k, 4)
+	testutil.WaitFor(t, "the shard taken back", func() bool { return a.Shards()[0].Active })
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	require.Equal(t, []string{"charged", "refunded"}, f.outcomes(2))
+	require.EqualValues(t, 1, a.Stats().Refunded)
+	require.Zero(t, a.Stats().Duplicates)
+}
+
 // Invariant 7 across a crash: an accountant killed while events flow (its
 // lease left behind, whatever it applied not yet deleted from the stream)
 // is replaced within the lease's lifetime, and every event is applied

@@ -59,6 +59,9 @@ func (a *Accountant) consume(ctx context.Context, i int) error {
 
 	w := &worker{a: a, shard: i, name: name, subject: subject, stream: stream, delay: a.cfg.RetryMin,
 		attempts: map[uint64]int{}, idle: time.NewTimer(a.cfg.PurgeEvery)}
+	c := a.takeOver(i)
+	w.applied, w.lost = c.applied, c.lost
+	defer func() { a.leave(i, carry{applied: w.applied, lost: w.lost}) }()
 	defer w.purge(true)
 	for {
 		msgs, err := w.collect(in)
@@ -95,6 +98,9 @@ type worker struct {
 	attempts        map[uint64]int // stream seq → permanent failures
 	notices         []byte
 	notHeldLogged   time.Time // the last not_held event logged
+	// lost is a run whose answer was lost, to send again as itself when
+	// its messages are read (carry.go).
+	lost *lostRun
 }
 
 // received is one message read from the stream, or the error that ended

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,13 @@ type openKeysResult struct {
 	P50      float64 `json:"p50_ms"`
 	P99      float64 `json:"p99_ms"`
 	CPU      float64 `json:"cpu_us_per_decision"`
+	// ScriptCalls and Commands are per decision, on every Redis node
+	// (those run inside scripts counted).
+	ScriptCalls float64 `json:"script_calls_per_decision"`
+	Commands    float64 `json:"redis_commands_per_decision"`
+	// ByProcess is CPU µs per decision of each process (the load
+	// generator's left out).
+	ByProcess map[string]float64 `json:"cpu_us_per_decision_by_process"`
 }
 
 // keyCounts measures the decision API in mode auto closed loop over 1, 100,
@@ -121,13 +129,20 @@ func (b *bench) keyCounts(ctx context.Context) error {
 		after := b.sample(ctx, b.processes(t))
 		o := openKeysResult{Target: t.name, Keys: n, Offered: rate, Achieved: res.Throughput(),
 			P50: ms(res.Latency.Quantile(0.5)), P99: ms(res.Latency.Quantile(0.99))}
-		for name, us := range cost(before, after, res.Completed).CPUPerRequest {
+		o.ByProcess = map[string]float64{}
+		// What was sampled covers the warm-up's decisions too.
+		c := cost(before, after, res.Completed+res.Warmup)
+		o.ScriptCalls = c.RedisCallsPerRequest
+		o.Commands = float64(after.commands-before.commands) / float64(res.Completed+res.Warmup)
+		for name, us := range c.CPUPerRequest {
 			if name != "load generator" {
 				o.CPU += us
+				o.ByProcess[name] = us
 			}
 		}
 		b.report.OpenKeys = append(b.report.OpenKeys, o)
-		fmt.Printf("  %-20s %.0f req/s over %d keys: p50 %.2f ms  p99 %.2f ms  %.0f µs CPU per decision\n", t.name, rate, n, o.P50, o.P99, o.CPU)
+		fmt.Printf("  %-20s %.0f req/s over %d keys: p50 %.2f ms  p99 %.2f ms  %.3f script calls, %.2f Redis commands and %.0f µs CPU per decision (%s)\n",
+			t.name, rate, n, o.P50, o.P99, o.ScriptCalls, o.Commands, o.CPU, byProcess(o.ByProcess))
 	}
 	return nil
 }
@@ -228,11 +243,26 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 	if len(r.OpenKeys) > 0 {
 		p("Open loop at a fixed rate over many keys, each seen less often than a reservation would cover:")
 		p("")
-		p("| target | keys | offered req/s | achieved req/s | p50 ms | p99 ms | CPU µs per decision |")
-		p("|---|---|---|---|---|---|---|")
+		p("| target | keys | offered req/s | achieved req/s | p50 ms | p99 ms | script calls | Redis commands | CPU µs per decision | of which, by process |")
+		p("|---|---|---|---|---|---|---|---|---|---|")
 		for _, o := range r.OpenKeys {
-			p("| %s | %d | %.0f | %.0f | %.2f | %.2f | %.0f |", o.Target, o.Keys, o.Offered, o.Achieved, o.P50, o.P99, o.CPU)
+			p("| %s | %d | %.0f | %.0f | %.2f | %.2f | %.3f | %.2f | %.0f | %s |", o.Target, o.Keys, o.Offered, o.Achieved, o.P50, o.P99,
+				o.ScriptCalls, o.Commands, o.CPU, byProcess(o.ByProcess))
 		}
 		p("")
 	}
+}
+
+// byProcess lists CPU µs per decision by process, largest first.
+func byProcess(m map[string]float64) string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool { return m[names[i]] > m[names[j]] })
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %.0f", n, m[n])
+	}
+	return strings.Join(parts, ", ")
 }

@@ -43,6 +43,10 @@ type Target struct {
 type Result struct {
 	Sent      uint64 // requests written
 	Completed uint64 // responses read in full
+	// Warmup counts the responses read in full during OpenLoop's warm-up
+	// (not in Completed): with Completed, every request a process served
+	// while a run was sampled.
+	Warmup uint64
 
 	// Errors counts failed dials and connections that failed or sent a
 	// response that could not be parsed (each is dialled again), and, for
@@ -115,6 +119,7 @@ type worker struct {
 	stopped bool
 
 	sent, completed, errors uint64
+	warmed                  uint64 // OpenLoop: responses read during the warm-up
 	failed                  uint64 // counted requests that failed (OpenLoop)
 	last                    time.Time
 	statuses                [1000]uint64
@@ -275,6 +280,7 @@ func collect(ws []*worker) Result {
 	r := Result{Statuses: make(map[int]uint64), Latency: NewHistogram()}
 	for _, w := range ws {
 		r.Sent += w.sent
+		r.Warmup += w.warmed
 		r.Completed += w.completed
 		r.Errors += w.errors
 		for code, n := range w.statuses {

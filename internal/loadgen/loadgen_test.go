@@ -274,8 +274,9 @@ func TestOpenLoopRate(t *testing.T) {
 	assert.Equal(t, res.Completed, res.Latency.Count())
 	assert.Zero(t, res.Errors)
 	assert.Zero(t, dup.Load())
-	// The warm-up's 50 requests are sent but not counted.
+	// The warm-up's 50 requests are sent but not counted, and say so.
 	assert.InDelta(t, 250, float64(n.Load()), 30)
+	assert.EqualValues(t, n.Load(), res.Completed+res.Warmup)
 	assert.InDelta(t, 500, res.Throughput(), 75)
 	assert.GreaterOrEqual(t, res.Elapsed, 400*time.Millisecond)
 }

@@ -138,6 +138,8 @@ func (w *worker) openLoop(s *schedule) {
 		if counted {
 			w.complete(status, done.Sub(due))
 			w.last = done
+		} else {
+			w.warmed++
 		}
 	}
 }

@@ -383,11 +383,14 @@ func TestSweepLeavesSettledEntriesAlone(t *testing.T) {
 	if q := e.quietUntil.Load(); q != reset.UnixNano() {
 		t.Fatalf("quiet until %v, want the window's reset %v", time.Unix(0, q).UTC(), reset)
 	}
+	if n := dueListed(h.core); n != 0 {
+		t.Fatalf("%d entries listed for the sweep; want none", n)
+	}
 	// A change (credit reserved for this edge) makes it due: the idle
 	// credit goes back at the next sweeps.
 	h.open(5, 3, false)
-	if q := e.quietUntil.Load(); q != 0 {
-		t.Fatalf("quiet until %v after a change", time.Unix(0, q).UTC())
+	if q := e.quietUntil.Load(); q != 0 || dueListed(h.core) != 1 {
+		t.Fatalf("quiet until %v after a change, %d listed for the sweep", time.Unix(0, q).UTC(), dueListed(h.core))
 	}
 	h.clock.Advance(2 * time.Second)
 	sweep()
@@ -408,9 +411,23 @@ func TestSweepLeavesSettledEntriesAlone(t *testing.T) {
 	if !expired || h.entry() == nil {
 		t.Fatalf("past the reset: expired %v, remembered %v", expired, h.entry() != nil)
 	}
-	h.clock.Set(epoch.Add(forgetAfter + time.Second))
+	// Forgotten at the first walk of the whole table a minute after the
+	// key's last request.
+	h.clock.Set(epoch.Add(forgetAfter + quietWalk))
 	sweep()
-	if h.entry() != nil {
-		t.Fatal("a key a minute past its last request is still remembered")
+	if h.entry() != nil || dueListed(h.core) != 0 {
+		t.Fatalf("a key a minute past its last request: remembered %v, %d listed for the sweep", h.entry() != nil, dueListed(h.core))
 	}
+}
+
+// dueListed counts the entries the sweep visits between walks.
+func dueListed(c *Core) int {
+	n := 0
+	for i := range c.table.shards {
+		s := &c.table.shards[i]
+		s.dueMu.Lock()
+		n += len(s.due)
+		s.dueMu.Unlock()
+	}
+	return n
 }

@@ -58,9 +58,12 @@
 // that hold something: credit, a full window, a reservation in flight or
 // lost, debts. An entry with none of these is settled: the sweep marks it
 // quiet until its window resets (or, with no window, until the key is to
-// be forgotten, a minute after its last request), and any change to it
-// (entry.lock) makes it due again. A table of 100,000 keys seen once each
-// costs a sweep a map walk, not 100,000 locks.
+// be forgotten, a minute after its last request) and takes it off the
+// list of due entries it visits; any change to it (entry.lock) lists it
+// again. Every five seconds one walk of the whole table finds the quiet
+// entries whose time has come. A table of 1,000,000 keys seen once costs
+// the sweep nothing between walks, where walking it four times a second
+// took 3% of the edge's CPU (make bench, 1M keys).
 //
 // Modes: auto (the above), exact (one reservation of exactly the request's
 // cost per request, made by the request itself), async (like auto, but
@@ -71,12 +74,14 @@
 // # Locks
 //
 // Each entry has a mutex; nothing holds it during I/O: a request waiting
-// for a reservation releases it (wait, reserveNow) and takes it again. The
-// table's shards have mutexes of their own, never held while an entry's is
-// taken by the same goroutine in the other order: the table lock is taken
-// first and released before an entry's (get, lookup, each), and an evicted
-// entry's lock is taken only after the table lock is released. Counters
-// are atomics. Every change to an entry takes its lock through
-// entry.lock, which also marks the entry due for the sweep. Ports are called without any lock held, except the Ledger
-// and the Notifier, which must not block (they queue).
+// for a reservation releases it (wait, reserveNow) and takes it again.
+// The order, outermost first: an entry's mutex, then its table shard's
+// (tableShard.mu: the map of entries), then the shard's list of due
+// entries (tableShard.dueMu). Nothing takes an entry's mutex while holding
+// a table shard's: get, lookup and the walks release the table lock
+// before they touch an entry, and an evicted entry's credit is given back
+// after it. Counters are atomics. Every change to an entry takes its lock
+// through entry.lock, which also lists the entry due for the sweep. Ports
+// are called without any lock held, except the Ledger and the Notifier,
+// which must not block (they queue).
 package credit

@@ -72,7 +72,12 @@ type entry struct {
 	// nothing in hand (no credit, not full, nothing in flight, lost or
 	// owed) to its window's reset or, with no window, to when the key is
 	// forgotten; lock clears it, so that any change makes e due again.
+	// home is e's table shard, whose list of due entries holds e while
+	// quietUntil is 0 (dueAt is its place there, plus one; 0: not listed;
+	// -1: e has left the table and is never listed again).
 	quietUntil atomic.Int64
+	home       *tableShard
+	dueAt      int
 	// Convergence reads of full windows.
 	deniedSince bool
 	verified    time.Time     // when the window was last found (or believed) full
@@ -88,7 +93,19 @@ type debt struct {
 // lock takes e.mu to change e: the sweep looks at e again next time.
 func (e *entry) lock() {
 	e.mu.Lock()
-	e.quietUntil.Store(0)
+	// Only the sweep makes an entry quiet, holding e.mu: a busy entry never
+	// is, and pays one load here.
+	if e.quietUntil.Load() != 0 {
+		e.quietUntil.Store(0)
+		e.home.markDue(e)
+	}
+}
+
+// quiet leaves e out of the sweep's visits until until (Unix ns), unless it
+// changes first. Callers hold e.mu.
+func (e *entry) quiet(until int64) {
+	e.quietUntil.Store(until)
+	e.home.unmarkDue(e)
 }
 
 // settled reports whether the sweep has nothing to do for e until its
@@ -172,6 +189,12 @@ func (e *entry) settle(applied uint64) {
 
 const tableShards = 256
 
+// quietWalk is how often the sweep walks the whole table for the quiet
+// entries whose time has come (a window reset, a key to forget); between
+// walks it visits only the due ones. What it does for those (let a window
+// go, forget a key) has no effect outside the edge, so it may come late.
+const quietWalk = 5 * time.Second
+
 // table holds the entries of the keys an edge has seen, bounded in size.
 // It is sharded by key hash so that lookups rarely contend.
 type table struct {
@@ -179,11 +202,17 @@ type table struct {
 	perShard int
 	evicted  atomic.Uint64
 	size     atomic.Int64
+	nextWalk atomic.Int64 // Unix ns of the next walk of every entry
 }
 
+// tableShard is a slice of the table. Lock order: an entry's mu, then mu,
+// then dueMu; dueMu guards due and every entry's dueAt, and is taken last.
 type tableShard struct {
 	mu sync.Mutex
 	m  map[limiter.Digest]*entry
+
+	dueMu sync.Mutex
+	due   []*entry // the entries not quiet: what the sweep visits
 }
 
 func newTable(capacity int) *table {
@@ -192,6 +221,43 @@ func newTable(capacity int) *table {
 		t.shards[i].m = make(map[limiter.Digest]*entry)
 	}
 	return t
+}
+
+// markDue lists e among the entries the sweep visits.
+func (s *tableShard) markDue(e *entry) {
+	if s == nil {
+		return
+	}
+	s.dueMu.Lock()
+	if e.dueAt == 0 {
+		s.due = append(s.due, e)
+		e.dueAt = len(s.due)
+	}
+	s.dueMu.Unlock()
+}
+
+// unmarkDue takes e off the list of entries the sweep visits.
+func (s *tableShard) unmarkDue(e *entry) { s.unlist(e, 0) }
+
+// drop takes e off the list for good: it has left the table (a request
+// that still holds it may change it, but the sweep is done with it).
+func (s *tableShard) drop(e *entry) { s.unlist(e, -1) }
+
+func (s *tableShard) unlist(e *entry, then int) {
+	if s == nil {
+		return
+	}
+	s.dueMu.Lock()
+	if i := e.dueAt - 1; i >= 0 {
+		last := s.due[len(s.due)-1]
+		s.due[i], last.dueAt = last, i+1
+		s.due[len(s.due)-1] = nil
+		s.due = s.due[:len(s.due)-1]
+	}
+	if e.dueAt >= 0 {
+		e.dueAt = then
+	}
+	s.dueMu.Unlock()
 }
 
 // get returns d's entry, creating it with newEntry when absent. When the
@@ -217,11 +283,14 @@ func (t *table) get(d limiter.Digest, newEntry func() *entry, evict func(*entry)
 			}
 		}
 		delete(s.m, vd)
+		s.drop(victim)
 		t.evicted.Add(1)
 		t.size.Add(-1)
 	}
 	e := newEntry()
+	e.home = s
 	s.m[d] = e
+	s.markDue(e)
 	t.size.Add(1)
 	s.mu.Unlock()
 	if victim != nil && evict != nil {
@@ -241,11 +310,31 @@ func (t *table) lookup(d limiter.Digest) *entry {
 
 // each calls f for every entry, one table shard at a time (f must not call
 // back into the table).
-func (t *table) each(f func(*entry)) { t.eachDue(0, f) }
+func (t *table) each(f func(*entry)) { t.walk(0, f) }
 
-// eachDue calls f for every entry not quiet at now (Unix ns; 0: every
-// entry), outside the table's locks.
+// eachDue calls f, outside the table's locks, for every entry not quiet at
+// now (Unix ns): those listed due, and every quietWalk those whose quiet
+// time has come.
 func (t *table) eachDue(now int64, f func(*entry)) {
+	if now >= t.nextWalk.Load() {
+		t.nextWalk.Store(now + int64(quietWalk))
+		t.walk(now, f)
+		return
+	}
+	var buf []*entry
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.dueMu.Lock()
+		buf = append(buf[:0], s.due...)
+		s.dueMu.Unlock()
+		for _, e := range buf {
+			f(e)
+		}
+	}
+}
+
+// walk calls f for every entry not quiet at now (0: every entry).
+func (t *table) walk(now int64, f func(*entry)) {
 	var buf []*entry
 	for i := range t.shards {
 		s := &t.shards[i]
@@ -271,5 +360,6 @@ func (t *table) remove(d limiter.Digest, e *entry) {
 		delete(s.m, d)
 		t.size.Add(-1)
 	}
+	s.drop(e)
 	s.mu.Unlock()
 }

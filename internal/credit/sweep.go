@@ -97,7 +97,7 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 			if until.IsZero() {
 				until = time.Unix(0, last).Add(forgetAfter)
 			}
-			e.quietUntil.Store(until.UnixNano())
+			e.quiet(until.UnixNano())
 		}
 	})
 	c.resolveLost(ctx, lost, now)

@@ -75,9 +75,13 @@ type Batcher struct {
 	subject string
 	js      jetstream.JetStream
 	queue   chan Decision
-	stop    chan struct{}
-	done    chan struct{}
-	closed  atomic.Bool
+	// free holds message buffers JetStream is done with (acknowledged or
+	// failed), for the next batches: a batch grows its buffer once, not
+	// every time.
+	free   chan []byte
+	stop   chan struct{}
+	done   chan struct{}
+	closed atomic.Bool
 
 	published, messages, dropped atomic.Uint64
 }
@@ -85,7 +89,7 @@ type Batcher struct {
 // NewBatcher starts a batcher publishing on nc to subject.
 func NewBatcher(nc *nats.Conn, subject string, cfg BatcherConfig) (*Batcher, error) {
 	cfg = cfg.WithDefaults()
-	b := &Batcher{cfg: cfg, subject: subject, queue: make(chan Decision, cfg.Buffer),
+	b := &Batcher{cfg: cfg, subject: subject, queue: make(chan Decision, cfg.Buffer), free: make(chan []byte, 8),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(cfg.MaxInFlight),
@@ -120,6 +124,12 @@ func (b *Batcher) run() {
 	defer t.Stop()
 	buf := make([]byte, 0, 64<<10)
 	n := 0
+	reuse := func(body []byte) {
+		select {
+		case b.free <- body[:0]:
+		default:
+		}
+	}
 	flush := func() {
 		if n == 0 {
 			return
@@ -129,6 +139,7 @@ func (b *Batcher) run() {
 		fut, err := b.js.PublishMsgAsync(DecisionsMsg(b.subject, body))
 		if err != nil {
 			b.dropped.Add(count)
+			reuse(body)
 		} else {
 			go func() {
 				select {
@@ -138,9 +149,15 @@ func (b *Batcher) run() {
 				case <-fut.Err():
 					b.dropped.Add(count)
 				}
+				reuse(body)
 			}()
 		}
-		buf, n = make([]byte, 0, 64<<10), 0
+		n = 0
+		select {
+		case buf = <-b.free:
+		default:
+			buf = make([]byte, 0, 64<<10)
+		}
 	}
 	add := func(d *Decision) {
 		if n == 0 {

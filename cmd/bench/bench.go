@@ -56,6 +56,8 @@ type bench struct {
 	report         *report
 	requestsPolicy map[string][][]byte // policy → request bytes per key
 	profile        string              // directory for CPU profiles, or ""
+	ratelimitBin   string              // an envoyproxy/ratelimit binary, or ""
+	reference      *target             // envoyproxy/ratelimit, when its binary is given
 	only           string              // run only the steps whose names contain it
 }
 
@@ -142,6 +144,12 @@ func (b *bench) run(ctx context.Context, out string) error {
 	if err := b.startTraced(ctx); err != nil {
 		return err
 	}
+	if b.ratelimitBin != "" {
+		fmt.Println("Starting", referenceName, "from", b.ratelimitBin, "with a Redis primary and replica of its own")
+		if err := b.startReference(ctx, b.ratelimitBin); err != nil {
+			return err
+		}
+	}
 	noopAddr := stack.FreeAddr()
 	self, _ := os.Executable()
 	if b.noopProc, err = b.stack.Start(ctx, "noop", self, "noop", "-listen", noopAddr); err != nil {
@@ -160,7 +168,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 		{"round trips on the idle machine", b.roundTrips},
 		{"saturation, closed loop (no-op, exact, auto)", b.saturation},
 		{"latency, open loop at 25/50/75/90% of saturation", b.latency},
-		{"key counts: 1, 100, 10k and 1M keys, closed loop; 2,500/s over 10k keys, open loop", b.keyCounts},
+		{"key counts: 1, 100, 10k and 1M keys, closed loop; 3,000/s over 1M keys, open loop", b.keyCounts},
 		{"the denied path (windows full)", b.denied},
 		{"one hot key offered 5x its limit from 1, 2 and 4 edges, modes auto and async", b.hotKey},
 		{"accountant throughput, with and without WAIT", b.accountantThroughput},
@@ -266,7 +274,9 @@ func checkRequest(policy, identity string) []byte {
 // API under a policy.
 type target struct {
 	name, addr, policy string
-	edge               *stack.Proc // nil: the no-op reference
+	edge               *stack.Proc // nil: the no-op reference, or a peer
+	// procs, for a peer, are the processes whose CPU its runs account for.
+	procs map[string][]*stack.Proc
 }
 
 // targets are the no-op reference, mode exact and mode auto (the first
@@ -274,11 +284,11 @@ type target struct {
 // a tenth of allowed decisions.
 func (b *bench) targets() []target {
 	return []target{
-		{"no-op net/http", b.noopProc.Addr, "far", nil},
-		{"tally mode: exact", b.apiAddrs[0], "far-exact", b.edges[0]},
-		{"tally mode: auto", b.apiAddrs[0], "far", b.edges[0]},
-		{"tally mode: auto, 10% of allowed decisions recorded", b.sampledAPI, "far", b.sampled},
-		{"tally mode: auto, every request traced", b.tracedAPI, "far", b.traced},
+		{"no-op net/http", b.noopProc.Addr, "far", nil, nil},
+		{"tally mode: exact", b.apiAddrs[0], "far-exact", b.edges[0], nil},
+		{"tally mode: auto", b.apiAddrs[0], "far", b.edges[0], nil},
+		{"tally mode: auto, 10% of allowed decisions recorded", b.sampledAPI, "far", b.sampled, nil},
+		{"tally mode: auto, every request traced", b.tracedAPI, "far", b.traced, nil},
 	}
 }
 
@@ -291,6 +301,9 @@ func (b *bench) loadTarget(t target) loadgen.Target {
 
 // processes are the processes whose CPU a run accounts for.
 func (b *bench) processes(t target) map[string][]*stack.Proc {
+	if t.procs != nil {
+		return t.procs
+	}
 	if t.edge == nil {
 		return map[string][]*stack.Proc{"no-op": {b.noopProc}}
 	}

@@ -10,15 +10,17 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tallyhq/tally/internal/loadgen"
 	"github.com/tallyhq/tally/internal/stack"
 )
 
-// keyCountResult is the decision API's throughput and cost, closed loop,
-// over a number of distinct keys, far from their limits.
+// keyCountResult is a target's throughput and cost, closed loop, over a
+// number of distinct keys, far from their limits.
 type keyCountResult struct {
+	Target string    `json:"target"`
 	Keys   int       `json:"keys"`
 	Median float64   `json:"median_rps"`
 	Min    float64   `json:"min_rps"`
@@ -30,10 +32,14 @@ type keyCountResult struct {
 	// counted).
 	ScriptCalls float64 `json:"script_calls_per_decision"`
 	Commands    float64 `json:"redis_commands_per_decision"`
-	// CPU is µs of CPU per decision of the edge, the accountant, NATS and
-	// Redis together; EdgeRSS the edge's resident memory after the runs, MB.
-	CPU     float64 `json:"cpu_us_per_decision"`
-	EdgeRSS float64 `json:"edge_rss_mb"`
+	// CPU is µs of CPU per decision of the target's processes (Tally's
+	// edge, accountant, NATS and Redis; a peer's service and Redis);
+	// RSS the memory of the process that decides after the runs, MB.
+	CPU float64 `json:"cpu_us_per_decision"`
+	RSS float64 `json:"rss_mb"`
+	// ByProcess is CPU µs per decision of each process (the load
+	// generator's included, and not in CPU).
+	ByProcess map[string]float64 `json:"cpu_us_per_decision_by_process"`
 }
 
 // openKeysResult is an open-loop run at a fixed rate over many keys.
@@ -54,80 +60,52 @@ type openKeysResult struct {
 	ByProcess map[string]float64 `json:"cpu_us_per_decision_by_process"`
 }
 
+// The open loop over many keys: a moderate fixed rate, each key seen far
+// less often than a reservation would cover.
+const (
+	openRate = 3000.0
+	openKeys = 1_000_000
+)
+
 // keyCounts measures the decision API in mode auto closed loop over 1, 100,
-// 10,000 and 1,000,000 keys (the same keys in every run of a count), each
-// beside the no-op handler; then open loop at a moderate fixed rate over
-// many keys, each seen less often than its reservation would cover.
+// 10,000 and 1,000,000 keys (the same keys in every run of a count), and
+// envoyproxy/ratelimit beside it when given; then each, and the no-op
+// handler, open loop at a moderate fixed rate over a million keys.
 func (b *bench) keyCounts(ctx context.Context) error {
 	counts := []int{1, 100, 10_000, 1_000_000}
 	if b.short {
 		counts = []int{1, 10_000, 1_000_000}
 	}
-	edge := b.edges[0]
-	auto := target{"tally mode: auto", b.apiAddrs[0], "far", edge}
+	auto := target{"tally mode: auto", b.apiAddrs[0], "far", b.edges[0], nil}
+	targets := []target{auto}
+	if b.reference != nil {
+		targets = append(targets, *b.reference)
+	}
 	for _, n := range counts {
-		lt := keysTarget(auto.addr, "far", fmt.Sprintf("k%d-", n), n)
-		if _, err := loadgen.ClosedLoop(ctx, lt, conns, 0, b.warm); err != nil {
-			return err
-		}
-		b.quiesce(ctx)
-		r := keyCountResult{Keys: n}
-		var p99s []float64
-		var before, after sample
-		var decisions uint64
-		for rep := range b.reps {
-			s0 := b.sample(ctx, b.processes(auto))
-			stop := b.profileEdge(edge, fmt.Sprintf("keys-%d", n), rep)
-			res, err := loadgen.ClosedLoop(ctx, lt, conns, 0, b.satDur)
-			stop()
+		for _, t := range targets {
+			r, err := b.keyCount(ctx, t, n)
 			if err != nil {
 				return err
 			}
-			s1 := b.sample(ctx, b.processes(auto))
-			if res.Statuses[200] != res.Completed {
-				return fmt.Errorf("%d keys: %d of %d responses were not 200 (%v)", n, res.Completed-res.Statuses[200], res.Completed, res.Statuses)
-			}
-			if rep == 0 {
-				before = s0
-			}
-			after, decisions = s1, decisions+res.Completed
-			r.Runs = append(r.Runs, res.Throughput())
-			p99s = append(p99s, ms(res.Latency.Quantile(0.99)))
-			fmt.Printf("  %9d keys rep %d: %8.0f req/s  p99 %v\n", n, rep+1, res.Throughput(), res.Latency.Quantile(0.99).Round(time.Microsecond))
+			b.report.KeyCounts = append(b.report.KeyCounts, r)
 		}
-		r.Median, r.P99 = median(r.Runs), median(p99s)
-		r.Min, r.Max = minMax(r.Runs)
-		c := cost(before, after, decisions)
-		r.ScriptCalls = c.RedisCallsPerRequest
-		r.Commands = float64(after.commands-before.commands) / float64(decisions)
-		for name, us := range c.CPUPerRequest {
-			if name != "load generator" {
-				r.CPU += us
-			}
-		}
-		r.EdgeRSS = float64(rss(edge.Pid())) / (1 << 20)
-		b.report.KeyCounts = append(b.report.KeyCounts, r)
-		fmt.Printf("  %9d keys: median %.0f req/s, %.3f script calls and %.2f Redis commands per decision, %.0f µs CPU, edge %.0f MB\n",
-			n, r.Median, r.ScriptCalls, r.Commands, r.CPU, r.EdgeRSS)
 	}
 
-	// Open loop: a fixed, moderate rate over many keys.
-	const rate, n = 2500.0, 10_000
 	b.quiesce(ctx)
-	for _, t := range []target{{"no-op net/http", b.noopProc.Addr, "far", nil}, auto} {
-		lt := keysTarget(t.addr, "far", "open-", n)
+	for _, t := range append([]target{{"no-op net/http", b.noopProc.Addr, "far", nil, nil}}, targets...) {
+		lt := b.keysTarget(t, "open-", openKeys)
 		before := b.sample(ctx, b.processes(t))
 		stop := func() {}
 		if t.edge != nil {
 			stop = b.profileEdge(t.edge, "open-loop", b.reps-1)
 		}
-		res, err := loadgen.OpenLoop(ctx, lt, rate, 256, time.Second, b.olDur)
+		res, err := loadgen.OpenLoop(ctx, lt, openRate, 256, time.Second, b.olDur)
 		stop()
 		if err != nil {
 			return err
 		}
 		after := b.sample(ctx, b.processes(t))
-		o := openKeysResult{Target: t.name, Keys: n, Offered: rate, Achieved: res.Throughput(),
+		o := openKeysResult{Target: t.name, Keys: openKeys, Offered: openRate, Achieved: res.Throughput(),
 			P50: ms(res.Latency.Quantile(0.5)), P99: ms(res.Latency.Quantile(0.99))}
 		o.ByProcess = map[string]float64{}
 		// What was sampled covers the warm-up's decisions too.
@@ -142,9 +120,65 @@ func (b *bench) keyCounts(ctx context.Context) error {
 		}
 		b.report.OpenKeys = append(b.report.OpenKeys, o)
 		fmt.Printf("  %-20s %.0f req/s over %d keys: p50 %.2f ms  p99 %.2f ms  %.3f script calls, %.2f Redis commands and %.0f µs CPU per decision (%s)\n",
-			t.name, rate, n, o.P50, o.P99, o.ScriptCalls, o.Commands, o.CPU, byProcess(o.ByProcess))
+			t.name, openRate, openKeys, o.P50, o.P99, o.ScriptCalls, o.Commands, o.CPU, byProcess(o.ByProcess))
 	}
 	return nil
+}
+
+// keyCount runs t closed loop over n keys: a warm-up that sees them, then
+// the runs.
+func (b *bench) keyCount(ctx context.Context, t target, n int) (keyCountResult, error) {
+	lt := b.keysTarget(t, fmt.Sprintf("k%d-", n), n)
+	if _, err := loadgen.ClosedLoop(ctx, lt, conns, 0, b.warm); err != nil {
+		return keyCountResult{}, err
+	}
+	b.quiesce(ctx)
+	r := keyCountResult{Target: t.name, Keys: n}
+	var p99s []float64
+	var before, after sample
+	var decisions uint64
+	for rep := range b.reps {
+		s0 := b.sample(ctx, b.processes(t))
+		stop := func() {}
+		if t.edge != nil {
+			stop = b.profileEdge(t.edge, fmt.Sprintf("keys-%d", n), rep)
+		}
+		res, err := loadgen.ClosedLoop(ctx, lt, conns, 0, b.satDur)
+		stop()
+		if err != nil {
+			return r, err
+		}
+		s1 := b.sample(ctx, b.processes(t))
+		if res.Statuses[200] != res.Completed {
+			return r, fmt.Errorf("%s, %d keys: %d of %d responses were not 200 (%v)", t.name, n, res.Completed-res.Statuses[200], res.Completed, res.Statuses)
+		}
+		if rep == 0 {
+			before = s0
+		}
+		after, decisions = s1, decisions+res.Completed
+		r.Runs = append(r.Runs, res.Throughput())
+		p99s = append(p99s, ms(res.Latency.Quantile(0.99)))
+		fmt.Printf("  %-20s %9d keys rep %d: %8.0f req/s  p99 %v\n", t.name, n, rep+1, res.Throughput(), res.Latency.Quantile(0.99).Round(time.Microsecond))
+	}
+	r.Median, r.P99 = median(r.Runs), median(p99s)
+	r.Min, r.Max = minMax(r.Runs)
+	c := cost(before, after, decisions)
+	r.ScriptCalls = c.RedisCallsPerRequest
+	r.Commands = float64(after.commands-before.commands) / float64(decisions)
+	r.ByProcess = c.CPUPerRequest
+	for name, us := range c.CPUPerRequest {
+		if name != "load generator" {
+			r.CPU += us
+		}
+	}
+	decider := t.edge
+	if decider == nil {
+		decider = t.procs["ratelimit"][0]
+	}
+	r.RSS = float64(rss(decider.Pid())) / (1 << 20)
+	fmt.Printf("  %-20s %9d keys: median %.0f req/s, %.3f script calls and %.2f Redis commands per decision, %.0f µs CPU (%s), %.0f MB\n",
+		t.name, n, r.Median, r.ScriptCalls, r.Commands, r.CPU, byProcess(r.ByProcess), r.RSS)
+	return r, nil
 }
 
 // quiesce waits until what earlier runs left behind is done (idle credit
@@ -163,14 +197,19 @@ func (b *bench) quiesce(ctx context.Context) {
 	}
 }
 
-// keysTarget drives the decision API of addr under policy with n keys
-// (identities prefix0 … prefix<n-1>), each request's key drawn uniformly
-// (a hash of the connection and the request's number): over many keys a
-// key comes back only by chance, as it would from many clients.
-func keysTarget(addr, policy, prefix string, n int) loadgen.Target {
-	return loadgen.Target{Addr: addr, Request: func(conn int, i uint64) []byte {
+// keysTarget drives t with n keys (identities prefix0 … prefix<n-1>), each
+// request's key drawn uniformly (a hash of the connection and the
+// request's number): over many keys a key comes back only by chance, as it
+// would from many clients. Tally and the no-op handler get decision-API
+// requests under t's policy; a peer its own.
+func (b *bench) keysTarget(t target, prefix string, n int) loadgen.Target {
+	request := func(id string) []byte { return checkRequest(t.policy, id) }
+	if t.procs != nil {
+		request = referenceRequest
+	}
+	return loadgen.Target{Addr: t.addr, Request: func(conn int, i uint64) []byte {
 		k := mix(uint64(conn)<<40^i) % uint64(n)
-		return checkRequest(policy, prefix+strconv.FormatUint(k, 10))
+		return request(prefix + strconv.FormatUint(k, 10))
 	}}
 }
 
@@ -183,27 +222,30 @@ func mix(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// profileEdge takes a CPU profile of edge during the last run of a step,
+// profileEdge takes a CPU profile of edge, and one of what it allocated,
+// during the last run of a step,
 // when -profile is set.
 func (b *bench) profileEdge(edge *stack.Proc, name string, rep int) func() {
 	if b.profile == "" || rep != b.reps-1 {
 		return func() {}
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		secs := max(1, int(b.satDur.Seconds())-1)
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", edge.AdminAddr, secs))
-		if err != nil {
-			fmt.Println("  profile:", err)
-			return
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		_ = os.MkdirAll(b.profile, 0o755)
-		_ = os.WriteFile(filepath.Join(b.profile, "edge-"+name+".pprof"), body, 0o644)
-	}()
-	return func() { <-done }
+	var wg sync.WaitGroup
+	secs := max(1, int(b.satDur.Seconds())-1)
+	// CPU, and what was allocated over the same seconds.
+	for kind, file := range map[string]string{"profile": "edge-" + name + ".pprof", "allocs": "edge-" + name + ".allocs.pprof"} {
+		wg.Go(func() {
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", edge.AdminAddr, kind, secs))
+			if err != nil {
+				fmt.Println("  profile:", err)
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			_ = os.MkdirAll(b.profile, 0o755)
+			_ = os.WriteFile(filepath.Join(b.profile, file), body, 0o644)
+		})
+	}
+	return wg.Wait
 }
 
 // rss is a process's resident memory in bytes (/proc/<pid>/statm).
@@ -228,16 +270,22 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 	p("## Cost by key count")
 	p("")
 	p("Decision API, mode auto, closed loop, %d connections, far from the limits, over a number of distinct keys", conns)
-	p("(the same keys in every run of a count, warmed up first). Median of the runs and their range; p99 is the")
-	p("median of the runs' p99. Script calls and Redis commands (those run inside scripts counted) are per")
-	p("decision, on every Redis node; CPU is µs per decision of the edge, the accountant, NATS and Redis together.")
+	p("(the same keys in every run of a count, warmed up first), and %s beside it when the run", referenceName)
+	p("was given its binary (`make bench BENCHFLAGS=-ratelimit=PATH`). Median of the runs and their range; × 1 key")
+	p("is against the same target's median over one key; p99 is the median of the runs' p99. Script calls and Redis")
+	p("commands (those run inside scripts counted) are per decision, on every Redis node; CPU is µs per decision of")
+	p("the target's processes together (Tally: the edge, the accountant, NATS and four Redis servers; %s:", referenceName)
+	p("the service, its Redis primary and replica), the load generator's apart; RSS is the deciding process's.")
 	p("")
-	p("| keys | requests/s (median) | range | × 1 key | p99 ms | script calls | Redis commands | CPU µs | edge RSS MB |")
-	p("|---|---|---|---|---|---|---|---|---|")
-	hot := r.KeyCounts[0].Median
+	p("| target | keys | requests/s (median) | range | × 1 key | p99 ms | script calls | Redis commands | CPU µs | of which, by process (µs) | RSS MB |")
+	p("|---|---|---|---|---|---|---|---|---|---|---|")
+	hot := map[string]float64{}
 	for _, k := range r.KeyCounts {
-		p("| %d | %.0f | %.0f – %.0f | %.2f | %.2f | %.3f | %.2f | %.0f | %.0f |", k.Keys, k.Median, k.Min, k.Max, k.Median/hot,
-			k.P99, k.ScriptCalls, k.Commands, k.CPU, k.EdgeRSS)
+		if _, ok := hot[k.Target]; !ok {
+			hot[k.Target] = k.Median
+		}
+		p("| %s | %d | %.0f | %.0f – %.0f | %.2f | %.2f | %.3f | %.2f | %.0f | %s | %.0f |", k.Target, k.Keys, k.Median, k.Min, k.Max,
+			k.Median/hot[k.Target], k.P99, k.ScriptCalls, k.Commands, k.CPU, byProcess(k.ByProcess), k.RSS)
 	}
 	p("")
 	if len(r.OpenKeys) > 0 {
@@ -251,6 +299,47 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 		}
 		p("")
 	}
+}
+
+// keyTargets writes the targets over many keys: a million keys keep 0.6×
+// the hot key's throughput, and at a fixed rate over a million keys Tally's
+// p99 and CPU per decision are at most envoyproxy/ratelimit's (when it was
+// measured in the run).
+func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
+	var hot, many float64
+	for _, k := range r.KeyCounts {
+		if k.Target != "tally mode: auto" {
+			continue
+		}
+		switch k.Keys {
+		case 1:
+			hot = k.Median
+		case 1_000_000:
+			many = k.Median
+		}
+	}
+	if hot > 0 && many > 0 {
+		p("| decision API over 1,000,000 keys ≥ 0.6× its throughput on one key | %.2f× (%.0f against %.0f req/s) | %s |", many/hot, many, hot, check(many >= 0.6*hot))
+	}
+	var tally, peer *openKeysResult
+	for i := range r.OpenKeys {
+		switch r.OpenKeys[i].Target {
+		case "tally mode: auto":
+			tally = &r.OpenKeys[i]
+		case referenceName:
+			peer = &r.OpenKeys[i]
+		}
+	}
+	if tally == nil {
+		return
+	}
+	if peer == nil {
+		p("| %.0f req/s over %d keys: p99 and CPU per decision ≤ %s's | p99 %.2f ms, %.0f µs; %s not measured in this run | not measured |",
+			tally.Offered, tally.Keys, referenceName, tally.P99, tally.CPU, referenceName)
+		return
+	}
+	p("| %.0f req/s over %d keys: p99 ≤ %s's | %.2f ms against %.2f ms | %s |", tally.Offered, tally.Keys, referenceName, tally.P99, peer.P99, check(tally.P99 <= peer.P99))
+	p("| %.0f req/s over %d keys: CPU per decision ≤ %s's (service and Redis) | %.0f µs against %.0f µs | %s |", tally.Offered, tally.Keys, referenceName, tally.CPU, peer.CPU, check(tally.CPU <= peer.CPU))
 }
 
 // byProcess lists CPU µs per decision by process, largest first.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -137,9 +138,10 @@ func (b *bench) lag(ctx context.Context) error {
 		auto = res.Throughput()
 		time.Sleep(3 * time.Second) // the credit of that run is given back (idle_release) before measuring
 	}
-	// Each route at half load, then with no decision API load: the second
-	// run separates the pipeline's own latency from the wait for a core.
-	for _, share := range []float64{0.5, 0} {
+	// Each route at half load, at a quarter (a load that leaves the machine
+	// a free core), then with no decision API load: the last run separates
+	// the pipeline's own latency from the wait for a core.
+	for _, share := range lagShares {
 		r, err := b.lagRun(ctx, auto, share, b.apiAddrs[0], b.proxyAddr, b.cfg.Accountant.AdminListen, "tally_accountant_lag_seconds",
 			b.edges[0].AdminAddr, b.cfg.Accountant.AdminListen)
 		if err != nil {
@@ -162,7 +164,7 @@ func (b *bench) lag(ctx context.Context) error {
 		return err
 	}
 	defer p.Stop()
-	for _, share := range []float64{0.5, 0} {
+	for _, share := range lagShares {
 		r, err := b.lagRun(ctx, auto, share, f.Edge.APIListen, f.Edge.Listen, f.Edge.AdminListen, "tally_edge_accounting_lag_seconds",
 			f.Edge.AdminListen, "")
 		if err != nil {
@@ -173,6 +175,10 @@ func (b *bench) lag(ctx context.Context) error {
 	}
 	return nil
 }
+
+// lagShares are the shares of auto's saturation on the decision API during
+// the lag runs.
+var lagShares = []float64{0.5, 0.25, 0}
 
 // lagRun measures accounting lag while the decision API takes share of
 // auto's saturation (none when share is 0), 1,000 revalidations per second
@@ -188,8 +194,9 @@ func (b *bench) lagRun(ctx context.Context, auto, share float64, api, proxy, met
 	}
 	side := loadgen.Target{Addr: proxy, Request: func(conn int, i uint64) []byte { return reval[i%keys] }}
 	burst := []byte("GET /repos/tally HTTP/1.1\r\nHost: bench\r\nAuthorization: burst\r\nIf-None-Match: \"v1\"\r\n\r\n")
-	main := b.loadTarget(target{"", api, "far", nil})
+	main := b.loadTarget(target{"", api, "far", nil, nil})
 	before, edgeBefore, accBefore := metricsText(metricsAddr), metricsText(edgeAdmin), metricsText(accAdmin)
+	busyBefore := machineCPU()
 	dur := 2 * b.olDur
 	var wg sync.WaitGroup
 	var mainRes loadgen.Result
@@ -212,10 +219,11 @@ func (b *bench) lagRun(ctx context.Context, auto, share float64, api, proxy, met
 	if sideErr != nil {
 		return lagResult{}, sideErr
 	}
+	busy := machineCPU().coresBusy(busyBefore)
 	time.Sleep(200 * time.Millisecond)
 	after := metricsText(metricsAddr)
 	p50, p99, n := lagQuantiles(histogram, before, after)
-	r := lagResult{Saturation: auto, Share: share, Offered: auto * share, SideRate: sideRate, Events: n, P50: p50, P99: p99}
+	r := lagResult{Saturation: auto, Share: share, Offered: auto * share, SideRate: sideRate, Events: n, P50: p50, P99: p99, CoresBusy: busy}
 	const sched = "go_sched_latencies_seconds"
 	_, r.EdgeSchedP99, _ = lagQuantiles(sched, edgeBefore, metricsText(edgeAdmin))
 	if accAdmin != "" {
@@ -224,8 +232,8 @@ func (b *bench) lagRun(ctx context.Context, auto, share float64, api, proxy, met
 	if share > 0 {
 		r.Achieved, r.RequestP99 = mainRes.Throughput(), ms(mainRes.Latency.Quantile(0.99))
 	}
-	fmt.Printf("  decision API at %.0f req/s (%.0f%% of auto's %.0f) + %.0f revalidations/s in mode exact + bursts: %d events, lag p50 %.2f ms, p99 %.2f ms; goroutines waited for a CPU p99 %.2f ms (edge), %.2f ms (accountant)\n",
-		auto*share, 100*share, auto, sideRate, n, p50, p99, r.EdgeSchedP99, r.AccountantSchedP99)
+	fmt.Printf("  decision API at %.0f req/s (%.0f%% of auto's %.0f) + %.0f revalidations/s in mode exact + bursts: %d events, lag p50 %.2f ms, p99 %.2f ms; %.2f of %d cores busy; goroutines waited for a CPU p99 %.2f ms (edge), %.2f ms (accountant)\n",
+		auto*share, 100*share, auto, sideRate, n, p50, p99, busy, runtime.NumCPU(), r.EdgeSchedP99, r.AccountantSchedP99)
 	return r, nil
 }
 

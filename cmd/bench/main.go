@@ -11,7 +11,7 @@
 //
 // Usage:
 //
-//	bench [-out docs/performance.md] [-short]
+//	bench [-out docs/performance.md] [-short] [-ratelimit PATH]
 //	bench noop -listen 127.0.0.1:9000     (the reference handler)
 //
 // make bench builds the binaries and runs it.
@@ -47,12 +47,13 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the working directory (logs, data) after a successful run")
 	only := flag.String("only", "", "run only the steps whose names contain this (e.g. lag); the report is then partial")
 	profile := flag.String("profile", "", "write CPU profiles of the edge-checker (and the load generator) during the auto saturation runs to this directory")
+	ratelimit := flag.String("ratelimit", "", "an envoyproxy/ratelimit binary to measure beside Tally over many keys (the key-count step)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	b, err := newBench(*bin, *short)
 	if err == nil {
-		b.profile, b.only = *profile, *only
+		b.profile, b.only, b.ratelimitBin = *profile, *only, *ratelimit
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

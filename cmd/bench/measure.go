@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -214,7 +215,7 @@ func (b *bench) latency(ctx context.Context) error {
 
 // denied: every window full; Redis calls per denied request.
 func (b *bench) denied(ctx context.Context) error {
-	for _, t := range []target{{"tally mode: exact", b.apiAddrs[0], "tight-exact", b.edges[0]}, {"tally mode: auto", b.apiAddrs[0], "tight", b.edges[0]}} {
+	for _, t := range []target{{"tally mode: exact", b.apiAddrs[0], "tight-exact", b.edges[0], nil}, {"tally mode: auto", b.apiAddrs[0], "tight", b.edges[0], nil}} {
 		// Fill every window.
 		if _, err := loadgen.ClosedLoop(ctx, b.loadTarget(t), conns, 0, time.Second); err != nil {
 			return err
@@ -387,4 +388,33 @@ func headerInt(block []byte, name string) int64 {
 		}
 	}
 	return 0
+}
+
+// cpuTimes are the machine's CPU times since boot (/proc/stat), in ticks.
+type cpuTimes struct{ busy, total float64 }
+
+func machineCPU() cpuTimes {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line)
+	var t cpuTimes
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseFloat(v, 64)
+		t.total += n
+		if i != 3 && i != 4 { // idle, iowait
+			t.busy += n
+		}
+	}
+	return t
+}
+
+// coresBusy is the average number of busy cores between before and t.
+func (t cpuTimes) coresBusy(before cpuTimes) float64 {
+	if t.total <= before.total {
+		return 0
+	}
+	return (t.busy - before.busy) / (t.total - before.total) * float64(runtime.NumCPU())
 }

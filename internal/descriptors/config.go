@@ -1,0 +1,299 @@
+package descriptors
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// ErrInvalid is wrapped by every error of a file that cannot be used.
+var ErrInvalid = errors.New("descriptors: invalid")
+
+// Unit is a rate limit's unit of time, as envoyproxy/ratelimit's YAML and
+// Envoy's RateLimitResponse name them.
+type Unit string
+
+// The units, and their lengths in envoyproxy/ratelimit (a month is 30 days,
+// a year 365).
+const (
+	Second Unit = "SECOND"
+	Minute Unit = "MINUTE"
+	Hour   Unit = "HOUR"
+	Day    Unit = "DAY"
+	Week   Unit = "WEEK"
+	Month  Unit = "MONTH"
+	Year   Unit = "YEAR"
+)
+
+var unitLength = map[Unit]time.Duration{
+	Second: time.Second,
+	Minute: time.Minute,
+	Hour:   time.Hour,
+	Day:    24 * time.Hour,
+	Week:   7 * 24 * time.Hour,
+	Month:  30 * 24 * time.Hour,
+	Year:   365 * 24 * time.Hour,
+}
+
+// Duration is the unit's length; 0 for an unknown unit.
+func (u Unit) Duration() time.Duration { return unitLength[u] }
+
+// Rule is a descriptor with a rate_limit.
+type Rule struct {
+	// Domain is the file's domain; Key the rule's full key as
+	// envoyproxy/ratelimit names it (its stats, its logs): the domain and
+	// each level's key, or key_value, joined by dots
+	// ("mongo_cps.database_users").
+	Domain, Key string
+	// Name is rate_limit.name (optional): what other rules' replaces name.
+	Name string
+	// Limit is requests_per_unit per Unit; 0 (written or left out) denies
+	// every request. Unlimited rules have neither.
+	Limit     int64
+	Unit      Unit
+	Unlimited bool
+	// Shadow is shadow_mode: decide and record, never deny.
+	Shadow bool
+	// Quota is quota_mode: the request is denied by such rules only when
+	// every one of them that applies is over its limit.
+	Quota bool
+	// Replaces names the rules this one takes the place of when both apply
+	// to a request.
+	Replaces []string
+	// File and Line say where the rule is written.
+	File string
+	Line int
+}
+
+// Window is the rule's window length.
+func (r *Rule) Window() time.Duration { return r.Unit.Duration() }
+
+// Config is every domain's descriptor tree. It is read-only once built and
+// safe for concurrent use.
+type Config struct {
+	domains map[string]*node
+	rules   []*Rule
+	// Warnings are what the files say that has no effect (a known key where
+	// it means nothing), with file and line; envoyproxy/ratelimit ignores
+	// them too.
+	Warnings []string
+}
+
+type node struct {
+	children  map[string]*node
+	wildcards []wildcard // the children whose key holds a *, in file order
+	rule      *Rule
+	// share (share_threshold) makes the values this wildcard child matches
+	// count together, under pattern (its value part).
+	share   bool
+	pattern string
+}
+
+type wildcard struct {
+	key   string   // the child's key_value (or key) as written
+	parts []string // key split at each *
+}
+
+// Rules lists every rule, in the order of the files and within each.
+func (c *Config) Rules() []*Rule { return c.rules }
+
+// Domains lists the domains, sorted.
+func (c *Config) Domains() []string {
+	out := make([]string, 0, len(c.domains))
+	for d := range c.domains {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Options change how files are put together.
+type Options struct {
+	// MergeDomains lets several files add to one domain (envoyproxy/
+	// ratelimit's MERGE_DOMAIN_CONFIG); otherwise a domain written twice is
+	// refused.
+	MergeDomains bool
+}
+
+// LoadDir reads every file of dir, as envoyproxy/ratelimit reads its
+// runtime's config directory: each regular file whose name does not start
+// with a dot, in name order.
+func LoadDir(dir string, o Options) (*Config, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	var files []File
+	for _, e := range entries {
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		files = append(files, File{Name: path, Data: data})
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("%w: %s has no configuration files", ErrInvalid, dir)
+	}
+	return Load(files, o)
+}
+
+// File is one configuration file's name (for errors) and content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Load builds a Config from files, in order. The first error found is
+// returned with its file and line.
+func Load(files []File, o Options) (*Config, error) {
+	c := &Config{domains: map[string]*node{}}
+	for _, f := range files {
+		root, warnings, err := parse(f.Name, f.Data)
+		if err != nil {
+			return nil, err
+		}
+		c.Warnings = append(c.Warnings, warnings...)
+		d, ok := c.domains[root.domain]
+		if ok && !o.MergeDomains {
+			return nil, invalid(f.Name, root.line, "duplicate domain %q in config file", root.domain)
+		}
+		if !ok {
+			d = newNode()
+			c.domains[root.domain] = d
+		}
+		if err := c.add(f.Name, root.domain, d, root.domain+".", root.descriptors); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func newNode() *node { return &node{children: map[string]*node{}} }
+
+// add puts descriptors under n, as envoyproxy/ratelimit's loadDescriptors
+// does, refusing what it refuses.
+func (c *Config) add(file, domain string, n *node, parent string, ds []yDescriptor) error {
+	for _, d := range ds {
+		if d.key == "" {
+			return invalid(file, d.line, "descriptor has empty key")
+		}
+		k := d.key
+		if d.value != "" {
+			k += "_" + d.value
+		}
+		full := parent + k
+		if _, dup := n.children[k]; dup {
+			return invalid(file, d.line, "duplicate descriptor composite key '%s'", full)
+		}
+		child := newNode()
+		if rl := d.rateLimit; rl != nil {
+			r := &Rule{Domain: domain, Key: full, Name: rl.name, Limit: rl.requestsPerUnit, Unlimited: rl.unlimited,
+				Shadow: d.shadow, Quota: d.quota, Replaces: rl.replaces, File: file, Line: rl.line}
+			u := Unit(strings.ToUpper(rl.unit))
+			valid := u.Duration() > 0
+			switch {
+			case rl.unlimited && valid:
+				return invalid(file, rl.line, "should not specify rate limit unit when unlimited")
+			case !rl.unlimited && !valid:
+				return invalid(file, rl.line, "invalid rate limit unit '%s'", rl.unit)
+			}
+			if !rl.unlimited {
+				r.Unit = u
+			}
+			for _, name := range rl.replaces {
+				if name == "" {
+					return invalid(file, rl.line, "should not have an empty replaces entry")
+				}
+				if name == rl.name {
+					return invalid(file, rl.line, "replaces should not contain name of same descriptor")
+				}
+			}
+			child.rule = r
+			c.rules = append(c.rules, r)
+		}
+		hasStar := strings.Contains(k, "*")
+		if d.share && !hasStar {
+			return invalid(file, d.line, "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", k)
+		}
+		if hasStar {
+			n.wildcards = append(n.wildcards, wildcard{key: k, parts: strings.Split(k, "*")})
+			if d.share {
+				child.share, child.pattern = true, k
+			}
+		}
+		if err := c.add(file, domain, child, full+".", d.descriptors); err != nil {
+			return err
+		}
+		n.children[k] = child
+	}
+	return nil
+}
+
+func invalid(file string, line int, format string, args ...any) error {
+	return fmt.Errorf("%w: %s:%d: %s", ErrInvalid, file, line, fmt.Sprintf(format, args...))
+}
+
+// Diff says how the rules of next differ from those of prev, a line per
+// rule added, removed or changed, by full key ("added mongo_cps.database_users:
+// 500/SECOND").
+func Diff(prev, next *Config) []string {
+	index := func(c *Config) map[string]*Rule {
+		m := map[string]*Rule{}
+		if c != nil {
+			for _, r := range c.rules {
+				m[r.Key] = r
+			}
+		}
+		return m
+	}
+	a, b := index(prev), index(next)
+	var out []string
+	for _, r := range next.Rules() {
+		old, ok := a[r.Key]
+		switch {
+		case !ok:
+			out = append(out, "added "+r.Key+": "+r.terms())
+		case old.terms() != r.terms():
+			out = append(out, "changed "+r.Key+": "+old.terms()+" → "+r.terms())
+		}
+	}
+	if prev != nil {
+		for _, r := range prev.rules {
+			if _, ok := b[r.Key]; !ok {
+				out = append(out, "removed "+r.Key)
+			}
+		}
+	}
+	return out
+}
+
+// terms are what a rule does, for Diff.
+func (r *Rule) terms() string {
+	var s string
+	if r.Unlimited {
+		s = "unlimited"
+	} else {
+		s = fmt.Sprintf("%d/%s", r.Limit, r.Unit)
+	}
+	if r.Shadow {
+		s += " shadow"
+	}
+	if r.Quota {
+		s += " quota"
+	}
+	if r.Name != "" {
+		s += " name=" + r.Name
+	}
+	if len(r.Replaces) > 0 {
+		s += " replaces=" + strings.Join(r.Replaces, ",")
+	}
+	return s
+}

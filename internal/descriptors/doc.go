@@ -1,0 +1,46 @@
+// Package descriptors reads rate limits written in envoyproxy/ratelimit's
+// YAML — the files of a directory, one domain each — and finds the rule an
+// Envoy rate-limit request's descriptor falls under, the way
+// envoyproxy/ratelimit does, so that its users point Tally at the files they
+// already have. It does no I/O beyond reading the files it is given and
+// knows nothing of gRPC, Redis or NATS: the edge's rate-limit service
+// (internal/edge) turns a matched rule into a limiter.Policy and the
+// descriptor's values into the identity whose window counts it.
+//
+// # The format
+//
+// A file holds one domain and a tree of descriptors:
+//
+//	domain: mongo_cps
+//	descriptors:
+//	  - key: database
+//	    value: users
+//	    rate_limit:
+//	      unit: second
+//	      requests_per_unit: 500
+//	  - key: remote_address        # no value: every address its own counter
+//	    rate_limit: {unit: minute, requests_per_unit: 10}
+//	    descriptors:               # nested: matched by the request's next entry
+//	      - key: path
+//	        value: "/api/*"        # a wildcard: * is any run of characters
+//	        rate_limit: {unit: hour, requests_per_unit: 100}
+//
+// Every key of the reference is accepted: domain, descriptors, key, value,
+// rate_limit (unit, requests_per_unit, unlimited, name, replaces),
+// shadow_mode, quota_mode, share_threshold, detailed_metric,
+// value_to_metric, metadata. docs/envoy.md says what Tally does with each.
+// Anything else is refused with its file and line, as the reference refuses
+// it.
+//
+// # Matching
+//
+// A request's descriptor is a list of entries (key, value). Entry by entry
+// from the domain's top level, the rule for key_value is looked up first,
+// then the first wildcard rule whose key_value pattern matches, then the rule
+// for the key alone; a rule with nested descriptors passes the next entry
+// down. The descriptor is limited by the rule its last entry lands on, and
+// only if that rule has a rate_limit (a descriptor with more or fewer
+// entries than the rule's depth is not limited). Each distinct list of
+// values counts on its own, except that values matched by a wildcard with
+// share_threshold count together under the pattern.
+package descriptors

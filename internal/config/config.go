@@ -25,6 +25,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/credit"
+	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -58,7 +59,9 @@ type File struct {
 	AdminToken string `yaml:"-"`
 
 	redisTLS *tls.Config // built from Redis.TLS by validate
-	natsOpts []nats.Option
+	// descriptors are Edge.RLS.Config's rules, read by validate.
+	descriptors *descriptors.Config
+	natsOpts    []nats.Option
 }
 
 // Redis is the shard map and the window settings.
@@ -150,6 +153,28 @@ type Edge struct {
 	Credit    credit.Config        `yaml:"credit"`
 	Outbox    outbox.Config        `yaml:"outbox"`
 	Decisions edge.DecisionsConfig `yaml:"decisions"`
+	RLS       RLS                  `yaml:"rls"`
+}
+
+// RLS serves Envoy's rate-limit service over gRPC
+// (envoy.service.ratelimit.v3.RateLimitService, and grpc.health.v1), from
+// limits written in envoyproxy/ratelimit's YAML (docs/envoy.md).
+type RLS struct {
+	// Listen is the gRPC listener. Empty: no rate-limit service.
+	Listen string `yaml:"listen"`
+	// Config is the directory of envoyproxy/ratelimit's configuration
+	// files: every file in it but dot files, one domain each (what the
+	// reference reads from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config).
+	Config string `yaml:"config"`
+	// MergeDomains lets several files add to one domain (the reference's
+	// MERGE_DOMAIN_CONFIG).
+	MergeDomains bool `yaml:"merge_domains"`
+	// Mode is the mode of every rule: auto (default), exact or async.
+	Mode limiter.Mode `yaml:"mode"`
+	// ResponseHeaders adds RateLimit-Limit, -Remaining and -Reset to the
+	// answers for Envoy to pass to clients (the reference's
+	// LIMIT_RESPONSE_HEADERS_ENABLED). Default false, as there.
+	ResponseHeaders bool `yaml:"response_headers"`
 }
 
 // Identity says whose window a request counts against.
@@ -184,6 +209,8 @@ type Policy struct {
 	// default: the identity header, or the client address without one) or
 	// address (the client address always).
 	Key string `yaml:"key"`
+	// Shadow decides and records without enforcing (limiter.Policy.Shadow).
+	Shadow bool `yaml:"shadow"`
 }
 
 // Policy keys.
@@ -402,7 +429,7 @@ func (f *File) AddressKeyed() map[string]bool {
 
 // Limiter is the policy as the limiter takes it.
 func (p Policy) Limiter() limiter.Policy {
-	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode}
+	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode, Shadow: p.Shadow}
 }
 
 // PolicyMap is the policies by name.

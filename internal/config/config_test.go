@@ -3,6 +3,8 @@ package config
 import (
 	"encoding/base64"
 	"encoding/hex"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +135,10 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"bad decision log level", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  decisions: {log_sample: 0.5, log_level: loud}", "edge.decisions.log_level"},
 		{"bad decision log sample", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  decisions: {log_sample: 2}", "edge.decisions.log_sample"},
 		{"bad accountant record sample", "policies:\n", "accountant:\n  decisions: {sample_applied: 1.5}\npolicies:\n", "accountant.decisions.sample_applied"},
+		{"rate-limit service without rules", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  rls: {listen: 127.0.0.1:8081}", "line 13: edge.rls.config: empty"},
+		{"rate-limit rules without a listener", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  rls: {config: /etc/ratelimit}", "edge.rls.listen: empty"},
+		{"unreadable rate-limit rules", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  rls: {listen: 127.0.0.1:8081, config: /nonexistent/ratelimit}", "edge.rls.config: descriptors: invalid"},
+		{"bad rate-limit mode", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  rls: {listen: 127.0.0.1:8081, config: /tmp, mode: fast}", "edge.rls.mode"},
 		{"two NATS credentials", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  credentials_file: a\n  nkey_file: b", "credentials_file and nkey_file: set one"},
 	}
 	for _, c := range cases {
@@ -183,4 +189,29 @@ func TestKeySecretIsRequiredAndLongEnough(t *testing.T) {
 		})
 		require.ErrorContains(t, err, "TALLY_KEY_SECRET", name)
 	}
+}
+
+// The rate-limit service reads its directory when the file is loaded: an
+// invalid rule is refused with the rule's file and line; beyond loopback
+// the service needs the API token. A policy may be in shadow mode.
+func TestRateLimitServiceSettings(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "api.yaml")
+	require.NoError(t, os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 10}\n"), 0o600))
+	src := strings.Replace(good, "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  rls:\n    listen: 127.0.0.1:8081\n    config: "+dir, 1)
+	src = strings.Replace(src, "    limit: 100\n", "    limit: 100\n    shadow: true\n", 1)
+	f, err := Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	require.Equal(t, []string{"api"}, f.Descriptors().Domains())
+	require.True(t, f.PolicyMap()["core"].Shadow)
+
+	_, err = Parse([]byte(strings.Replace(src, "listen: 127.0.0.1:8081", "listen: 0.0.0.0:8081", 1)), withSecret)
+	require.ErrorContains(t, err, "edge.rls.listen: \"0.0.0.0:8081\" is reachable beyond loopback: set TALLY_API_TOKEN")
+
+	require.NoError(t, os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: fortnight, requests_per_unit: 10}\n"), 0o600))
+	_, err = Parse([]byte(src), withSecret)
+	require.ErrorContains(t, err, "api.yaml:4: invalid rate limit unit 'fortnight'")
+	require.NoError(t, os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 4000000000}\n"), 0o600))
+	_, err = Parse([]byte(src), withSecret)
+	require.ErrorContains(t, err, "api.yaml:4: requests_per_unit 4000000000: Tally counts up to 1000000000 per window")
 }

@@ -20,6 +20,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tallyhq/tally/internal/descriptors"
+	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/setting"
@@ -184,7 +186,7 @@ func (f *File) validatePolicies() error {
 		}
 	}
 	if len(f.Policies) == 0 && (f.Edge.Listen != "" || f.Edge.APIListen != "") {
-		return fieldErr("policies", "the edge needs at least one policy")
+		return fieldErr("policies", "the edge needs at least one policy (the rate-limit service, edge.rls, needs none)")
 	}
 	return nil
 }
@@ -223,6 +225,9 @@ func (f *File) validateEdge() error {
 			return fieldErr(fmt.Sprintf("edge.identity.trusted_proxies[%d]", i), "%q: want an address or CIDR", c)
 		}
 	}
+	if err := f.validateRLS(); err != nil {
+		return err
+	}
 	for _, sec := range []struct {
 		path string
 		err  error
@@ -234,6 +239,38 @@ func (f *File) validateEdge() error {
 	return nil
 }
 
+// validateRLS checks the rate-limit service's settings and reads its rules.
+func (f *File) validateRLS() error {
+	r := &f.Edge.RLS
+	if r.Listen == "" {
+		if r.Config != "" {
+			return fieldErr("edge.rls.listen", "empty: set it to serve the rules of edge.rls.config")
+		}
+		return nil
+	}
+	switch r.Mode {
+	case "", limiter.ModeAuto, limiter.ModeExact, limiter.ModeAsync:
+	default:
+		return fieldErr("edge.rls.mode", "%q: want auto, exact or async", r.Mode)
+	}
+	if r.Config == "" {
+		return fieldErr("edge.rls.config", "empty: name the directory of envoyproxy/ratelimit configuration files")
+	}
+	c, err := descriptors.LoadDir(r.Config, descriptors.Options{MergeDomains: r.MergeDomains})
+	if err == nil {
+		err = edge.ValidDescriptors(c, r.Mode)
+	}
+	if err != nil {
+		return fieldErr("edge.rls.config", "%v", err)
+	}
+	f.descriptors = c
+	return nil
+}
+
+// Descriptors are the rate-limit service's rules as read when the file was
+// loaded (nil without edge.rls).
+func (f *File) Descriptors() *descriptors.Config { return f.descriptors }
+
 // validateSecurity refuses what would expose Tally or its data: a decision
 // API whose request ids cannot be signed, APIs reachable beyond loopback
 // without a token, TLS settings that cannot be loaded.
@@ -244,6 +281,10 @@ func (f *File) validateSecurity() error {
 			return fieldErr("edge.api_listen", "%q is reachable beyond loopback: set %s, the bearer token the API then requires",
 				e.APIListen, EnvAPIToken)
 		}
+	}
+	if e.RLS.Listen != "" && f.APIToken == "" && !Loopback(e.RLS.Listen) {
+		return fieldErr("edge.rls.listen", "%q is reachable beyond loopback: set %s, the bearer token the rate-limit service then requires "+
+			"(Envoy sends it as initial_metadata: authorization: Bearer <token>)", e.RLS.Listen, EnvAPIToken)
 	}
 	for _, l := range []struct{ field, addr string }{{"edge.admin_listen", e.AdminListen}, {"accountant.admin_listen", f.Accountant.AdminListen}} {
 		if l.addr != "" && f.AdminToken == "" && !Loopback(l.addr) {

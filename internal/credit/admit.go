@@ -130,7 +130,7 @@ func (c *Core) Refund(v Verdict) (absorbed bool) {
 // another of its limits denied (the request was not served).
 func (c *Core) GiveBack(vs []Verdict) {
 	for _, v := range vs {
-		if v.Allowed() {
+		if v.Allowed() && v.Cost > 0 && v.Path != 0 { // decided, and charged something
 			c.Refund(v)
 		}
 	}

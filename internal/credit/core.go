@@ -120,6 +120,7 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 
 	e.lock()
 	defer e.mu.Unlock()
+	e.adopt(p)
 	path := PathCredit // PathReserve once the request has waited for a reservation
 	for {
 		if !e.reset.IsZero() && !now.Before(e.reset) {
@@ -187,6 +188,66 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum,
 		HolderNum: e.holderNum}
 	return c.deny(v, e, PathCache), true
+}
+
+// Look decides a request that charges nothing (cost 0: a check made before
+// a cost known only at the end, as Envoy's hits_addend 0 asks): allowed
+// unless the window is past its limit (charges applied over it, an
+// overdraft), which is how envoyproxy/ratelimit answers it too. It answers
+// from what the edge knows of a live window; otherwise it reads the window
+// on the primary (a reservation of nothing, within RedisBudget) and, Redis
+// slow or down, follows FailOpen. It reserves nothing.
+func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, now time.Time, reqNum uint64) (Verdict, error) {
+	e := c.entry(dg, p)
+	v := Verdict{Policy: p, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum, HolderNum: e.holderNum}
+	e.lastUseNano.Store(now.UnixNano())
+	e.lock()
+	defer e.mu.Unlock()
+	e.adopt(p)
+	if !e.reset.IsZero() && !now.Before(e.reset) {
+		e.expire()
+	}
+	path := PathCredit
+	if !e.live(now) {
+		if c.suspected(e.shard, now) {
+			return c.lookFailed(v, e)
+		}
+		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: c.d.Producer, Holder: e.holder}
+		e.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RedisBudget)
+		g, err := c.d.Reserver.Take(rctx, e.key, now, args)
+		cancel()
+		e.lock()
+		c.stats.rechecks.Add(1)
+		if err != nil {
+			c.primaryFailed(e.shard, err, c.d.Clock.Now())
+			if !e.live(now) { // another request may have learnt it meanwhile
+				return c.lookFailed(v, e)
+			}
+		} else {
+			c.takeOK(e.shard)
+			if g.Live && !e.live(now) {
+				e.reset, e.start, e.used = g.ResetAt, g.Start, g.Used
+				e.count(g)
+			}
+		}
+		path = PathReserve
+	}
+	if e.room() < 0 {
+		return c.deny(v, e, path), nil
+	}
+	return c.allow(v, e, path), nil
+}
+
+// lookFailed is Look's answer when the window could not be read.
+func (c *Core) lookFailed(v Verdict, e *entry) (Verdict, error) {
+	if !c.d.FailOpen {
+		c.stats.unavailable.Add(1)
+		return v, ErrUnavailable
+	}
+	v.Path = PathFailOpen
+	c.counted(e, PathFailOpen, 1)
+	return v, nil
 }
 
 // wait releases e's lock until the reservation in flight (ch) is in, the
@@ -362,18 +423,25 @@ const (
 // A reservation Redis refused (a key of the wrong type, a script error)
 // says nothing of the primary, which answered: it does not count.
 func (c *Core) takeFailed(e *entry, err error) {
-	c.stats.takeErrors.Add(1)
 	now := c.d.Clock.Now()
 	e.failed = now
 	e.lost = now // it may have been made all the same
+	c.primaryFailed(e.shard, err, now)
+}
+
+// primaryFailed counts a call to shard's primary that failed: after
+// suspectAfter in a row (refusals aside) the request path stops waiting for
+// it for suspectFor.
+func (c *Core) primaryFailed(shard int, err error, now time.Time) {
+	c.stats.takeErrors.Add(1)
 	if errors.Is(err, limiter.ErrInvalidArgument) || (c.d.Permanent != nil && c.d.Permanent(err)) {
-		c.d.Log.Error("the primary refused a reservation; deciding without it", "shard", c.d.Reserver.ShardName(e.shard), "err", err)
+		c.d.Log.Error("the primary refused a reservation; deciding without it", "shard", c.d.Reserver.ShardName(shard), "err", err)
 		return
 	}
-	if c.failures[e.shard].Add(1) >= suspectAfter {
-		c.suspect[e.shard].Store(now.Add(suspectFor).UnixNano())
+	if c.failures[shard].Add(1) >= suspectAfter {
+		c.suspect[shard].Store(now.Add(suspectFor).UnixNano())
 	}
-	c.d.Log.Warn("reserving on the primary failed; deciding without it", "shard", c.d.Reserver.ShardName(e.shard), "err", err)
+	c.d.Log.Warn("reserving on the primary failed; deciding without it", "shard", c.d.Reserver.ShardName(shard), "err", err)
 }
 
 func (c *Core) takeOK(shard int) {

@@ -116,6 +116,15 @@ func (e *entry) settled() bool {
 
 func (e *entry) exact() bool { return e.policy.Mode.OrDefault() == limiter.ModeExact }
 
+// adopt takes p's terms (a limit reloaded with another limit, window or
+// mode): the window and the credit held in it stay, and what is left is
+// judged by the new limit from now on. Callers hold e.mu.
+func (e *entry) adopt(p limiter.Policy) {
+	if e.policy != p {
+		e.policy = p
+	}
+}
+
 // live reports whether e knows a window that has not reset at now.
 func (e *entry) live(now time.Time) bool { return !e.reset.IsZero() && now.Before(e.reset) }
 

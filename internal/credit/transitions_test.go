@@ -406,3 +406,92 @@ func TestStaleRoomNoticeKeepsCountsSane(t *testing.T) {
 		t.Fatalf("the edge counts %d, below the credit it holds", used)
 	}
 }
+
+// Look charges nothing and denies only a window past its limit (an
+// overdraft), as envoyproxy/ratelimit answers a hits_addend of 0: from
+// memory when the edge knows the window, else after one read.
+func TestLook(t *testing.T) {
+	cases := []struct {
+		name      string
+		into      func(h *harness)
+		down      bool
+		failOpen  bool
+		allowed   bool
+		decided   bool
+		remaining int64
+		calls     int
+		err       error
+	}{
+		{name: "no window: read, the whole limit left", into: func(*harness) {}, failOpen: true, allowed: true, decided: true, remaining: testLimit, calls: 1},
+		{name: "another edge's window: read", into: func(h *harness) {
+			h.redis.set(h.key, h.clock.Now(), h.clock.Now().Add(time.Minute).Truncate(time.Second), 6, "edge.other.1", 6)
+		}, failOpen: true, allowed: true, decided: true, remaining: testLimit - 6, calls: 1},
+		{name: "credit: from memory", into: func(h *harness) { h.open(4, 3, false) }, failOpen: true, allowed: true, decided: true, remaining: testLimit - 1},
+		{name: "at the limit: allowed, nothing left", into: func(h *harness) { h.open(testLimit, 0, true) }, failOpen: true, allowed: true, decided: true},
+		{name: "past the limit: denied", into: func(h *harness) { h.open(testLimit+3, 0, true) }, failOpen: true, decided: true},
+		{name: "redis down, nothing known, fail open", into: func(*harness) {}, down: true, failOpen: true, allowed: true, calls: 1},
+		{name: "redis down, nothing known, fail closed", into: func(*harness) {}, down: true, calls: 1, err: ErrUnavailable},
+		{name: "redis down, window known", into: func(h *harness) { h.open(4, 0, false) }, down: true, failOpen: true, allowed: true, decided: true, remaining: testLimit - 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, policyOf(limiter.ModeAuto), tc.failOpen, fast)
+			tc.into(h)
+			h.redis.down = tc.down
+			before := h.redis.numCalls()
+			v, err := h.core.Look(context.Background(), h.policy, h.dg, h.clock.Now(), 1)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err %v, want %v", err, tc.err)
+			}
+			if tc.err != nil {
+				return
+			}
+			if v.Allowed() != tc.allowed || v.Decided != tc.decided || (v.Decided && v.Decision.Remaining != tc.remaining) {
+				t.Fatalf("allowed %v decided %v remaining %d; want %v %v %d", v.Allowed(), v.Decided, v.Decision.Remaining, tc.allowed, tc.decided, tc.remaining)
+			}
+			if n := h.redis.numCalls() - before; n != tc.calls {
+				t.Fatalf("%d Redis calls, want %d", n, tc.calls)
+			}
+			if n := h.ledger.len(); n != 0 {
+				t.Fatalf("%d entries to account for; a look charges nothing", n)
+			}
+		})
+	}
+}
+
+// A limit reloaded with new terms keeps its window and what it counts;
+// what is left is judged by the new limit at once, the credit in hand
+// spent while the new limit leaves room for it and given back when not.
+func TestReloadedLimitKeepsItsWindow(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+	h.open(6, 2, false) // 4 admitted, 2 in hand
+	decide := func(limit int64) Verdict {
+		p := h.policy
+		p.Limit = limit
+		h.reqs++
+		v, err := h.core.Decide(context.Background(), p, 1, h.dg, h.clock.Now(), h.reqs)
+		h.core.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := decide(5); !v.Allowed() || v.Decision.Limit != 5 || v.Decision.Remaining != 0 {
+		t.Fatalf("allowed %v limit %d remaining %d: the 5th of a new limit of 5 is admitted from credit", v.Allowed(), v.Decision.Limit, v.Decision.Remaining)
+	}
+	if v := decide(5); v.Allowed() {
+		t.Fatal("a 6th admitted under a limit of 5")
+	}
+	// The credit the new limit leaves no room for went back: the window
+	// counts the 5 admitted.
+	if c, used, _ := h.snapshot(); c != 0 || used != 5 {
+		t.Fatalf("credit %d used %d, want 0 and 5", c, used)
+	}
+	// The accountant applies the release.
+	h.redis.mu.Lock()
+	h.redis.windows[h.dg].used = 5
+	h.redis.mu.Unlock()
+	if v := decide(20); !v.Allowed() || v.Decision.Limit != 20 || v.Decision.Remaining != 14 {
+		t.Fatalf("allowed %v limit %d remaining %d: 6 admitted of a new limit of 20", v.Allowed(), v.Decision.Limit, v.Decision.Remaining)
+	}
+}

@@ -99,7 +99,7 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	if req.Cost > 0 {
 		p.Cost = req.Cost
 	}
-	v, err := s.check(r.Context(), p, s.o.Keys.Sum(p.Name, "h:"+req.Identity), s.o.Clock.Now(), s.reqs.Add(1))
+	v, err := s.check(r.Context(), p, p.CostOrDefault(), s.o.Keys.Sum(p.Name, "h:"+req.Identity), s.o.Clock.Now(), s.reqs.Add(1))
 	if err != nil {
 		s.unavailable(w)
 		return

@@ -2,9 +2,12 @@
 // rate-limit headers, from what it knows of the request's window, and keeps
 // the window's accounting exact (docs/accuracy.md).
 //
-// Three handlers: the proxy (in front of an upstream API), the decision API
-// (POST /v1/check and /v1/finish, for gateways and services that forward
-// themselves) and the admin endpoints (/healthz, /readyz, /metrics).
+// Four front doors: the proxy (in front of an upstream API), the decision
+// API (POST /v1/check and /v1/finish, for gateways and services that
+// forward themselves), Envoy's rate-limit service (gRPC ShouldRateLimit,
+// from envoyproxy/ratelimit's YAML rules: rls.go) and the admin endpoints
+// (/healthz, /readyz, /metrics). Every limit a request is held to is
+// decided together (check.go), so that a denied request consumes nothing.
 //
 // # Trust
 //
@@ -23,10 +26,10 @@
 //
 // # Deciding
 //
-// The decisions are the core's (internal/credit): the proxy and the
-// decision API translate a request into one call of credit.Core.Decide per
-// limit, and its Verdict into a response; what is left to account for goes
-// to the outbox (internal/outbox). In short: an edge admits requests against credit: units of the window it reserved
+// The decisions are the core's (internal/credit): the front doors
+// translate a request into a call of credit.Core.Decide per limit (Look for
+// a check that charges nothing), and the Verdicts into an answer; what is
+// left to account for goes to the outbox (internal/outbox). In short: an edge admits requests against credit: units of the window it reserved
 // on the shard's primary (redisstore.Store.Take, one atomic script that also
 // opens the window at its first request). Far from the limit a reservation
 // covers a while of the key's traffic, so most requests need no Redis call;

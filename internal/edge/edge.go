@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tallyhq/tally/internal/credit"
+	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/outbox"
@@ -175,6 +176,11 @@ type Options struct {
 	// per batch of accounting events published (producer, linked to the
 	// requests). Without it the edge forwards the traceparent it received.
 	Tracer trace.Tracer
+	// Descriptors are the rules of Envoy's rate-limit service
+	// (RateLimitService), in envoyproxy/ratelimit's format; SetDescriptors
+	// replaces them. RLS says how the service decides.
+	Descriptors *descriptors.Config
+	RLS         RLSConfig
 }
 
 // Server holds the edge's handlers and its background work: the table of
@@ -200,6 +206,7 @@ type Server struct {
 	done      sync.WaitGroup
 	closed    atomic.Bool
 	telemetry *telemetry.Metrics
+	rls       atomic.Pointer[rlsRules] // the rate-limit service's rules
 	// decisionTime records decision latency, per path.
 	decisionTime [credit.PathFailOpen + 1]decisionTimer
 	// decisionLevel is the level of per-decision log lines.
@@ -213,8 +220,8 @@ type Server struct {
 // New validates o and starts the server's background work. Call Close to
 // stop it.
 func New(o Options) (*Server, error) {
-	if o.Store == nil || o.Keys == nil || len(o.Policies) == 0 {
-		return nil, errors.New("edge: Store, Keys and Policies are required")
+	if o.Store == nil || o.Keys == nil || (len(o.Policies) == 0 && o.Descriptors == nil) {
+		return nil, errors.New("edge: Store, Keys, and Policies or Descriptors are required")
 	}
 	if o.Clock == nil {
 		o.Clock = limiter.SystemClock{}
@@ -248,6 +255,11 @@ func New(o Options) (*Server, error) {
 	_ = s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)) // validated above
 	if err := s.resolveRoutes(); err != nil {
 		return nil, err
+	}
+	if o.Descriptors != nil {
+		if err := s.SetDescriptors(o.Descriptors); err != nil {
+			return nil, fmt.Errorf("edge: %w", err)
+		}
 	}
 	s.telemetry = o.Metrics
 	if s.telemetry == nil {
@@ -459,10 +471,17 @@ func cleanPath(p string) string {
 	return path.Clean(p)
 }
 
-// check decides request reqNum for the key with digest dg under p.
-func (s *Server) check(ctx context.Context, p limiter.Policy, dg limiter.Digest, now time.Time, reqNum uint64) (credit.Verdict, error) {
+// check decides request reqNum of cost for the key with digest dg under p
+// (a cost of 0 charges nothing: credit.Core.Look).
+func (s *Server) check(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (credit.Verdict, error) {
 	start := time.Now()
-	v, err := s.core.Decide(ctx, p, p.CostOrDefault(), dg, now, reqNum)
+	var v credit.Verdict
+	var err error
+	if cost == 0 {
+		v, err = s.core.Look(ctx, p, dg, now, reqNum)
+	} else {
+		v, err = s.core.Decide(ctx, p, cost, dg, now, reqNum)
+	}
 	if err == nil && v.Path >= credit.PathCredit && v.Path <= credit.PathFailOpen {
 		t := s.decisionTime[v.Path]
 		t.h.Record(ctx, time.Since(start).Seconds(), t.opts...)
@@ -479,7 +498,11 @@ type decisionTimer struct {
 
 // record publishes a decision to the decisions stream (allowed ones
 // sampled).
-func (s *Server) record(v credit.Verdict, traceparent string) {
+func (s *Server) record(v credit.Verdict, traceparent string) { s.recordRule(v, traceparent, "", "") }
+
+// recordRule is record for a decision of Envoy's rate-limit service, which
+// names the request's domain and the descriptor rule that limited it.
+func (s *Server) recordRule(v credit.Verdict, traceparent, domain, rule string) {
 	allowed := !v.Decided || v.Decision.Allowed
 	if rate := s.o.Decisions.LogSample; rate > 0 && (rate >= 1 || mrand.Float64() < rate) {
 		s.logDecision(v, allowed, traceparent)
@@ -491,7 +514,7 @@ func (s *Server) record(v credit.Verdict, traceparent string) {
 		return
 	}
 	d := s.decision(v, traceparent)
-	d.Allowed, d.Path = allowed, v.Path.String()
+	d.Allowed, d.Path, d.Domain, d.Rule = allowed, v.Path.String(), domain, rule
 	s.batcher.Add(d)
 }
 
@@ -536,7 +559,8 @@ func (s *Server) recordFinish(v credit.Verdict, res limiter.FinishResult, now ti
 func (s *Server) decision(v credit.Verdict, traceparent string) events.Decision {
 	d := events.Decision{Time: v.Now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
 		Shard: s.o.Store.ShardName(v.Shard), RequestNum: v.ReqNum, TraceParent: traceparent, Key: v.Key.Digest(),
-		Policy: v.Policy.Name, Limit: v.Policy.Limit, WindowSeconds: int64(v.Policy.Window / time.Second), Cost: v.Cost}
+		Policy: v.Policy.Name, Limit: v.Policy.Limit, WindowSeconds: int64(v.Policy.Window / time.Second), Cost: v.Cost,
+		Shadow: v.Policy.Shadow}
 	if v.Decided {
 		d.Used, d.ResetAt = v.Decision.Used, v.Decision.ResetAt
 	}

@@ -173,6 +173,11 @@ type decisionRecord struct {
 	Outcome   string `json:"outcome"`
 	Used      int64  `json:"used"`
 	Key       string `json:"key"`
+	Cost      int64  `json:"cost"`
+	Limit     int64  `json:"limit"`
+	Shadow    bool   `json:"shadow"`
+	Domain    string `json:"domain"`
+	Rule      string `json:"rule"`
 }
 
 // decisionRecords subscribes to the decision records of edges (or, with
@@ -366,6 +371,32 @@ func TestAbsorbedRefundIsRecorded(t *testing.T) {
 	testutil.WaitFor(t, "three records", func() bool { rs = records(); return len(rs) >= 3 })
 	id := e.srv.Producer() + "-2"
 	require.Contains(t, rs, decisionRecord{RequestID: id, Policy: "core", Allowed: true, Path: "credit", Outcome: "refunded",
-		Used: 1, Key: pl.keys.Key("core", "h:absorbed").Digest().String()})
+		Used: 1, Key: pl.keys.Key("core", "h:absorbed").Digest().String(), Cost: 1, Limit: 100})
 	require.EqualValues(t, 1, metric(t, e, "tally_edge_refunds_absorbed_total"))
+}
+
+// A policy in shadow mode decides and records, and never denies: requests
+// past its limit reach the upstream, charge nothing beyond the limit, show
+// no headers of it, and their records say shadow.
+func TestShadowPolicyNeverDenies(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 2, Window: time.Minute, Shadow: true}
+	records := decisionRecords(t, pl)
+	e := pl.edge(nil)
+	for i := range 4 {
+		resp := get(t, e.proxy.URL, "shadowed")
+		require.Equal(t, 200, resp.StatusCode, "request %d", i+1)
+		require.Empty(t, resp.Header.Get("X-RateLimit-Limit"), "a shadow limit is not shown")
+	}
+	var rs []decisionRecord
+	testutil.WaitFor(t, "four records", func() bool { rs = records(); return len(rs) == 4 })
+	allowed := 0
+	for _, r := range rs {
+		require.True(t, r.Shadow)
+		if r.Allowed {
+			allowed++
+		}
+	}
+	require.Equal(t, 2, allowed, "two within the limit, two it would have denied")
+	require.EqualValues(t, 2, pl.used(pl.keys.Key("core", "h:shadowed")))
 }

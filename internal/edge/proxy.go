@@ -13,7 +13,6 @@ import (
 
 	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/events"
-	"github.com/tallyhq/tally/internal/limiter"
 )
 
 type stateKey struct{}
@@ -22,9 +21,10 @@ type stateKey struct{}
 // its finish.
 type proxyState struct {
 	vs     []credit.Verdict // the allowed verdicts, one per limit
-	shown  int              // the one whose headers the response carries
+	shown  int              // the one whose headers the response carries (-1: none, every limit in shadow mode)
 	status int
 	buf    [2]credit.Verdict
+	checks [2]limitCheck
 }
 
 func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
@@ -45,7 +45,8 @@ func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
 		ModifyResponse: func(resp *http.Response) error {
 			if st, ok := resp.Request.Context().Value(stateKey{}).(*proxyState); ok {
 				st.status = resp.StatusCode
-				if v := &st.vs[st.shown]; v.Decided {
+				if st.shown >= 0 && st.vs[st.shown].Decided {
+					v := &st.vs[st.shown]
 					setHeaders(resp.Header, v.Decision)
 				}
 			}
@@ -96,8 +97,8 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// Whose windows the request counts in, first: a request refused for
 	// its identity touches none.
 	var identity, address string
-	var digests [4]limiter.Digest
-	dgs := digests[:0]
+	st := &proxyState{}
+	checks := st.checks[:0]
 	for _, l := range limits {
 		id := &identity
 		if l.byAddress {
@@ -111,43 +112,26 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		dgs = append(dgs, s.o.Keys.Sum(l.policy.Name, *id))
+		checks = append(checks, limitCheck{policy: l.policy, digest: s.o.Keys.Sum(l.policy.Name, *id), cost: l.policy.CostOrDefault()})
 	}
-	// Every limit is checked against what the edge knows before any of them
-	// reserves: a request that a window known to be full denies opens no
-	// window and reserves nothing on the others.
-	if len(limits) > 1 {
-		for i, l := range limits {
-			if v, full := s.core.Peek(l.policy, l.policy.CostOrDefault(), dgs[i], now, reqNum); full {
-				v.TraceParent = traceparent
-				s.record(v, traceparent)
-				s.deny(w, v)
-				setStatus(span, http.StatusTooManyRequests)
-				return
-			}
-		}
+	res, err := s.decideAll(r.Context(), checks, now, reqNum, st.buf[:0])
+	if err != nil {
+		s.unavailable(w)
+		setStatus(span, http.StatusServiceUnavailable)
+		return
 	}
-	st := &proxyState{}
-	st.vs = st.buf[:0]
-	for i, l := range limits {
-		v, err := s.check(r.Context(), l.policy, dgs[i], now, reqNum)
-		if err != nil {
-			s.core.GiveBack(st.vs)
-			s.unavailable(w)
-			setStatus(span, http.StatusServiceUnavailable)
-			return
-		}
+	if res.denied >= 0 {
+		// The denial is the request's only decision record.
+		v := res.vs[res.denied]
 		v.TraceParent = traceparent
-		if v.Decided && !v.Decision.Allowed {
-			// Denied by one limit: what the others charged goes back, and
-			// the denial is the request's only decision record.
-			s.core.GiveBack(st.vs)
-			s.record(v, traceparent)
-			s.deny(w, v)
-			setStatus(span, http.StatusTooManyRequests)
-			return
-		}
-		st.vs = append(st.vs, v)
+		s.record(v, traceparent)
+		s.deny(w, v)
+		setStatus(span, http.StatusTooManyRequests)
+		return
+	}
+	st.vs = res.vs
+	for i := range st.vs {
+		st.vs[i].TraceParent = traceparent
 	}
 	for _, v := range st.vs {
 		s.record(v, traceparent)
@@ -182,15 +166,20 @@ func (s *Server) identity(r *http.Request, byAddress bool) (string, error) {
 
 // tightest picks the credit.Verdict whose headers a response shows when several
 // limits allowed it: the one with the least room left, the soonest reset
-// among equals (what a client must respect first).
+// among equals (what a client must respect first). Limits in shadow mode are
+// not shown: they are not enforced. -1 when there is none to show.
 func tightest(vs []credit.Verdict) int {
-	best := 0
-	for i := 1; i < len(vs); i++ {
-		a, b := &vs[i].Decision, &vs[best].Decision
-		if !vs[i].Decided {
+	best := -1
+	for i := range vs {
+		if vs[i].Policy.Shadow {
 			continue
 		}
-		if !vs[best].Decided || a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAt.Before(b.ResetAt)) {
+		if best < 0 || !vs[best].Decided {
+			best = i
+			continue
+		}
+		a, b := &vs[i].Decision, &vs[best].Decision
+		if vs[i].Decided && (a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAt.Before(b.ResetAt))) {
 			best = i
 		}
 	}

@@ -44,6 +44,11 @@ func (s *Server) missing() string {
 	return strings.Join(out, "; ")
 }
 
+// Ready reports whether the edge decides normally (what /readyz answers
+// 200 for) and is not draining: what the rate-limit service's gRPC health
+// check reports.
+func (s *Server) Ready() bool { return !s.draining.Load() && s.missing() == "" }
+
 // warm reaches every shard's primary (loading the scripts) and creates the
 // streams, retrying until all is done or the server stops.
 func (s *Server) warm() {

@@ -55,6 +55,15 @@ type Decision struct {
 	// Lag is an accountant's record's time from the event's creation to its
 	// effect in Redis.
 	Lag time.Duration
+	// Shadow marks a decision of a limit in shadow mode: Allowed says what
+	// the limit decided, and the request was let through whatever it said.
+	Shadow bool
+	// Domain and Rule are set on decisions of Envoy's rate-limit service:
+	// the request's domain and the full key of the descriptor rule that
+	// limited it (envoyproxy/ratelimit's name for it: the domain and each
+	// level's key or key_value, joined by dots). The descriptor's values
+	// that are not written in the rule are in Key only (hashed).
+	Domain, Rule string
 }
 
 // AppendDecision appends d as a structured CloudEvent (JSON) to b.
@@ -101,6 +110,13 @@ func AppendDecision(b []byte, d *Decision) []byte {
 		b = appendStringField(b, "request_id", d.Edge)
 		b = strconv.AppendUint(append(b[:len(b)-1], '-'), d.RequestNum, 10)
 		b = append(b, '"')
+	}
+	if d.Shadow {
+		b = append(appendField(b, "shadow"), "true"...)
+	}
+	if d.Rule != "" {
+		b = appendStringField(b, "domain", d.Domain)
+		b = appendStringField(b, "rule", d.Rule)
 	}
 	b = appendStringField(b, "edge", d.Edge)
 	b = appendStringField(b, "shard", d.Shard)

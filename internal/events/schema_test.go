@@ -65,9 +65,30 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 		require.NoError(t, valid(d), name)
 	}
 
+	// Envoy's rate-limit service: the domain and rule; a check that charges
+	// nothing (cost 0, no window yet); a limit in shadow mode; a rule of 0
+	// requests.
+	rls := edge
+	rls.Domain, rls.Rule = "messaging", "messaging.message_type_marketing.to_number"
+	look := rls
+	look.Cost, look.Path, look.ResetAt, look.Used = 0, "reserve", time.Time{}, 0
+	shadow := denied
+	shadow.Shadow = true
+	refused := rls
+	refused.Limit, refused.Allowed, refused.Path, refused.Used, refused.ResetAt = 0, false, "rule", 0, time.Time{}
+	for name, d := range map[string]events.Decision{"rate-limit service": rls, "a look": look, "shadow": shadow, "a rule of 0": refused} {
+		require.NoError(t, valid(d), name)
+	}
+	bad := refused
+	bad.Rule = ""
+	require.Error(t, valid(bad), "a rule's decision names the rule")
+	bad = rls
+	bad.Limit = 0
+	require.Error(t, valid(bad), "a limit of 0 is decided by the rule alone")
+
 	// What the schema refuses: an undocumented path or outcome, a raw
 	// identity where the digest goes, an edge record without its window.
-	bad := edge
+	bad = edge
 	bad.Path = "guess"
 	require.Error(t, valid(bad), "unknown path")
 	bad = acc

@@ -73,6 +73,10 @@ type Policy struct {
 	Cost int64
 	// Mode is how edges decide; "" means ModeAuto.
 	Mode Mode
+	// Shadow decides and records without enforcing: a request this limit
+	// would deny is let through (charged nothing here), and its decision
+	// record says shadow. For rolling a limit out.
+	Shadow bool
 }
 
 // PolicyError is a policy problem with the field it is in (name, limit,

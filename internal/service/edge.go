@@ -74,6 +74,24 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 		}
 		serving = append(serving, hs)
 	}
+	var rls *rlsServer
+	if d := cfg.Descriptors(); d != nil {
+		for _, w := range d.Warnings {
+			log.Warn("rate-limit rules", "warning", w)
+		}
+	}
+	if cfg.Edge.RLS.Listen == "" {
+		// Nothing is read again at run time without the rate-limit
+		// service: SIGHUP says so rather than ending the process.
+		go ignoreHangUps(ctx, log)
+	} else {
+		if rls, err = serveRLS(cfg.Edge.RLS.Listen, srv, cfg.APIToken, l.failed, log); err != nil {
+			return err
+		}
+		reloadCtx, stopReload := context.WithCancel(ctx)
+		defer stopReload()
+		go reloadDescriptors(reloadCtx, cfg, srv, 2*time.Second, log)
+	}
 	admin, err := l.serve(cfg.Edge.AdminListen, GuardAdmin(cfg.AdminToken, srv.AdminHandler()), lim)
 	if err != nil {
 		return err
@@ -86,6 +104,9 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	srv.SetDraining()
 	for _, hs := range serving {
 		_ = hs.Shutdown(shutdown)
+	}
+	if rls != nil {
+		rls.stop(shutdown)
 	}
 	if err := srv.Close(shutdown); err != nil {
 		log.Warn("not everything was delivered", "err", err)
@@ -120,5 +141,6 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 		Identity:         edge.Identifier{Header: id.Header, Trusted: id.Trusted(), IPv4Prefix: id.IPv4Prefix, IPv6Prefix: id.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
 		Upstream:         upstream, Source: source, Pprof: cfg.Edge.Pprof, Log: log,
+		Descriptors: cfg.Descriptors(), RLS: edge.RLSConfig{Mode: cfg.Edge.RLS.Mode, ResponseHeaders: cfg.Edge.RLS.ResponseHeaders},
 	}
 }

@@ -1,0 +1,386 @@
+package edge
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tallyhq/tally/internal/credit"
+	"github.com/tallyhq/tally/internal/descriptors"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// Envoy's rate-limit service (envoy.service.ratelimit.v3.RateLimitService):
+// the front door Envoy's ratelimit filter calls over gRPC, answering from
+// rules written in envoyproxy/ratelimit's YAML (internal/descriptors). Each
+// rule is a policy, each distinct list of a descriptor's values an identity
+// of it; a request is decided by the decision core like any other, every
+// descriptor of it together (decideAll), so that a denied request consumes
+// nothing. docs/envoy.md says what each answer means.
+
+// Bounds of one request (anything beyond is refused as malformed).
+const (
+	maxRLSDescriptors = 64
+	maxRLSEntries     = 32
+	maxRLSText        = 1024 // bytes of one entry's key or value
+)
+
+// RLSConfig is how the rate-limit service decides.
+type RLSConfig struct {
+	// Mode is the mode of every rule's policy; "" means ModeAuto.
+	Mode limiter.Mode
+	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset (of the descriptor closest to its limit) to the
+	// answers, for Envoy to add to the client's response, as
+	// envoyproxy/ratelimit does with LIMIT_RESPONSE_HEADERS_ENABLED.
+	ResponseHeaders bool
+}
+
+// rlsRules are the loaded rules and their policies (a rule of 0 requests
+// has a policy of limit 0: it names the rule's windows in records, and is
+// never decided).
+type rlsRules struct {
+	c        *descriptors.Config
+	policies map[*descriptors.Rule]limiter.Policy
+}
+
+// newRLSRules turns every rule of c into a policy of mode, refusing what
+// Tally cannot count (a limit beyond limiter.MaxLimit).
+func newRLSRules(c *descriptors.Config, mode limiter.Mode) (*rlsRules, error) {
+	r := &rlsRules{c: c, policies: make(map[*descriptors.Rule]limiter.Policy, len(c.Rules()))}
+	for _, rule := range c.Rules() {
+		if rule.Unlimited {
+			continue
+		}
+		p, err := rulePolicy(rule, mode)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s:%d: %w", descriptors.ErrInvalid, rule.File, rule.Line, err)
+		}
+		r.policies[rule] = p
+	}
+	return r, nil
+}
+
+// rulePolicy is the policy of a rule.
+func rulePolicy(rule *descriptors.Rule, mode limiter.Mode) (limiter.Policy, error) {
+	if rule.Limit > limiter.MaxLimit {
+		return limiter.Policy{}, fmt.Errorf("requests_per_unit %d: Tally counts up to %d per window (unlimited: true takes no limit)",
+			rule.Limit, limiter.MaxLimit)
+	}
+	p := limiter.Policy{Name: rlsPolicyName(rule.Key), Limit: rule.Limit, Window: rule.Window(), Mode: mode, Shadow: rule.Shadow}
+	if p.Limit == 0 {
+		return p, nil
+	}
+	return p, p.Validate()
+}
+
+// rlsPolicyName names the policy of a rule's full key: readable, and
+// distinct for distinct keys (a digest of the key ends it).
+func rlsPolicyName(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	b := make([]byte, 0, 64)
+	b = append(b, "rls."...)
+	for i := 0; i < len(key) && len(b) < 47; i++ {
+		c := key[i]
+		switch {
+		case c >= 'A' && c <= 'Z':
+			c += 'a' - 'A'
+		case (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-':
+		default:
+			c = '-'
+		}
+		b = append(b, c)
+	}
+	b = append(b, '.')
+	return string(hex.AppendEncode(b, sum[:4]))
+}
+
+// ValidDescriptors refuses rules the rate-limit service cannot count, with
+// the rule's file and line (what SetDescriptors would refuse).
+func ValidDescriptors(c *descriptors.Config, mode limiter.Mode) error {
+	_, err := newRLSRules(c, mode)
+	return err
+}
+
+// SetDescriptors makes c the rules the rate-limit service answers from:
+// at once for the next request, without dropping one in flight. It refuses
+// rules Tally cannot count and keeps the rules in effect then.
+func (s *Server) SetDescriptors(c *descriptors.Config) error {
+	r, err := newRLSRules(c, s.o.RLS.Mode)
+	if err != nil {
+		return err
+	}
+	s.rls.Store(r)
+	return nil
+}
+
+// RateLimitService returns Envoy's rate-limit service, to register on a
+// gRPC server (rlsv3.RegisterRateLimitServiceServer).
+func (s *Server) RateLimitService() rlsv3.RateLimitServiceServer { return rlsService{s: s} }
+
+type rlsService struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	s *Server
+}
+
+// rlsItem is one descriptor of a request, resolved.
+type rlsItem struct {
+	rule      *descriptors.Rule // nil: no rule limits it
+	unlimited bool
+	check     int // its index among the limits checked, -1: none
+}
+
+var (
+	errNoDomain      = status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	errNoDescriptors = status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	errNoRules       = status.Error(codes.Unavailable, "no rate limit configuration loaded")
+)
+
+// ShouldRateLimit decides one request: every descriptor must pass.
+func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	s := r.s
+	if err := validRLSRequest(req); err != nil {
+		s.badRequests.Add(1)
+		return nil, err
+	}
+	rules := s.rls.Load()
+	if rules == nil {
+		return nil, errNoRules
+	}
+	now := s.o.Clock.Now()
+	reqNum := s.reqs.Add(1)
+	items := make([]rlsItem, len(req.Descriptors))
+	type resolved struct {
+		policy  limiter.Policy
+		counter string
+		cost    int64
+	}
+	found := make([]resolved, len(req.Descriptors))
+	replaced := map[string]bool{}
+	known := rules.c.Known(req.Domain)
+	for i, d := range req.Descriptors {
+		it, f := &items[i], &found[i]
+		it.check = -1
+		if !known {
+			continue
+		}
+		entries := make([]descriptors.Entry, len(d.Entries))
+		for j, e := range d.Entries {
+			entries[j] = descriptors.Entry{Key: e.Key, Value: e.Value}
+		}
+		if o := d.Limit; o != nil {
+			rule, err := overrideRule(req.Domain, entries, o)
+			if err == nil {
+				f.policy, err = rulePolicy(rule, s.o.RLS.Mode)
+			}
+			if err != nil {
+				s.badRequests.Add(1)
+				return nil, status.Error(codes.InvalidArgument, "descriptor "+strconv.Itoa(i)+": limit override: "+err.Error())
+			}
+			it.rule, f.counter = rule, descriptors.Counter(req.Domain, entries)
+		} else {
+			m := rules.c.Match(req.Domain, entries)
+			if m.Rule == nil {
+				continue
+			}
+			it.rule, it.unlimited, f.counter, f.policy = m.Rule, m.Rule.Unlimited, m.Counter, rules.policies[m.Rule]
+			for _, name := range m.Rule.Replaces {
+				replaced[name] = true
+			}
+		}
+		f.cost = int64(max(1, req.HitsAddend))
+		if d.HitsAddend != nil {
+			f.cost = int64(min(d.HitsAddend.Value, uint64(math.MaxInt64)))
+		}
+	}
+	checks := make([]limitCheck, 0, len(req.Descriptors))
+	for i := range items {
+		it, f := &items[i], &found[i]
+		switch {
+		case it.rule == nil || it.unlimited:
+			continue
+		case it.rule.Name != "" && replaced[it.rule.Name]:
+			items[i] = rlsItem{check: -1} // another rule of the request takes its place
+			continue
+		}
+		if it.rule.Limit == 0 && f.cost == 0 {
+			continue // a check against a rule of 0 requests: nothing to read, and it passes
+		}
+		it.check = len(checks)
+		checks = append(checks, limitCheck{policy: f.policy, digest: s.o.Keys.Sum(f.policy.Name, "d:"+f.counter), cost: f.cost,
+			quota: it.rule.Quota, refused: f.cost > it.rule.Limit})
+	}
+	res, err := s.decideAll(ctx, checks, now, reqNum, nil)
+	if err != nil {
+		if errors.Is(err, credit.ErrUnavailable) {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if res.denied >= 0 {
+		// Nothing was charged: the other limits are looked at (charging
+		// nothing) for their statuses.
+		for i, c := range checks {
+			if i != res.denied && res.vs[i].Path == 0 && !c.refused {
+				if v, err := s.check(ctx, c.policy, 0, c.digest, now, reqNum); err == nil {
+					res.vs[i] = v
+				}
+			}
+		}
+	}
+	return s.rlsAnswer(req.Domain, items, checks, res, now), nil
+}
+
+// rlsAnswer builds the answer: a status per descriptor in the request's
+// order, the overall code, and the headers of the descriptor closest to its
+// limit. It records the request's decisions: the denial, or every limit's
+// verdict.
+func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, res checked, now time.Time) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
+	if res.denied >= 0 {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	var shown *rlsv3.RateLimitResponse_DescriptorStatus
+	for i := range items {
+		it := &items[i]
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		if it.unlimited {
+			st.LimitRemaining = math.MaxUint32
+			continue
+		}
+		if it.rule == nil {
+			continue
+		}
+		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: it.rule.Name, RequestsPerUnit: uint32(it.rule.Limit),
+			Unit: rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[string(it.rule.Unit)])}
+		st.DurationUntilReset = durationpb.New(it.rule.Window())
+		if it.check < 0 {
+			continue // a check against a rule of 0 requests
+		}
+		c := checks[it.check]
+		v := res.vs[it.check]
+		over := c.refused
+		switch {
+		case c.refused:
+			s.recordRefused(v, c, domain, it.rule.Key, now)
+		case v.Path == 0: // left undecided
+		case !v.Decided: // admitted without knowing the window (fail open)
+			st.LimitRemaining = uint32(it.rule.Limit)
+		default:
+			d := v.Decision
+			remaining := d.Remaining
+			if res.denied >= 0 && it.check != res.denied && v.Allowed() && v.Cost > 0 {
+				remaining = min(d.Limit, remaining+v.Cost) // its charge was given back
+			}
+			st.LimitRemaining = uint32(remaining)
+			if !d.ResetAt.IsZero() {
+				st.DurationUntilReset = durationpb.New(max(0, d.ResetAt.Sub(now)).Round(time.Second))
+			}
+			over = !d.Allowed
+		}
+		if v.Path != 0 && (res.denied < 0 || it.check == res.denied) {
+			s.recordRule(v, "", domain, it.rule.Key)
+		}
+		if over && !it.rule.Shadow {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if !it.rule.Shadow && (shown == nil || tighter(st, shown)) {
+			shown = st
+		}
+	}
+	if s.o.RLS.ResponseHeaders && shown != nil {
+		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{
+			{Key: "RateLimit-Limit", Value: strconv.FormatUint(uint64(shown.CurrentLimit.RequestsPerUnit), 10)},
+			{Key: "RateLimit-Remaining", Value: strconv.FormatUint(uint64(shown.LimitRemaining), 10)},
+			{Key: "RateLimit-Reset", Value: strconv.FormatInt(int64(shown.DurationUntilReset.AsDuration()/time.Second), 10)},
+		}
+	}
+	return resp
+}
+
+// tighter reports whether a's status is what a client must respect before
+// b's: over the limit, or less left.
+func tighter(a, b *rlsv3.RateLimitResponse_DescriptorStatus) bool {
+	aOver, bOver := a.Code == rlsv3.RateLimitResponse_OVER_LIMIT, b.Code == rlsv3.RateLimitResponse_OVER_LIMIT
+	if aOver != bOver {
+		return aOver
+	}
+	return a.LimitRemaining < b.LimitRemaining
+}
+
+// recordRefused records a request a rule denied by its terms alone (a limit
+// of 0, or a cost beyond the limit): nothing was read or charged.
+func (s *Server) recordRefused(v credit.Verdict, c limitCheck, domain, rule string, now time.Time) {
+	if s.batcher == nil {
+		return
+	}
+	d := s.decision(credit.Verdict{Policy: c.policy, Cost: c.cost, Key: s.o.Keys.KeyOf(c.digest), Now: now, Producer: s.o.Producer,
+		ReqNum: v.ReqNum}, "")
+	d.Allowed, d.Path, d.Domain, d.Rule = false, "rule", domain, rule
+	s.batcher.Add(d)
+}
+
+// validRLSRequest refuses what envoyproxy/ratelimit refuses (no domain, no
+// descriptors), and what would make Tally hold more than a request should:
+// more than 64 descriptors, 32 entries in one, or a key or value over 1 KiB.
+func validRLSRequest(req *rlsv3.RateLimitRequest) error {
+	switch {
+	case req.Domain == "":
+		return errNoDomain
+	case len(req.Descriptors) == 0:
+		return errNoDescriptors
+	case len(req.Descriptors) > maxRLSDescriptors:
+		return status.Errorf(codes.InvalidArgument, "%d descriptors: at most %d", len(req.Descriptors), maxRLSDescriptors)
+	case len(req.Domain) > maxRLSText:
+		return status.Errorf(codes.InvalidArgument, "domain of %d bytes: at most %d", len(req.Domain), maxRLSText)
+	}
+	for i, d := range req.Descriptors {
+		if len(d.Entries) > maxRLSEntries {
+			return status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries: at most %d", i, len(d.Entries), maxRLSEntries)
+		}
+		for _, e := range d.Entries {
+			if len(e.Key) > maxRLSText || len(e.Value) > maxRLSText {
+				return status.Errorf(codes.InvalidArgument, "descriptor %d: an entry's key or value is over %d bytes", i, maxRLSText)
+			}
+		}
+	}
+	return nil
+}
+
+// overrideRule is the rule of a descriptor that carries its own limit (the
+// route's limit override in Envoy's configuration): counted by its domain,
+// entries and terms.
+func overrideRule(domain string, entries []descriptors.Entry, o *rlv3.RateLimitDescriptor_RateLimitOverride) (*descriptors.Rule, error) {
+	u := descriptors.Unit(o.Unit.String())
+	if u.Duration() == 0 {
+		return nil, fmt.Errorf("unknown unit %s", o.Unit)
+	}
+	var key strings.Builder
+	key.WriteString(domain)
+	for _, e := range entries {
+		key.WriteByte('.')
+		key.WriteString(e.Key)
+		if e.Value != "" {
+			key.WriteByte('_')
+			key.WriteString(e.Value)
+		}
+	}
+	// The terms are part of the key: two overrides of one descriptor count
+	// apart, as their limits differ.
+	key.WriteString(".override." + string(u) + "." + strconv.FormatUint(uint64(o.RequestsPerUnit), 10))
+	return &descriptors.Rule{Domain: domain, Key: key.String(), Limit: int64(o.RequestsPerUnit), Unit: u}, nil
+}

@@ -58,6 +58,9 @@ type bench struct {
 	profile        string              // directory for CPU profiles, or ""
 	ratelimitBin   string              // an envoyproxy/ratelimit binary, or ""
 	reference      *target             // envoyproxy/ratelimit, when its binary is given
+	referenceGRPC  string              // its gRPC address
+	rlsDir         string              // the rate-limit service's rules
+	rlsAddr        string              // the first edge's rate-limit service (gRPC)
 	only           string              // run only the steps whose names contain it
 }
 
@@ -115,6 +118,9 @@ func (b *bench) run(ctx context.Context, out string) error {
 		return err
 	}
 	defer b.upstream.Close()
+	if b.rlsDir, err = b.writeRLSRules(); err != nil {
+		return err
+	}
 	b.cfg = b.deployment()
 	if b.cfgPath, err = b.stack.WriteConfig("tally", b.cfg); err != nil {
 		return err
@@ -169,6 +175,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 		{"saturation, closed loop (no-op, exact, auto)", b.saturation},
 		{"latency, open loop at 25/50/75/90% of saturation", b.latency},
 		{"key counts: 1, 100, 10k and 1M keys, closed loop; 3,000/s over 1M keys, open loop", b.keyCounts},
+		{"Envoy's rate-limit service over gRPC, beside a no-op gRPC handler", b.grpcDoor},
 		{"the denied path (windows full)", b.denied},
 		{"one hot key offered 5x its limit from 1, 2 and 4 edges, modes auto and async", b.hotKey},
 		{"accountant throughput, with and without WAIT", b.accountantThroughput},
@@ -207,6 +214,8 @@ func (b *bench) startEdges(ctx context.Context, n int) error {
 		if i == 0 {
 			f.Edge.Listen = stack.FreeAddr()
 			b.proxyAddr = f.Edge.Listen
+			f.Edge.RLS = config.RLS{Listen: stack.FreeAddr(), Config: b.rlsDir}
+			b.rlsAddr = f.Edge.RLS.Listen
 		}
 		path, err := b.stack.WriteConfig(fmt.Sprintf("edge-%d", i), &f)
 		if err != nil {

@@ -13,6 +13,7 @@
 //
 //	bench [-out docs/performance.md] [-short] [-ratelimit PATH]
 //	bench noop -listen 127.0.0.1:9000     (the reference handler)
+//	bench noop-grpc -listen 127.0.0.1:9001 (the gRPC reference: a rate-limit service that allows everything)
 //
 // make bench builds the binaries and runs it.
 package main
@@ -31,6 +32,16 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "noop-grpc" {
+		fs := flag.NewFlagSet("noop-grpc", flag.ExitOnError)
+		listen := fs.String("listen", "127.0.0.1:0", "address")
+		_ = fs.Parse(os.Args[2:])
+		if err := noopGRPC(*listen); err != nil {
+			fmt.Fprintln(os.Stderr, "bench noop-grpc:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "noop" {
 		fs := flag.NewFlagSet("noop", flag.ExitOnError)
 		listen := fs.String("listen", "127.0.0.1:0", "address")

@@ -58,6 +58,7 @@ func (b *bench) startReference(ctx context.Context, bin string) error {
 	if err := stack.WaitHTTP(ctx, "http://"+addr+"/healthcheck", nil); err != nil {
 		return fmt.Errorf("%s did not start (its log: %s): %w", referenceName, p.LogFile(), err)
 	}
+	b.referenceGRPC = grpc
 	b.reference = &target{name: referenceName, addr: addr, procs: map[string][]*stack.Proc{
 		"ratelimit": {p}, "redis (2)": {primary, replica}}}
 	for _, r := range []*stack.Proc{primary, replica} {

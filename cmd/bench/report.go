@@ -29,6 +29,7 @@ type report struct {
 	Lag        []lagResult        `json:"lag"`
 	RoundTrips roundTrips         `json:"idle_round_trips"`
 	KeyCounts  []keyCountResult   `json:"key_counts"`
+	GRPC       []grpcResult       `json:"grpc"`
 	OpenKeys   []openKeysResult   `json:"open_loop_many_keys"`
 }
 
@@ -273,6 +274,10 @@ func (r *report) markdown(w *strings.Builder, chart, raw string) {
 		}
 	}
 	r.keyTargets(p, check)
+	if len(r.GRPC) > 1 {
+		g := r.GRPC[1].Median / r.GRPC[0].Median
+		p("| Envoy's rate-limit service (gRPC) ≥ 0.8× a no-op gRPC handler | %.2f× | %s |", g, check(g >= 0.8))
+	}
 	p("")
 	p("## Throughput at saturation")
 	p("")
@@ -291,6 +296,7 @@ func (r *report) markdown(w *strings.Builder, chart, raw string) {
 	}
 	p("")
 	r.keysMarkdown(p)
+	r.grpcMarkdown(p)
 	p("## Latency against offered load")
 	p("")
 	p("Open loop (latency counted from each request's scheduled send time), at shares of each target's")

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/loadgen"
+	"github.com/tallyhq/tally/internal/stack"
+)
+
+// Envoy's rate-limit service over gRPC, as Envoy calls it: Tally's edge
+// (edge.rls), a no-op gRPC handler of the same protocol (the ceiling of the
+// machine for this door), and envoyproxy/ratelimit's own gRPC port when
+// given, driven by one generator: grpcConns connections, conns calls in
+// flight, each asking for one descriptor of one of 1,000 keys, far from its
+// limit.
+
+const grpcConns = 4
+
+// grpcResult is one gRPC target's throughput and cost.
+type grpcResult struct {
+	Target string             `json:"target"`
+	Median float64            `json:"median_rps"`
+	Min    float64            `json:"min_rps"`
+	Max    float64            `json:"max_rps"`
+	Runs   []float64          `json:"runs_rps"`
+	P99    float64            `json:"p99_ms"` // median of the runs' p99
+	CPU    map[string]float64 `json:"cpu_us_per_decision_by_process"`
+}
+
+// writeRLSRules writes the rate-limit service's rules: domain "bench", one
+// rule far from being reached, like the "far" policy.
+func (b *bench) writeRLSRules() (string, error) {
+	dir := filepath.Join(b.stack.Dir, "rls")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	rules := fmt.Sprintf("domain: bench\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: %d\n", limiter.MaxLimit)
+	return dir, os.WriteFile(filepath.Join(dir, "bench.yaml"), []byte(rules), 0o600)
+}
+
+// noopGRPC serves the gRPC reference: a rate-limit service that answers OK
+// to every descriptor, nothing else.
+func noopGRPC(listen string) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, noopRLS{})
+	go func() {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+		<-sig
+		gs.Stop()
+	}()
+	if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+type noopRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+func (noopRLS) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
+	for i := range resp.Statuses {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	}
+	return resp, nil
+}
+
+// grpcClosedLoop calls ShouldRateLimit at addr closed loop for d with conns
+// calls in flight over grpcConns connections: Completed counts OK answers
+// as status 200, OVER_LIMIT as 429 and errors as 500.
+func grpcClosedLoop(ctx context.Context, addr string, d time.Duration) (loadgen.Result, error) {
+	clients := make([]rlsv3.RateLimitServiceClient, grpcConns)
+	for i := range clients {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return loadgen.Result{}, err
+		}
+		defer cc.Close()
+		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	reqs := make([]*rlsv3.RateLimitRequest, keys)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlv3.RateLimitDescriptor{
+			{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: "client-" + strconv.Itoa(i)}}}}}
+	}
+	type tally struct {
+		ok, over, failed uint64
+		lat              *loadgen.Histogram
+	}
+	counts := make([]tally, conns)
+	start := time.Now()
+	end := start.Add(d)
+	var wg sync.WaitGroup
+	for w := range conns {
+		counts[w].lat = loadgen.NewHistogram()
+		wg.Go(func() {
+			c := clients[w%grpcConns]
+			for i := uint64(0); ctx.Err() == nil; i++ {
+				t0 := time.Now()
+				if !t0.Before(end) {
+					return
+				}
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := c.ShouldRateLimit(cctx, reqs[(uint64(w)*7919+i*104729)%keys])
+				cancel()
+				switch {
+				case err != nil:
+					counts[w].failed++
+				case resp.OverallCode == rlsv3.RateLimitResponse_OK:
+					counts[w].ok++
+				default:
+					counts[w].over++
+				}
+				counts[w].lat.Record(time.Since(t0))
+			}
+		})
+	}
+	wg.Wait()
+	res := loadgen.Result{Statuses: map[int]uint64{}, Latency: loadgen.NewHistogram(), Elapsed: time.Since(start)}
+	for _, c := range counts {
+		res.Statuses[200] += c.ok
+		res.Statuses[429] += c.over
+		res.Statuses[500] += c.failed
+		res.Completed += c.ok + c.over + c.failed
+		res.Latency.Merge(c.lat)
+	}
+	res.Sent = res.Completed
+	return res, ctx.Err()
+}
+
+// grpcDoor measures the gRPC door: the no-op gRPC handler, Tally's edge and
+// envoyproxy/ratelimit (when given), interleaved run by run.
+func (b *bench) grpcDoor(ctx context.Context) error {
+	noopAddr := stack.FreeAddr()
+	self, _ := os.Executable()
+	noop, err := b.stack.Start(ctx, "noop-grpc", self, "noop-grpc", "-listen", noopAddr)
+	if err != nil {
+		return err
+	}
+	defer noop.Stop()
+	if err := stack.WaitTCP(ctx, noopAddr); err != nil {
+		return err
+	}
+	type gtarget struct {
+		name, addr string
+		procs      map[string][]*stack.Proc
+	}
+	auto := target{"tally", "", "", b.edges[0], nil}
+	ts := []gtarget{
+		{"no-op gRPC handler", noopAddr, map[string][]*stack.Proc{"no-op": {noop}}},
+		{"tally: Envoy's rate-limit service (gRPC)", b.rlsAddr, b.processes(auto)},
+	}
+	if b.reference != nil {
+		ts = append(ts, gtarget{referenceName + " (gRPC)", b.referenceGRPC, b.reference.procs})
+	}
+	runs := make([][]float64, len(ts))
+	p99s := make([][]float64, len(ts))
+	costs := make([]runCost, len(ts))
+	for rep := range b.reps {
+		for i, t := range ts {
+			if _, err := grpcClosedLoop(ctx, t.addr, b.warm); err != nil {
+				return err
+			}
+			before := b.sample(ctx, t.procs)
+			res, err := grpcClosedLoop(ctx, t.addr, b.satDur)
+			if err != nil {
+				return err
+			}
+			after := b.sample(ctx, t.procs)
+			if res.Statuses[200] != res.Completed {
+				return fmt.Errorf("%s: %d of %d answers were not OK (%v)", t.name, res.Completed-res.Statuses[200], res.Completed, res.Statuses)
+			}
+			runs[i] = append(runs[i], res.Throughput())
+			p99s[i] = append(p99s[i], ms(res.Latency.Quantile(0.99)))
+			if rep == b.reps-1 {
+				costs[i] = cost(before, after, res.Completed)
+			}
+			fmt.Printf("  %-42s rep %d: %8.0f decisions/s  p99 %v\n", t.name, rep+1, res.Throughput(), res.Latency.Quantile(0.99).Round(time.Microsecond))
+		}
+	}
+	for i, t := range ts {
+		lo, hi := minMax(runs[i])
+		r := grpcResult{Target: t.name, Median: median(runs[i]), Min: lo, Max: hi, Runs: runs[i], P99: median(p99s[i]),
+			CPU: costs[i].CPUPerRequest}
+		b.report.GRPC = append(b.report.GRPC, r)
+		fmt.Printf("  %-42s median %.0f decisions/s (%.0f – %.0f), CPU µs per decision: %s\n", t.name, r.Median, lo, hi, byProcess(r.CPU))
+	}
+	return nil
+}
+
+// grpcMarkdown writes the gRPC door's section of the report.
+func (r *report) grpcMarkdown(p func(string, ...any)) {
+	if len(r.GRPC) == 0 {
+		return
+	}
+	p("## Behind Envoy: the gRPC door")
+	p("")
+	p("Envoy's rate-limit service (`ShouldRateLimit`) called as Envoy calls it: %d gRPC connections, %d calls in flight,", grpcConns, conns)
+	p("one descriptor per call, 1,000 keys far from their limits; Tally's edge answering from envoyproxy/ratelimit")
+	p("rules, a no-op gRPC handler of the same protocol, and %s's own gRPC port when the run was given it.", referenceName)
+	p("Median of the runs and their range; CPU µs per decision by process, the load generator's included.")
+	p("")
+	p("| target | decisions/s (median) | range | × no-op gRPC | p99 ms | CPU µs per decision |")
+	p("|---|---|---|---|---|---|")
+	base := r.GRPC[0].Median
+	for _, g := range r.GRPC {
+		p("| %s | %.0f | %.0f – %.0f | %.2f | %.2f | %s |", g.Target, g.Median, g.Min, g.Max, g.Median/base, g.P99, byProcess(g.CPU))
+	}
+	p("")
+}

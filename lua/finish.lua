@@ -1,6 +1,7 @@
 -- finish.lua: finish one request an edge admitted for a caller of its
--- decision API, once: record that the request is finished and, for a 304,
--- give its charge back to the window its response showed. A request id
+-- decision API, once: record that the request is finished and give back
+-- what it asks of its charge (all of it for a 304; what an estimate charged
+-- beyond the request's actual cost) to the window its response showed. A request id
 -- (a ticket, signed by the edge) can be sent to any edge any number of
 -- times; only the first finish changes anything.
 -- Runs on: the shard primary. lua.go prepends window.lua.
@@ -22,7 +23,7 @@
 --             places the charge event that charged it
 -- ARGV[3]  -> n, the request's number among its holder's admissions in that
 --             window (0 .. 4294967295)
--- ARGV[4]  -> status, 100 .. 599: only 304 gives units back
+-- ARGV[4]  -> status, 100 .. 599 (the response's)
 -- ARGV[5]  -> units the request was charged, 1 .. 1e9
 -- ARGV[6]  -> producer: the admitting edge's producer id; what is given back
 --             comes out of what it holds in the window (c:<producer>)
@@ -35,11 +36,17 @@
 -- ARGV[10] -> grace, ms (1000 .. 1e12)
 -- ARGV[11] -> skew tolerance, ms (0 .. 1e12), as in apply.lua
 -- ARGV[12] -> producer hash lifetime, ms (1000 .. 1e12), as in apply.lua
+-- ARGV[13] -> back, units to give back, 0 .. units: all of them for a 304,
+--             the charge beyond the request's actual cost for a true-up,
+--             else 0. A charge not yet applied nets to zero whole (outcome
+--             5) whenever back is above 0: the caller charges again what
+--             the request kept
 --
 -- Returns: {outcome, used, reset_at, amount}
---   1 finished          recorded; for a 304, amount units given back (at most
---                       what the producer holds in the window, never below
---                       zero); used and reset_at are the window after it
+--   1 finished          recorded; amount units given back (at most back, at
+--                       most what the producer holds in the window, never
+--                       below zero); used and reset_at are the window after
+--                       it when something was given back
 --   2 already finished  nothing changed
 --   3 late              the window has ended or been replaced: nothing to
 --                       give back, nothing recorded
@@ -74,6 +81,8 @@ local tol = arg_int(11, 0, 1000000000000)
 if tol == nil then return redis.error_reply("ERR tally: invalid skew tolerance") end
 local ttl = arg_int(12, 1000, 1000000000000)
 if ttl == nil then return redis.error_reply("ERR tally: invalid producer lifetime") end
+local back = arg_int(13, 0, units)
+if back == nil then return redis.error_reply("ERR tally: invalid back") end
 
 -- Read every key before the first write.
 local w = load(KEYS[1])
@@ -120,7 +129,7 @@ else
   redis.call("HSET", KEYS[3], "f:" .. num(seq), "1")
   redis.call("PEXPIRE", KEYS[3], num(ttl))
 end
-if status ~= 304 then
+if back == 0 then
   return { 1, 0, 0, 0 }
 end
 if not charged then
@@ -131,7 +140,7 @@ if not charged then
 end
 local field = "c:" .. producer
 local held = tonumber(redis.call("HGET", KEYS[1], field)) or 0
-local amount = math.min(units, w.u, held)
+local amount = math.min(back, w.u, held)
 w.u = w.u - amount
 redis.call("HSET", KEYS[1], "u", num(w.u), field, num(held - amount))
 return { 1, w.u, w.r, amount }

@@ -91,8 +91,14 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 					a.released.Add(1)
 					outcome = "released"
 				}
-				if op.Kind != limiter.Charge && r.Amount > 0 {
+				switch {
+				case op.Kind != limiter.Charge && r.Amount > 0:
 					w.notices = a.signer.Append(w.notices, events.Notice{Key: e.Key, ResetAt: r.ResetAt, Used: r.Used}, now)
+				case op.Kind == limiter.Charge && r.Amount > 0 && r.Used >= e.Limit && !r.ResetAt.IsZero():
+					// A charge that spent the window (an overdraft: a cost
+					// known only at the end, an admission made without a
+					// reservation): every edge denies it from now on.
+					w.notices = a.signer.Append(w.notices, events.Notice{Full: true, Key: e.Key, ResetAt: r.ResetAt, Used: r.Used}, now)
 				}
 			case limiter.Duplicate:
 				a.duplicates.Add(1)
@@ -113,7 +119,8 @@ func (w *worker) record(items []item, res limiter.ApplyResult) {
 	}
 }
 
-// flushNotices tells the edges which windows have room again.
+// flushNotices tells the edges which windows have room again, and which
+// a charge spent.
 func (w *worker) flushNotices() {
 	if len(w.notices) == 0 {
 		return

@@ -175,6 +175,10 @@ type RLS struct {
 	// answers for Envoy to pass to clients (the reference's
 	// LIMIT_RESPONSE_HEADERS_ENABLED). Default false, as there.
 	ResponseHeaders bool `yaml:"response_headers"`
+	// ChargeAtEnd names the domains whose descriptors that carry their own
+	// hits_addend are charges of a cost known only at the end (Envoy's
+	// apply_on_stream_done): applied in full, even past the limit.
+	ChargeAtEnd []string `yaml:"charge_at_end"`
 }
 
 // Identity says whose window a request counts against.

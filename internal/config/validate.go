@@ -256,6 +256,11 @@ func (f *File) validateRLS() error {
 	if r.Config == "" {
 		return fieldErr("edge.rls.config", "empty: name the directory of envoyproxy/ratelimit configuration files")
 	}
+	for i, d := range r.ChargeAtEnd {
+		if d == "" {
+			return fieldErr(fmt.Sprintf("edge.rls.charge_at_end[%d]", i), "empty: name a domain")
+		}
+	}
 	c, err := descriptors.LoadDir(r.Config, descriptors.Options{MergeDomains: r.MergeDomains})
 	if err == nil {
 		err = edge.ValidDescriptors(c, r.Mode)

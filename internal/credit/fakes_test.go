@@ -125,11 +125,11 @@ func (f *fakeRedis) Finish(_ context.Context, k limiter.Key, _ time.Time, a limi
 		return limiter.FinishResult{}, errDown
 	}
 	w := f.windows[k.Digest()]
-	if w == nil || a.Status != 304 {
+	if w == nil || a.Back == 0 {
 		return limiter.FinishResult{Outcome: limiter.Finished}, nil
 	}
-	w.used -= a.Units
-	return limiter.FinishResult{Outcome: limiter.Finished, Amount: a.Units, Used: w.used, ResetAt: w.reset}, nil
+	w.used -= a.Back
+	return limiter.FinishResult{Outcome: limiter.Finished, Amount: a.Back, Used: w.used, ResetAt: w.reset}, nil
 }
 
 // wake ends a slow primary's freeze and waits for it to run the calls it

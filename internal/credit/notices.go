@@ -46,7 +46,9 @@ func (c *Core) publishFull(e *entry) {
 		return
 	}
 	c.stats.noticesUp.Add(1)
-	c.d.Notifier.Notify(e.shard, Notice{Full: true, Key: e.key.Digest(), ResetAt: e.reset, Used: e.used})
+	// What the window counts once this edge's charges in flight are
+	// applied: an overdraft makes it more than the limit.
+	c.d.Notifier.Notify(e.shard, Notice{Full: true, Key: e.key.Digest(), ResetAt: e.reset, Used: e.used + e.debtUnits()})
 }
 
 // Learn takes into this edge's entry of a window what a refund or release
@@ -76,8 +78,42 @@ func (c *Core) Learn(shard int, dg limiter.Digest, reset time.Time, used int64) 
 // (the Reserver's Finish): the first finish of its ticket, on any edge,
 // gives a 304's charge back; every later one changes nothing.
 func (c *Core) Finish(ctx context.Context, v Verdict, status int, now time.Time) (limiter.FinishResult, error) {
+	var back int64
+	if status == 304 {
+		back = v.Cost
+	}
+	return c.finish(ctx, v, status, back, now)
+}
+
+// TrueUp finishes a decision-API request whose cost was an estimate, once,
+// with its actual cost (0 to the limit): what the estimate charged beyond
+// it is given back on the primary; what it cost beyond the estimate is
+// charged in full, even past the limit (an overdraft the window carries
+// until its reset, recorded as such by the accountant), by an accounting
+// event into the request's window. Every later finish changes nothing.
+// charged is what was charged beyond the estimate.
+func (c *Core) TrueUp(ctx context.Context, v Verdict, status int, actual int64, now time.Time) (res limiter.FinishResult, charged int64, err error) {
+	res, err = c.finish(ctx, v, status, max(0, v.Cost-actual), now)
+	if err != nil {
+		return res, 0, err
+	}
+	switch {
+	case res.Outcome == limiter.Finished && actual > v.Cost:
+		charged = actual - v.Cost
+	case res.Outcome == limiter.FinishPending:
+		// The request's charge event was not applied yet and now nets
+		// whole: the request's actual cost is charged again.
+		charged = actual
+	}
+	if charged > 0 {
+		c.overdraw(v, charged, now)
+	}
+	return res, charged, nil
+}
+
+func (c *Core) finish(ctx context.Context, v Verdict, status int, back int64, now time.Time) (limiter.FinishResult, error) {
 	a := limiter.FinishArgs{Start: v.Now, Window: v.Policy.Window, Producer: v.Producer, Holder: v.Holder(),
-		N: v.N, Units: v.Cost, ChargeSeq: v.ChargeSeq, Status: status}
+		N: v.N, Units: v.Cost, ChargeSeq: v.ChargeSeq, Status: status, Back: back}
 	if v.Decided {
 		a.ResetAt = v.Reset
 	}
@@ -86,4 +122,103 @@ func (c *Core) Finish(ctx context.Context, v Verdict, status int, now time.Time)
 		c.Learn(v.Shard, v.Key.Digest(), res.ResetAt, res.Used)
 	}
 	return res, err
+}
+
+// Charge applies a cost known only once a request is done (the tokens a
+// model answered with: Envoy's apply_on_stream_done) in full, even past the
+// limit: an overdraft the window carries until its reset. A window the edge
+// does not know is opened or learnt first by one reservation of what of the
+// cost it can hold (within RedisBudget); the edge's credit pays what it
+// covers, and the rest is charged by an accounting event, remembered as
+// owed so that this edge denies the window's next requests as soon as it
+// is spent (and tells the other edges when it is full). It never denies;
+// with Redis unreachable the whole cost goes by an event placed by the
+// request's start.
+func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) Verdict {
+	e := c.entry(dg, p)
+	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum,
+		HolderNum: e.holderNum}
+	e.lastUseNano.Store(now.UnixNano())
+	e.lock()
+	defer e.mu.Unlock()
+	e.adopt(p)
+	if !e.reset.IsZero() && !now.Before(e.reset) {
+		e.expire()
+	}
+	if !e.live(now) && !c.suspected(e.shard, now) {
+		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: 1, Want: min(cost, p.Limit), Producer: c.d.Producer,
+			Holder: e.holder, Owed: e.owed()}
+		e.inflight++
+		e.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RedisBudget)
+		g, err := c.d.Reserver.Take(rctx, e.key, now, args)
+		cancel()
+		e.lock()
+		e.inflight--
+		c.stats.takes.Add(1)
+		if err != nil {
+			c.takeFailed(e, err)
+		} else {
+			c.takeOK(e.shard)
+			if c.grant(e, g, now) {
+				c.publishFull(e)
+			}
+			c.reconcile(e, now)
+		}
+	}
+	if e.live(now) && e.credit >= cost {
+		e.credit -= cost
+		e.admitted += cost
+		return c.allow(v, e, PathCredit)
+	}
+	units := cost
+	if e.live(now) {
+		units -= e.credit
+		e.admitted += e.credit
+		e.credit = 0
+	}
+	v.ChargeSeq = c.overdrawLocked(e, v, units, e.reset, now)
+	if !e.live(now) {
+		// Redis unreachable: the event opens or finds the window by the
+		// request's start, as a fail-open admission's does.
+		v.Path = PathFailOpen
+		c.counted(e, PathFailOpen, 1)
+		return v
+	}
+	return c.allow(v, e, PathBorrow)
+}
+
+// overdraw charges units of v's request past any limit by an accounting
+// event into the request's window.
+func (c *Core) overdraw(v Verdict, units int64, now time.Time) {
+	e := c.entry(v.Key.Digest(), v.Policy)
+	e.lock()
+	defer e.mu.Unlock()
+	reset := time.Time{}
+	if v.Decided {
+		reset = v.Reset
+	}
+	c.overdrawLocked(e, v, units, reset, now)
+}
+
+// overdrawLocked records the charge of units into the window that resets at
+// reset (zero: placed by the request's start) and returns its sequence
+// number (0: dropped). When it is e's window, e remembers it as owed, and a
+// window it fills is full for every edge. Callers hold e.mu.
+func (c *Core) overdrawLocked(e *entry, v Verdict, units int64, reset, now time.Time) uint64 {
+	seq := c.d.Ledger.Record(e.shard, limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
+		ResetAt: reset, Start: v.Now, Time: now, RequestID: v.RequestID(), TraceParent: v.TraceParent})
+	if seq == 0 || reset.IsZero() || !reset.Equal(e.reset) || !e.live(now) {
+		return seq
+	}
+	if len(e.debts) < limiter.MaxOwed {
+		e.debts = append(e.debts, debt{seq: seq, units: units})
+	} else {
+		e.used += units // counted until a reservation's answer says what the primary holds
+	}
+	if e.room() <= 0 && !e.full {
+		e.full = true
+		c.publishFull(e)
+	}
+	return seq
 }

@@ -495,3 +495,105 @@ func TestReloadedLimitKeepsItsWindow(t *testing.T) {
 		t.Fatalf("allowed %v limit %d remaining %d: 6 admitted of a new limit of 20", v.Allowed(), v.Decision.Limit, v.Decision.Remaining)
 	}
 }
+
+// A cost known only at the end is charged in full, even past the limit:
+// from credit when it covers it, else by an event into the window, owed
+// until applied, the window then full for this edge and announced to the
+// others; with no window known, by an event placed by the request's start.
+func TestChargeAtTheEnd(t *testing.T) {
+	cases := []struct {
+		name     string
+		into     func(h *harness)
+		cost     int64
+		path     Path
+		event    int64 // units charged by an event (0: none)
+		reset    bool  // the event names the window
+		full     bool
+		notices  int
+		calls    int
+		remained int64
+	}{
+		{name: "covered by credit", into: func(h *harness) { h.open(5, 4, false) }, cost: 3, path: PathCredit, remained: testLimit - 4},
+		{name: "past the limit", into: func(h *harness) { h.open(8, 1, false) }, cost: 6, path: PathBorrow, event: 5, reset: true,
+			full: true, notices: 1},
+		{name: "within the limit, beyond credit", into: func(h *harness) { h.open(2, 0, false) }, cost: 3, path: PathBorrow, event: 3,
+			reset: true, remained: testLimit - 5},
+		{name: "no window yet: opened by a reservation of what it holds, the rest by an event", into: func(*harness) {}, cost: 12,
+			path: PathBorrow, event: 2, reset: true, full: true, notices: 1, calls: 1},
+		{name: "redis down, no window known: all by an event placed by the start", into: func(h *harness) { h.redis.down = true },
+			cost: 12, path: PathFailOpen, event: 12, calls: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, policyOf(limiter.ModeAuto), true, fast)
+			tc.into(h)
+			calls := h.redis.numCalls()
+			v := h.core.Charge(context.Background(), h.policy, tc.cost, h.dg, h.clock.Now(), 1)
+			h.core.Wait()
+			if !v.Allowed() || v.Path != tc.path {
+				t.Fatalf("allowed %v path %v, want allowed by %v", v.Allowed(), v.Path, tc.path)
+			}
+			if n := h.redis.numCalls() - calls; n != tc.calls {
+				t.Fatalf("%d Redis calls, want %d", n, tc.calls)
+			}
+			got := h.ledger.since(0)
+			switch {
+			case tc.event == 0 && len(got) != 0:
+				t.Fatalf("entries %+v, want none", got)
+			case tc.event > 0 && (len(got) != 1 || got[0].Kind != limiter.Charge || got[0].Units != tc.event ||
+				got[0].ResetAt.IsZero() == tc.reset):
+				t.Fatalf("entries %+v, want one charge of %d (naming the window: %v)", got, tc.event, tc.reset)
+			}
+			if _, _, full := h.snapshot(); full != tc.full {
+				t.Fatalf("full %v, want %v", full, tc.full)
+			}
+			if n := h.notes.len(); n != tc.notices {
+				t.Fatalf("%d notices, want %d", n, tc.notices)
+			}
+			if v.Decided && v.Decision.Remaining != tc.remained {
+				t.Fatalf("remaining %d, want %d", v.Decision.Remaining, tc.remained)
+			}
+			if tc.full {
+				if v, err := h.decide(1); err != nil || v.Allowed() || v.Path != PathCache {
+					t.Fatalf("the next request: allowed %v by %v (%v); want denied from memory", v.Allowed(), v.Path, err)
+				}
+			}
+		})
+	}
+}
+
+// A decision-API request charged an estimate is trued up once with its
+// actual cost: the excess given back on the primary, a shortfall charged
+// by an event into the request's window, past the limit if need be.
+func TestTrueUp(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		estimate, actual int64
+		back, charged    int64
+	}{
+		{"cost less than the estimate", 5, 2, 3, 0},
+		{"cost as estimated", 5, 5, 0, 0},
+		{"cost more than the estimate", 5, 9, 0, 4},
+		{"nothing after all", 5, 0, 5, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := policyOf(limiter.ModeExact)
+			h := newHarness(t, p, true, fast)
+			h.reqs++
+			v, err := h.core.Decide(context.Background(), p, tc.estimate, h.dg, h.clock.Now(), h.reqs)
+			if err != nil || !v.Allowed() {
+				t.Fatalf("the estimate was not admitted: %v", err)
+			}
+			res, charged, err := h.core.TrueUp(context.Background(), v, 200, tc.actual, h.clock.Now())
+			if err != nil || res.Outcome != limiter.Finished || res.Amount != tc.back || charged != tc.charged {
+				t.Fatalf("outcome %v back %d charged %d (%v); want finished, %d back, %d charged", res.Outcome, res.Amount, charged, err,
+					tc.back, tc.charged)
+			}
+			events := h.ledger.since(0)
+			if tc.charged > 0 && (len(events) != 1 || events[0].Units != tc.charged || !events[0].ResetAt.Equal(v.Reset) ||
+				events[0].RequestID != v.RequestID()) {
+				t.Fatalf("events %+v, want the shortfall charged into the request's window", events)
+			}
+		})
+	}
+}

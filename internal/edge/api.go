@@ -53,15 +53,22 @@ type CheckResponse struct {
 type FinishRequest struct {
 	RequestID string `json:"request_id"`
 	Status    int    `json:"status"`
+	// Cost, when set, is what the request actually cost (0 to 10^9), for a
+	// request whose check charged an estimate: the excess is given back,
+	// a shortfall charged in full, even past the limit. A 304 gives the
+	// whole charge back and takes no cost.
+	Cost *int64 `json:"cost,omitempty"`
 }
 
 // FinishResponse is the answer of POST /v1/finish when the request is
-// finished (status 200): what its 304 gave back. A request already
+// finished (status 200): what its 304, or an estimate beyond its cost, gave
+// back, and what a cost beyond its estimate charged. A request already
 // finished is answered 409, one whose window has reset 410, an unknown
 // request id 400 (problem details).
 type FinishResponse struct {
 	Finished bool  `json:"finished"`
 	Refunded int64 `json:"refunded"`
+	Charged  int64 `json:"charged,omitempty"`
 }
 
 // APIHandler serves the decision API: POST /v1/check decides and charges a
@@ -152,8 +159,15 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 	if !ok || !s.decodeJSON(w, body, &req) {
 		return
 	}
-	if req.Status < 100 || req.Status > 599 {
+	switch {
+	case req.Status < 100 || req.Status > 599:
 		s.badRequest(w, fmt.Sprintf("status %d: want 100 to 599", req.Status))
+		return
+	case req.Cost != nil && (*req.Cost < 0 || *req.Cost > limiter.MaxLimit):
+		s.badRequest(w, fmt.Sprintf("cost %d: want 0 to %d", *req.Cost, limiter.MaxLimit))
+		return
+	case req.Cost != nil && *req.Cost > 0 && req.Status == http.StatusNotModified:
+		s.badRequest(w, "cost: a 304 costs nothing (it gives the whole charge back)")
 		return
 	}
 	v, err := s.readTicket(req.RequestID)
@@ -171,13 +185,25 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 	}
 	if !v.Decided && v.ChargeSeq == 0 {
 		// Admitted without a window and never charged (its charge event was
-		// dropped): nothing to give back, nothing to mark.
+		// dropped): nothing to give back, nothing to mark; a cost it
+		// reports is charged now.
+		var charged int64
+		if req.Cost != nil && *req.Cost > 0 {
+			charged = *req.Cost
+			s.core.Charge(r.Context(), v.Policy, charged, v.Key.Digest(), v.Now, v.ReqNum)
+		}
 		s.finishes[finishDone].Add(1)
-		writeFinished(w, 0)
+		writeFinished(w, 0, charged)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), finishTimeout)
-	res, err := s.core.Finish(ctx, v, req.Status, now)
+	var res limiter.FinishResult
+	var charged int64
+	if req.Cost != nil {
+		res, charged, err = s.core.TrueUp(ctx, v, req.Status, *req.Cost, now)
+	} else {
+		res, err = s.core.Finish(ctx, v, req.Status, now)
+	}
 	cancel()
 	if err != nil {
 		s.finishes[finishFailed].Add(1)
@@ -192,10 +218,10 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 		if res.Outcome == limiter.FinishPending {
 			refunded = v.Cost // its charge nets to zero when it is applied
 		}
-		if req.Status == http.StatusNotModified {
+		if req.Status == http.StatusNotModified || refunded > 0 {
 			s.recordFinish(v, res, now)
 		}
-		writeFinished(w, refunded)
+		writeFinished(w, refunded, charged)
 	case limiter.AlreadyFinished:
 		s.finishes[finishRepeated].Add(1)
 		problem(w, http.StatusConflict, "already-finished", "Conflict",
@@ -221,10 +247,14 @@ const (
 
 var finishNames = [finishKinds]string{"finished", "already_finished", "expired", "unavailable"}
 
-func writeFinished(w http.ResponseWriter, refunded int64) {
-	b := make([]byte, 0, 48)
+func writeFinished(w http.ResponseWriter, refunded, charged int64) {
+	b := make([]byte, 0, 64)
 	b = append(b, `{"finished":true,"refunded":`...)
 	b = strconv.AppendInt(b, refunded, 10)
+	if charged > 0 {
+		b = append(b, `,"charged":`...)
+		b = strconv.AppendInt(b, charged, 10)
+	}
 	b = append(b, "}\n"...)
 	h := w.Header()
 	h["Content-Type"], h["Cache-Control"] = jsonContentType, noStore

@@ -370,3 +370,42 @@ func TestKeysAreBounded(t *testing.T) {
 	require.LessOrEqual(t, metric(t, e, "tally_edge_keys"), 512.0)
 	require.GreaterOrEqual(t, metric(t, e, "tally_edge_keys_evicted_total"), 1488.0)
 }
+
+// A decision-API request whose cost is known only at its end checks an
+// estimate and finishes with its actual cost: the excess comes back, a
+// shortfall is charged in full (past the limit if need be), once.
+func TestFinishTruesUpAnEstimate(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute, Mode: limiter.ModeExact}
+	e := pl.edge(nil)
+	k := pl.keys.Key("core", "h:llm")
+	checkCost := func(cost int) (int, string) {
+		resp, m := post(t, e.api.URL+"/v1/check", fmt.Sprintf(`{"policy":"core","identity":"llm","cost":%d}`, cost))
+		id, _ := m["request_id"].(string)
+		return resp.StatusCode, id
+	}
+	finish := func(id string, cost int) (int, map[string]any) {
+		resp, m := post(t, e.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":200,"cost":%d}`, id, cost))
+		return resp.StatusCode, m
+	}
+	status, id := checkCost(40)
+	require.Equal(t, 200, status)
+	code, m := finish(id, 10)
+	require.Equal(t, 200, code, "%v", m)
+	require.EqualValues(t, 30, m["refunded"])
+	pl.waitUsed(k, 10)
+	code, _ = finish(id, 10)
+	require.Equal(t, 409, code, "finished once")
+
+	status, id = checkCost(50)
+	require.Equal(t, 200, status)
+	code, m = finish(id, 120) // far beyond the estimate, and the limit
+	require.Equal(t, 200, code, "%v", m)
+	require.EqualValues(t, 70, m["charged"])
+	pl.waitUsed(k, 130)
+	status, _ = checkCost(1)
+	require.Equal(t, 429, status, "the window is spent")
+
+	resp, _ := post(t, e.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304,"cost":5}`, id))
+	require.Equal(t, 400, resp.StatusCode, "a 304 costs nothing")
+}

@@ -47,6 +47,12 @@ type RLSConfig struct {
 	// answers, for Envoy to add to the client's response, as
 	// envoyproxy/ratelimit does with LIMIT_RESPONSE_HEADERS_ENABLED.
 	ResponseHeaders bool
+	// ChargeAtEnd names the domains whose descriptors carrying their own
+	// hits_addend (above 0) are charges of a cost known only once the
+	// request is done (Envoy's apply_on_stream_done: the tokens a model
+	// answered with): applied in full, even past the limit, and answered
+	// OK.
+	ChargeAtEnd map[string]bool
 }
 
 // rlsRules are the loaded rules and their policies (a rule of 0 requests
@@ -141,6 +147,9 @@ type rlsItem struct {
 	rule      *descriptors.Rule // nil: no rule limits it
 	unlimited bool
 	check     int // its index among the limits checked, -1: none
+	// charged, for a charge of a cost known only at the end, is its
+	// verdict (never a denial).
+	charged *credit.Verdict
 }
 
 var (
@@ -167,6 +176,7 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		policy  limiter.Policy
 		counter string
 		cost    int64
+		atEnd   bool // a charge of a cost known only at the end
 	}
 	found := make([]resolved, len(req.Descriptors))
 	replaced := map[string]bool{}
@@ -203,7 +213,8 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		}
 		f.cost = int64(max(1, req.HitsAddend))
 		if d.HitsAddend != nil {
-			f.cost = int64(min(d.HitsAddend.Value, uint64(math.MaxInt64)))
+			f.cost = int64(min(d.HitsAddend.Value, uint64(limiter.MaxLimit)))
+			f.atEnd = f.cost > 0 && s.o.RLS.ChargeAtEnd[req.Domain]
 		}
 	}
 	checks := make([]limitCheck, 0, len(req.Descriptors))
@@ -218,6 +229,11 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		}
 		if it.rule.Limit == 0 && f.cost == 0 {
 			continue // a check against a rule of 0 requests: nothing to read, and it passes
+		}
+		if f.atEnd {
+			v := s.core.Charge(ctx, f.policy, f.cost, s.o.Keys.Sum(f.policy.Name, "d:"+f.counter), now, reqNum)
+			it.charged = &v
+			continue
 		}
 		it.check = len(checks)
 		checks = append(checks, limitCheck{policy: f.policy, digest: s.o.Keys.Sum(f.policy.Name, "d:"+f.counter), cost: f.cost,
@@ -268,6 +284,16 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: it.rule.Name, RequestsPerUnit: uint32(it.rule.Limit),
 			Unit: rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[string(it.rule.Unit)])}
 		st.DurationUntilReset = durationpb.New(it.rule.Window())
+		if v := it.charged; v != nil {
+			if v.Decided {
+				st.LimitRemaining = uint32(v.Decision.Remaining)
+				if !v.Decision.ResetAt.IsZero() {
+					st.DurationUntilReset = durationpb.New(max(0, v.Decision.ResetAt.Sub(now)).Round(time.Second))
+				}
+			}
+			s.recordRule(*v, "", domain, it.rule.Key)
+			continue
+		}
 		if it.check < 0 {
 			continue // a check against a rule of 0 requests
 		}

@@ -438,3 +438,33 @@ descriptors:
 		{"d.blocked_me", false, false, "rule"},
 	}, summary)
 }
+
+// Tokens counted at the end of a request (Envoy's apply_on_stream_done):
+// the request path checks without charging (hits_addend 0), the end of
+// the stream charges what the model answered with, in full even past the
+// limit; the next check is denied on this edge at once and on another once
+// the charge is applied.
+func TestRLSChargeAtTheEnd(t *testing.T) {
+	pl := newPipeline(t)
+	const file = "domain: ai\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100}\n"
+	atEnd := func(o *edge.Options) { o.RLS.ChargeAtEnd = map[string]bool{"ai": true} }
+	_, a := rlsEdge(t, pl, atEnd, file)
+	_, b := rlsEdge(t, pl, atEnd, file)
+	check := func(c rlsv3.RateLimitServiceClient) rlsv3.RateLimitResponse_Code {
+		return ask(t, c, "ai", withHits(desc("user", "u1"), 0)).OverallCode
+	}
+	require.Equal(t, ok, check(a))
+	resp := ask(t, a, "ai", withHits(desc("user", "u1"), 60)) // the stream's end: 60 tokens
+	require.Equal(t, ok, resp.OverallCode)
+	assert.Equal(t, uint32(40), resp.Statuses[0].LimitRemaining)
+	require.Equal(t, ok, check(a))
+	resp = ask(t, a, "ai", withHits(desc("user", "u1"), 70)) // 130 of 100: charged in full
+	require.Equal(t, ok, resp.OverallCode, "a charge at the end is never denied")
+	assert.Equal(t, uint32(0), resp.Statuses[0].LimitRemaining)
+	assert.Equal(t, over, check(a), "spent: denied on this edge at once")
+	testutil.WaitFor(t, "the other edge to see the window spent", func() bool { return check(b) == over })
+	// Outside the domain, a descriptor's own hits_addend is an ordinary
+	// cost: more than is left is denied and charges nothing.
+	_, c := rlsEdge(t, pl, nil, file)
+	assert.Equal(t, over, ask(t, c, "ai", withHits(desc("user", "u2"), 101)).OverallCode)
+}

@@ -23,8 +23,13 @@ type FinishArgs struct {
 	// Producer's accounting event that charged it, or 0 for a reservation.
 	Units     int64
 	ChargeSeq uint64
-	// Status is the response's; only 304 gives units back.
+	// Status is the response's.
 	Status int
+	// Back is what to give back of Units: all of them for a 304; what an
+	// estimate charged beyond the request's actual cost; else 0. A charge
+	// event not yet applied nets whole whenever Back is above 0
+	// (FinishPending): the caller charges again what the request keeps.
+	Back int64
 }
 
 // FinishOutcome is what finishing did.
@@ -32,14 +37,14 @@ type FinishOutcome uint8
 
 // The values match lua/finish.lua's.
 const (
-	// Finished: recorded; a 304's units given back (FinishResult.Amount).
+	// Finished: recorded; FinishArgs.Back given back (FinishResult.Amount).
 	Finished FinishOutcome = 1
 	// AlreadyFinished: the request was finished before; nothing changed.
 	AlreadyFinished FinishOutcome = 2
 	// FinishLate: the request's window has ended or been replaced.
 	FinishLate FinishOutcome = 3
 	// FinishPending: recorded; its charge event has not been applied yet and
-	// will net to zero when it is.
+	// will net to zero when it is (whole, whatever Back was).
 	FinishPending FinishOutcome = 5
 )
 
@@ -88,6 +93,8 @@ func (a FinishArgs) Validate(k Key) error {
 		return bad("status %d", a.Status)
 	case a.Units < 1 || a.Units > MaxLimit:
 		return bad("units %d", a.Units)
+	case a.Back < 0 || a.Back > a.Units:
+		return bad("back %d of %d units", a.Back, a.Units)
 	case a.ChargeSeq > MaxSeq || (a.ResetAt.IsZero() && a.ChargeSeq == 0):
 		return bad("charge seq %d", a.ChargeSeq)
 	case a.Start.UnixMilli() < 0 || a.Start.UnixMilli() > MaxMS:

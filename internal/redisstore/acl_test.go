@@ -46,11 +46,11 @@ func TestScriptsRunUnderTheDocumentedACL(t *testing.T) {
 		require.NoError(t, r.Err)
 	}
 	f, err := st.Finish(ctx, k, now, limiter.FinishArgs{ResetAt: g.ResetAt, Start: now, Window: minute, Producer: "edge.a",
-		Holder: "edge.a", N: 0, Units: 1, Status: 304})
+		Holder: "edge.a", N: 0, Units: 1, Status: 304, Back: 1})
 	require.NoError(t, err)
 	require.Equal(t, limiter.Finished, f.Outcome)
 	_, err = st.Finish(ctx, k, now, limiter.FinishArgs{Start: now, Window: minute, Producer: "edge.a", Holder: "edge.a",
-		Units: 1, ChargeSeq: 7, Status: 304})
+		Units: 1, ChargeSeq: 7, Status: 304, Back: 1})
 	require.NoError(t, err)
 	_, err = st.Check(ctx, k)
 	require.NoError(t, err)

@@ -14,8 +14,8 @@ import (
 var finishScript = redis.NewScript(lua.Finish)
 
 // Finish finishes a request once on its window's primary at now (one
-// atomic script call, lua/finish.lua): the first finish is recorded and, for
-// a 304, gives the request's units back to the window its response showed,
+// atomic script call, lua/finish.lua): the first finish is recorded and
+// gives a.Back of the request's units back to the window its response showed,
 // out of what its producer holds there; every later finish of the same
 // request, on any edge, is AlreadyFinished. Like Take, it is not retried on
 // a connection error: after an error the finish may or may not have been
@@ -32,7 +32,7 @@ func (s *Store) Finish(ctx context.Context, k limiter.Key, now time.Time, a limi
 	keys := []string{k.String(), s.keys.FinishKey(k.Digest(), a.Holder, reset), s.producerKey(a.Producer)}
 	v, err := s.run(ctx, n.primary, finishScript, false, keys, ms(now), reset, a.N, a.Status, a.Units, a.Producer,
 		a.ChargeSeq, ms(a.Start), a.Window.Milliseconds(), s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(),
-		s.opts.ProducerTTL.Milliseconds()).Int64Slice()
+		s.opts.ProducerTTL.Milliseconds(), a.Back).Int64Slice()
 	if err != nil {
 		return limiter.FinishResult{}, fmt.Errorf("limiter: finish on shard %s: %w", n.name, scriptErr(err))
 	}

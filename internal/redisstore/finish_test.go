@@ -26,8 +26,12 @@ func TestFinishOnce(t *testing.T) {
 		return r
 	}
 	args := func(g limiter.Grant, producer string, n uint64, status int, units int64) limiter.FinishArgs {
-		return limiter.FinishArgs{ResetAt: g.ResetAt, Start: e.clock.Now(), Window: minute, Producer: producer,
+		a := limiter.FinishArgs{ResetAt: g.ResetAt, Start: e.clock.Now(), Window: minute, Producer: producer,
 			Holder: producer + ".1", N: n, Units: units, Status: status}
+		if status == 304 {
+			a.Back = units
+		}
+		return a
 	}
 
 	t.Run("a 304 is refunded once, whoever sends it again", func(t *testing.T) {
@@ -47,6 +51,21 @@ func TestFinishOnce(t *testing.T) {
 		require.EqualValues(t, 8, e.used(t, k))
 		w := e.checkReplica(t, k)
 		require.Equal(t, g.ResetAt, w.ResetAt)
+	})
+	t.Run("a true-up gives back what an estimate charged beyond the actual cost, once", func(t *testing.T) {
+		k := e.keys.Key("core", t.Name())
+		g := e.takeAs(t, "edge-a", k, 100, 10, 10) // an estimate of 10
+		a := args(g, "edge-a", 0, 200, 10)
+		a.Back = 7 // the request cost 3
+		r := finish(t, k, a)
+		require.Equal(t, limiter.Finished, r.Outcome)
+		require.EqualValues(t, 7, r.Amount)
+		require.EqualValues(t, 3, r.Used)
+		require.Equal(t, limiter.AlreadyFinished, finish(t, k, a).Outcome)
+		require.EqualValues(t, 3, e.used(t, k))
+		a.Back = 11
+		_, err := e.store.Finish(ctx, k, e.clock.Now(), a)
+		require.ErrorIs(t, err, limiter.ErrInvalidArgument, "never more than the request was charged")
 	})
 	t.Run("a finish with another status is recorded too", func(t *testing.T) {
 		k := e.keys.Key("core", t.Name())
@@ -118,7 +137,7 @@ func TestFinishOnce(t *testing.T) {
 		// by its start.
 		e.apply(t, charge("edge-e", 1, k, time.Time{}, t0, 1))
 		e.takeAs(t, "edge-e", k, 100, 4, 4)
-		a := limiter.FinishArgs{Start: t0, Window: minute, Producer: "edge-e", Holder: "edge-e.1", Units: 1, ChargeSeq: 1, Status: 304}
+		a := limiter.FinishArgs{Start: t0, Window: minute, Producer: "edge-e", Holder: "edge-e.1", Units: 1, ChargeSeq: 1, Status: 304, Back: 1}
 		r := finish(t, k, a)
 		require.Equal(t, limiter.Finished, r.Outcome)
 		require.EqualValues(t, 1, r.Amount)

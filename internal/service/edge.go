@@ -133,6 +133,10 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 		routes[i] = edge.Route{Path: r.Path, Policies: r.Names(), Cost: r.Cost}
 	}
 	id := cfg.Edge.Identity
+	chargeAtEnd := map[string]bool{}
+	for _, d := range cfg.Edge.RLS.ChargeAtEnd {
+		chargeAtEnd[d] = true
+	}
 	return edge.Options{
 		Store: store, Keys: keys, NATS: nc, DecisionsNATS: dnc, Streams: cfg.NATS.Streams,
 		Outbox: cfg.Edge.Outbox, Decisions: cfg.Edge.Decisions, Credit: cfg.Edge.Credit,
@@ -141,6 +145,7 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 		Identity:         edge.Identifier{Header: id.Header, Trusted: id.Trusted(), IPv4Prefix: id.IPv4Prefix, IPv6Prefix: id.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
 		Upstream:         upstream, Source: source, Pprof: cfg.Edge.Pprof, Log: log,
-		Descriptors: cfg.Descriptors(), RLS: edge.RLSConfig{Mode: cfg.Edge.RLS.Mode, ResponseHeaders: cfg.Edge.RLS.ResponseHeaders},
+		Descriptors: cfg.Descriptors(), RLS: edge.RLSConfig{Mode: cfg.Edge.RLS.Mode, ResponseHeaders: cfg.Edge.RLS.ResponseHeaders,
+			ChargeAtEnd: chargeAtEnd},
 	}
 }

@@ -58,6 +58,11 @@ type File struct {
 	APIToken   string `yaml:"-"`
 	AdminToken string `yaml:"-"`
 
+	// path and env are where Load read the file and its environment, for
+	// Reload.
+	path string
+	env  func(string) string
+
 	redisTLS *tls.Config // built from Redis.TLS by validate
 	// descriptors are Edge.RLS.Config's rules, read by validate.
 	descriptors *descriptors.Config
@@ -215,6 +220,25 @@ type Policy struct {
 	Key string `yaml:"key"`
 	// Shadow decides and records without enforcing (limiter.Policy.Shadow).
 	Shadow bool `yaml:"shadow"`
+	// Tiers give other limits by the client's plan (edge.Tiers).
+	Tiers *Tiers `yaml:"tiers"`
+	// Overrides give one identity another limit (edge.Override).
+	Overrides []Override `yaml:"overrides"`
+}
+
+// Tiers are a policy's limits by plan: the plan named by Header on a
+// proxied request from a trusted proxy, or by the decision API's "tier".
+type Tiers struct {
+	Header string           `yaml:"header"`
+	Limits map[string]int64 `yaml:"limits"`
+}
+
+// Override is one identity's limit under a policy: the identity header's
+// value (or the decision API's identity), or "ip:" and an address prefix
+// as the edge groups addresses ("ip:203.0.113.7/32").
+type Override struct {
+	Identity string `yaml:"identity"`
+	Limit    int64  `yaml:"limit"`
 }
 
 // Policy keys.
@@ -229,6 +253,11 @@ type Route struct {
 	// longest matching prefix wins. Request paths are cleaned (//search,
 	// /x/../search → /search) before matching.
 	Path string `yaml:"path"`
+	// Methods and Host, when set, narrow the route to those methods and
+	// that host ("*.example.com": any name below it); among routes of the
+	// same path, one with a host wins, then one with methods.
+	Methods []string `yaml:"methods"`
+	Host    string   `yaml:"host"`
 	// Policy is the route's limit; Policies lists several, all of which
 	// must allow a request. One of the two.
 	Policy   string   `yaml:"policy"`
@@ -252,7 +281,23 @@ func Load(path string, env func(string) string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	return Parse(b, env)
+	f, err := Parse(b, env)
+	if err != nil {
+		return nil, err
+	}
+	f.path, f.env = path, env
+	return f, nil
+}
+
+// Path is the file Load read ("" for a File from Parse).
+func (f *File) Path() string { return f.path }
+
+// Reload reads f's file again, with the same environment.
+func (f *File) Reload() (*File, error) {
+	if f.path == "" {
+		return nil, fmt.Errorf("config: no file to read again")
+	}
+	return Load(f.path, f.env)
 }
 
 // Parse is Load on bytes. Errors wrap ErrInvalid and say "line N: field".
@@ -434,6 +479,25 @@ func (f *File) AddressKeyed() map[string]bool {
 // Limiter is the policy as the limiter takes it.
 func (p Policy) Limiter() limiter.Policy {
 	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode, Shadow: p.Shadow}
+}
+
+// Limits are the terms the edge holds requests to, as the edge takes them
+// at start and at a reload.
+func (f *File) Limits() edge.Limits {
+	l := edge.Limits{Policies: f.PolicyMap(), DefaultPolicy: f.Edge.DefaultPolicy, GlobalPolicies: f.Edge.GlobalPolicies,
+		AddressKeyed: f.AddressKeyed(), Tiers: map[string]edge.Tiers{}, Overrides: map[string][]edge.Override{}}
+	for _, r := range f.Routes {
+		l.Routes = append(l.Routes, edge.Route{Path: r.Path, Methods: r.Methods, Host: r.Host, Policies: r.Names(), Cost: r.Cost})
+	}
+	for _, p := range f.Policies {
+		if p.Tiers != nil {
+			l.Tiers[p.Name] = edge.Tiers{Header: p.Tiers.Header, Limits: p.Tiers.Limits}
+		}
+		for _, o := range p.Overrides {
+			l.Overrides[p.Name] = append(l.Overrides[p.Name], edge.Override{Identity: o.Identity, Limit: o.Limit})
+		}
+	}
+	return l
 }
 
 // PolicyMap is the policies by name.

@@ -139,6 +139,11 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"rate-limit rules without a listener", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  rls: {config: /etc/ratelimit}", "edge.rls.listen: empty"},
 		{"unreadable rate-limit rules", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  rls: {listen: 127.0.0.1:8081, config: /nonexistent/ratelimit}", "edge.rls.config: descriptors: invalid"},
 		{"bad rate-limit mode", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  rls: {listen: 127.0.0.1:8081, config: /tmp, mode: fast}", "edge.rls.mode"},
+		{"bad route method", "    policy: search", "    policy: search\n    methods: [\"GET /\"]", "routes[0].methods[0]"},
+		{"bad route host", "    policy: search", "    policy: search\n    host: \"a b\"", "routes[0].host"},
+		{"tier below the cost", "    limit: 10\n", "    limit: 10\n    cost: 2\n    tiers: {header: X-Plan, limits: {free: 1}}\n", "policies[1].tiers.limits.free: 1: want 2 to"},
+		{"tiers without a header", "    limit: 10\n", "    limit: 10\n    tiers: {limits: {free: 1}}\n", "policies[1].tiers.header"},
+		{"override without identity", "    limit: 10\n", "    limit: 10\n    overrides: [{limit: 5}]\n", "policies[1].overrides[0].identity"},
 		{"two NATS credentials", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  credentials_file: a\n  nkey_file: b", "credentials_file and nkey_file: set one"},
 	}
 	for _, c := range cases {
@@ -214,4 +219,21 @@ func TestRateLimitServiceSettings(t *testing.T) {
 	require.NoError(t, os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 4000000000}\n"), 0o600))
 	_, err = Parse([]byte(src), withSecret)
 	require.ErrorContains(t, err, "api.yaml:4: requests_per_unit 4000000000: Tally counts up to 1000000000 per window")
+}
+
+// Routes by method and host, tiers and overrides reach the edge's limits.
+func TestRoutesTiersAndOverrides(t *testing.T) {
+	src := strings.Replace(good, "    policy: search\n", "    policy: search\n    methods: [post]\n    host: \"*.example.com\"\n", 1)
+	src = strings.Replace(src, "    limit: 100\n", "    limit: 100\n    tiers: {header: X-Plan, limits: {pro: 1000}}\n    overrides: [{identity: Bearer partner, limit: 5000}]\n", 1)
+	f, err := Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	l := f.Limits()
+	require.Equal(t, []string{"post"}, l.Routes[0].Methods)
+	require.Equal(t, "*.example.com", l.Routes[0].Host)
+	require.Equal(t, int64(1000), l.Tiers["core"].Limits["pro"])
+	require.Equal(t, int64(5000), l.Overrides["core"][0].Limit)
+	// Two routes of one path are one route only with the same methods and host.
+	two := strings.Replace(src, "routes:\n", "routes:\n  - path: /search\n    policy: core\n", 1)
+	_, err = Parse([]byte(two), withSecret)
+	require.NoError(t, err)
 }

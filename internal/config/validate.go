@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"net/url"
 	pathpkg "path"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -144,6 +145,9 @@ func (f *File) validatePolicies() error {
 		if p.Key != "" && p.Key != KeyIdentity && p.Key != KeyAddress {
 			return fieldErr(path+".key", "%q: want identity or address", p.Key)
 		}
+		if err := p.validateTerms(path); err != nil {
+			return err
+		}
 		seen[p.Name] = true
 	}
 	byName := f.PolicyMap()
@@ -153,10 +157,21 @@ func (f *File) validatePolicies() error {
 		if !strings.HasPrefix(r.Path, "/") {
 			return fieldErr(path+".path", "%q: want a path starting with /", r.Path)
 		}
-		if clean := pathpkg.Clean(r.Path); paths[clean] {
-			return fieldErr(path+".path", "duplicate route %q", r.Path)
+		methods := make([]string, len(r.Methods))
+		for j, m := range r.Methods {
+			if !validToken(m) {
+				return fieldErr(fmt.Sprintf("%s.methods[%d]", path, j), "%q: want a method (GET, POST, …)", m)
+			}
+			methods[j] = strings.ToUpper(m)
+		}
+		sort.Strings(methods)
+		if h := r.Host; h != "" && !validHost(h) {
+			return fieldErr(path+".host", "%q: want a host name, or *. and a domain", h)
+		}
+		if key := pathpkg.Clean(r.Path) + " " + strings.Join(methods, ",") + " " + strings.ToLower(r.Host); paths[key] {
+			return fieldErr(path+".path", "duplicate route %q (same methods and host)", r.Path)
 		} else {
-			paths[clean] = true
+			paths[key] = true
 		}
 		field := path + ".policy"
 		switch {
@@ -239,6 +254,71 @@ func (f *File) validateEdge() error {
 	return nil
 }
 
+// validateTerms checks a policy's tiers and overrides.
+func (p Policy) validateTerms(path string) error {
+	limitOK := func(v int64) bool { return v >= max(1, p.Cost) && v <= limiter.MaxLimit }
+	if t := p.Tiers; t != nil {
+		if !validToken(t.Header) {
+			return fieldErr(path+".tiers.header", "%q: want a header name (X-Plan)", t.Header)
+		}
+		if len(t.Limits) == 0 {
+			return fieldErr(path+".tiers.limits", "empty: give each plan its limit")
+		}
+		for _, plan := range sortedKeys(t.Limits) {
+			if plan == "" || len(plan) > 256 {
+				return fieldErr(path+".tiers.limits", "a plan's name: want 1 to 256 bytes")
+			}
+			if v := t.Limits[plan]; !limitOK(v) {
+				return fieldErr(path+".tiers.limits."+plan, "%d: want %d to %d", v, max(1, p.Cost), limiter.MaxLimit)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for i, o := range p.Overrides {
+		f := fmt.Sprintf("%s.overrides[%d]", path, i)
+		switch {
+		case o.Identity == "" || len(o.Identity) > 4096:
+			return fieldErr(f+".identity", "want 1 to 4096 bytes")
+		case seen[o.Identity]:
+			return fieldErr(f+".identity", "given twice")
+		case !limitOK(o.Limit):
+			return fieldErr(f+".limit", "%d: want %d to %d", o.Limit, max(1, p.Cost), limiter.MaxLimit)
+		}
+		seen[o.Identity] = true
+	}
+	return nil
+}
+
+// validToken reports whether s is an HTTP token (a method, a header name).
+func validToken(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// validHost reports whether h names a host, or every name below a domain
+// ("*.example.com").
+func validHost(h string) bool {
+	h = strings.TrimPrefix(h, "*.")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == ':' || c == '[' || c == ']') {
+			return false
+		}
+	}
+	return true
+}
+
 // validateRLS checks the rate-limit service's settings and reads its rules.
 func (f *File) validateRLS() error {
 	r := &f.Edge.RLS
@@ -275,6 +355,10 @@ func (f *File) validateRLS() error {
 // Descriptors are the rate-limit service's rules as read when the file was
 // loaded (nil without edge.rls).
 func (f *File) Descriptors() *descriptors.Config { return f.descriptors }
+
+// SetDescriptors replaces the rules read from edge.rls.config (they were
+// read again on their own).
+func (f *File) SetDescriptors(c *descriptors.Config) { f.descriptors = c }
 
 // validateSecurity refuses what would expose Tally or its data: a decision
 // API whose request ids cannot be signed, APIs reachable beyond loopback

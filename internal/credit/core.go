@@ -102,7 +102,7 @@ func (c *Core) entry(dg limiter.Digest, p limiter.Policy) *entry {
 		k := c.d.Keys.KeyOf(dg)
 		num := c.gen.Add(1)
 		return &entry{key: k, shard: c.d.Reserver.ShardOf(k), policy: p, holder: HolderOf(c.d.Producer, num), holderNum: num,
-			counts: c.stats.byPolicy[p.Name]}
+			counts: c.countsOf(p.Name)}
 	}, c.evicted)
 }
 

@@ -1,11 +1,18 @@
 package credit
 
-import "sync/atomic"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // counters are what the core counts, atomically; Stats reads them once.
 type counters struct {
-	byPath                               [Paths][2]atomic.Uint64      // [path][allowed]
-	byPolicy                             map[string]*[2]atomic.Uint64 // [allowed], by policy name; fixed at start
+	byPath [Paths][2]atomic.Uint64 // [path][allowed]
+	// byPolicy counts by policy name, [allowed]: the policies of Deps, and
+	// those a request names later (a reload's, the rate-limit service's).
+	// policyMu guards the map, and is taken last.
+	policyMu                             sync.Mutex
+	byPolicy                             map[string]*[2]atomic.Uint64
 	takes, takeErrors                    atomic.Uint64
 	recovered                            atomic.Uint64 // units of reservations whose answer was lost
 	released, absorbed                   atomic.Uint64
@@ -49,6 +56,8 @@ type Stats struct {
 
 // Stats reads the core's counters.
 func (c *Core) Stats() Stats {
+	c.stats.policyMu.Lock()
+	defer c.stats.policyMu.Unlock()
 	s := Stats{Policies: make(map[string][2]uint64, len(c.stats.byPolicy)), Takes: c.stats.takes.Load(),
 		TakeErrors: c.stats.takeErrors.Load(), Recovered: c.stats.recovered.Load(), Released: c.stats.released.Load(),
 		Absorbed: c.stats.absorbed.Load(), Rechecks: c.stats.rechecks.Load(), NoticesIn: c.stats.noticesIn.Load(),
@@ -61,4 +70,16 @@ func (c *Core) Stats() Stats {
 		s.Policies[name] = [2]uint64{n[0].Load(), n[1].Load()}
 	}
 	return s
+}
+
+// countsOf is the decision counters of the policy named name.
+func (c *Core) countsOf(name string) *[2]atomic.Uint64 {
+	c.stats.policyMu.Lock()
+	defer c.stats.policyMu.Unlock()
+	n, ok := c.stats.byPolicy[name]
+	if !ok {
+		n = new([2]atomic.Uint64)
+		c.stats.byPolicy[name] = n
+	}
+	return n
 }

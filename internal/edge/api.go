@@ -32,6 +32,9 @@ type CheckRequest struct {
 	Identity string `json:"identity"`
 	// Cost overrides the policy's cost (1 to the limit). Optional.
 	Cost int64 `json:"cost,omitempty"`
+	// Tier names the client's plan when the policy has tiers (the caller
+	// vouches for it). Optional.
+	Tier string `json:"tier,omitempty"`
 }
 
 // CheckResponse is the answer of POST /v1/check (status 200 when allowed,
@@ -91,7 +94,8 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	if req, ok = parseCheck(body); !ok && !s.decodeJSON(w, body, &req) {
 		return
 	}
-	p, ok := s.o.Policies[req.Policy]
+	rt := s.limits.Load()
+	p, ok := rt.policies[req.Policy]
 	switch {
 	case !ok:
 		s.badRequest(w, fmt.Sprintf("unknown policy %q", clip(req.Policy)))
@@ -99,14 +103,20 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	case req.Identity == "" || len(req.Identity) > MaxIdentityLen:
 		s.badRequest(w, fmt.Sprintf("identity: want 1 to %d bytes", MaxIdentityLen))
 		return
-	case req.Cost < 0 || req.Cost > p.Limit:
+	case len(req.Tier) > 256:
+		s.badRequest(w, "tier: want at most 256 bytes")
+		return
+	}
+	dg := s.o.Keys.Sum(p.Name, "h:"+req.Identity)
+	p = rt.terms(p, req.Tier, dg)
+	if req.Cost < 0 || req.Cost > p.Limit {
 		s.badRequest(w, fmt.Sprintf("cost %d: want 1 to the limit (%d)", req.Cost, p.Limit))
 		return
 	}
 	if req.Cost > 0 {
 		p.Cost = req.Cost
 	}
-	v, err := s.check(r.Context(), p, p.CostOrDefault(), s.o.Keys.Sum(p.Name, "h:"+req.Identity), s.o.Clock.Now(), s.reqs.Add(1))
+	v, err := s.check(r.Context(), p, p.CostOrDefault(), dg, s.o.Clock.Now(), s.reqs.Add(1))
 	if err != nil {
 		s.unavailable(w)
 		return

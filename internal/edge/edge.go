@@ -12,8 +12,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"path"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,35 +43,6 @@ type Store interface {
 }
 
 var _ Store = (*redisstore.Store)(nil)
-
-// Route maps a path prefix to the policies its requests are held to, with
-// an optional cost override.
-type Route struct {
-	// Path is a prefix: "/search" matches /search and /search/code. It is
-	// cleaned like request paths (path.Clean) before matching.
-	Path string
-	// Policies are the limits a request to the path is held to; it is
-	// allowed only if every one allows it.
-	Policies []string
-	// Cost, when positive, overrides the cost of the route's policies.
-	Cost int64
-}
-
-// limit is one policy a request is held to, resolved: its cost overridden
-// by the route, and whether it is keyed by the client's address whatever
-// identity the request carries.
-type limit struct {
-	policy    limiter.Policy
-	byAddress bool
-}
-
-// route is a Route resolved: its subtree prefix ("/search" → "/search/")
-// and its limits, the global ones included.
-type route struct {
-	Route
-	under  string
-	limits []limit
-}
 
 // DecisionsConfig says which decisions go to the decisions stream.
 type DecisionsConfig struct {
@@ -151,7 +120,11 @@ type Options struct {
 	// client's address (Identifier.Address) even when the request carries
 	// an identity header.
 	AddressKeyed map[string]bool
-	Identity     Identifier
+	// Tiers and Overrides give policies other limits for a client's plan
+	// and for one identity (Limits).
+	Tiers     map[string]Tiers
+	Overrides map[string][]Override
+	Identity  Identifier
 	// DenyOnRedisError answers 503 when Redis cannot be reached in time and
 	// the edge knows nothing of the window; otherwise such requests are
 	// allowed (fail open) and charged once Redis is back.
@@ -187,8 +160,7 @@ type Options struct {
 // windows, the outbox of accounting events, notices and decisions.
 type Server struct {
 	o         Options
-	routes    []route // longest path first
-	fallback  []limit // for paths no route matches
+	limits    atomic.Pointer[routing] // the terms in effect (SetLimits)
 	proxy     *httputil.ReverseProxy
 	core      *credit.Core
 	outbox    *outbox.Outbox
@@ -253,8 +225,8 @@ func New(o Options) (*Server, error) {
 		notices: events.NewNotices(o.Keys.Derive(events.NoticeKeyLabel)), ticketKey: o.Keys.Derive(ticketKeyLabel),
 		ready: newReadiness(o.Store.Shards())}
 	_ = s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)) // validated above
-	if err := s.resolveRoutes(); err != nil {
-		return nil, err
+	if err := s.SetLimits(o.Limits()); err != nil {
+		return nil, fmt.Errorf("edge: %w", err)
 	}
 	if o.Descriptors != nil {
 		if err := s.SetDescriptors(o.Descriptors); err != nil {
@@ -397,67 +369,6 @@ func (s *Server) Close(ctx context.Context) error {
 		errs = append(errs, s.batcher.Close(ctx))
 	}
 	return errors.Join(errs...)
-}
-
-// resolveRoutes turns Options.Routes, DefaultPolicy and GlobalPolicies
-// into each route's limits, longest path first.
-func (s *Server) resolveRoutes() error {
-	o := s.o
-	resolve := func(names []string, cost int64) ([]limit, error) {
-		out := make([]limit, 0, len(names)+len(o.GlobalPolicies))
-		seen := map[string]bool{}
-		for i, name := range append(slices.Clip(names), o.GlobalPolicies...) {
-			p, ok := o.Policies[name]
-			if !ok {
-				return nil, fmt.Errorf("unknown policy %q", name)
-			}
-			if seen[name] {
-				continue
-			}
-			seen[name] = true
-			if cost > 0 && i < len(names) {
-				if cost > p.Limit {
-					return nil, fmt.Errorf("cost %d above policy %q's limit %d", cost, name, p.Limit)
-				}
-				p.Cost = cost
-			}
-			out = append(out, limit{policy: p, byAddress: o.AddressKeyed[name]})
-		}
-		return out, nil
-	}
-	for _, r := range o.Routes {
-		r.Path = cleanPath(r.Path)
-		if len(r.Policies) == 0 {
-			return fmt.Errorf("edge: route %s: no policy", r.Path)
-		}
-		limits, err := resolve(r.Policies, r.Cost)
-		if err != nil {
-			return fmt.Errorf("edge: route %s: %w", r.Path, err)
-		}
-		s.routes = append(s.routes, route{Route: r, under: strings.TrimSuffix(r.Path, "/") + "/", limits: limits})
-	}
-	sort.SliceStable(s.routes, func(i, j int) bool { return len(s.routes[i].Path) > len(s.routes[j].Path) })
-	var def []string
-	if o.DefaultPolicy != "" {
-		def = []string{o.DefaultPolicy}
-	}
-	var err error
-	if s.fallback, err = resolve(def, 0); err != nil {
-		return fmt.Errorf("edge: default and global policies: %w", err)
-	}
-	return nil
-}
-
-// limitsFor returns the limits a request path (requestPath's: no dot
-// segments, no empty segments) is held to (none: not limited).
-func (s *Server) limitsFor(p string) []limit {
-	for i := range s.routes {
-		r := &s.routes[i]
-		if p == r.Path || strings.HasPrefix(p, r.under) {
-			return r.limits
-		}
-	}
-	return s.fallback
 }
 
 // cleanPath is path.Clean of a request path, rooted.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -399,4 +400,82 @@ func TestShadowPolicyNeverDenies(t *testing.T) {
 	}
 	require.Equal(t, 2, allowed, "two within the limit, two it would have denied")
 	require.EqualValues(t, 2, pl.used(pl.keys.Key("core", "h:shadowed")))
+}
+
+// Routes by method and host as well as path: among routes of one path, the
+// one naming the request's host wins, then the one naming its method.
+func TestRoutesByMethodAndHost(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies = map[string]limiter.Policy{
+		"core":   {Name: "core", Limit: 100, Window: time.Minute},
+		"writes": {Name: "writes", Limit: 1, Window: time.Minute},
+		"admin":  {Name: "admin", Limit: 2, Window: time.Minute},
+	}
+	e := pl.edge(func(o *edge.Options) {
+		o.Routes = []edge.Route{
+			{Path: "/repos", Methods: []string{"post", "DELETE"}, Policies: []string{"writes"}},
+			{Path: "/repos", Host: "admin.example.com", Policies: []string{"admin"}},
+			{Path: "/repos", Policies: []string{"core"}},
+		}
+	})
+	do := func(method, host string) *http.Response {
+		req, err := http.NewRequest(method, e.proxy.URL+"/repos", nil)
+		require.NoError(t, err)
+		req.Host = host
+		req.Header.Set("Authorization", "Bearer routes")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	resp := do("GET", "api.example.com")
+	require.Equal(t, 200, resp.StatusCode)
+	require.Equal(t, "core", resp.Header.Get("X-RateLimit-Resource"))
+	require.Equal(t, "writes", do("POST", "api.example.com").Header.Get("X-RateLimit-Resource"))
+	require.Equal(t, 429, do("DELETE", "api.example.com").StatusCode, "writes: 1 a minute")
+	resp = do("POST", "ADMIN.example.com:8443")
+	require.Equal(t, "admin", resp.Header.Get("X-RateLimit-Resource"), "the host wins over the method")
+}
+
+// Tiers give a client's plan another limit: named by a header only a
+// trusted proxy is believed with (anyone else's is ignored), or by the
+// decision API's tier. An override gives one identity its own limit. The
+// window is the client's whatever its terms.
+func TestTiersAndOverrides(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 2, Window: time.Minute}
+	mut := func(trusted bool) func(o *edge.Options) {
+		return func(o *edge.Options) {
+			o.Tiers = map[string]edge.Tiers{"core": {Header: "X-Plan", Limits: map[string]int64{"pro": 5}}}
+			o.Overrides = map[string][]edge.Override{"core": {{Identity: "Bearer partner", Limit: 4}}}
+			if trusted {
+				o.Identity.Trusted = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+			}
+		}
+	}
+	allowed := func(e *edgeUnderTest, token string, hdr ...string) int {
+		n := 0
+		for range 7 {
+			if get(t, e.proxy.URL, token, hdr...).StatusCode == 200 {
+				n++
+			}
+		}
+		return n
+	}
+	trusted := pl.edge(mut(true))
+	require.Equal(t, 5, allowed(trusted, "Bearer pro-user", "X-Plan", "pro"), "a pro plan from a trusted proxy")
+	require.Equal(t, 2, allowed(trusted, "Bearer free-user", "X-Plan", "nonesuch"), "an unknown plan keeps the policy's limit")
+	require.Equal(t, 4, allowed(trusted, "Bearer partner"), "an override")
+	untrusted := pl.edge(mut(false))
+	require.Equal(t, 2, allowed(untrusted, "Bearer claims-pro", "X-Plan", "pro"), "a plan named by anyone else is ignored")
+
+	// The decision API: the caller vouches for the tier.
+	n := 0
+	for range 7 {
+		resp, _ := post(t, untrusted.api.URL+"/v1/check", `{"policy":"core","identity":"api-pro","tier":"pro"}`)
+		if resp.StatusCode == 200 {
+			n++
+		}
+	}
+	require.Equal(t, 5, n)
 }

@@ -81,7 +81,8 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "ambiguous-path", "Bad Request", err.Error())
 		return
 	}
-	limits := s.limitsFor(path)
+	rt := s.limits.Load()
+	limits := rt.limitsFor(path, r.Method, requestHost(r))
 	if len(limits) == 0 {
 		s.proxy.ServeHTTP(w, r)
 		return
@@ -112,12 +113,22 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		checks = append(checks, limitCheck{policy: l.policy, digest: s.o.Keys.Sum(l.policy.Name, *id), cost: l.policy.CostOrDefault()})
+		dg := s.o.Keys.Sum(l.policy.Name, *id)
+		p := rt.terms(l.policy, s.plan(rt, l.policy, r), dg)
+		cost := p.CostOrDefault()
+		checks = append(checks, limitCheck{policy: p, digest: dg, cost: cost, refused: cost > p.Limit})
 	}
 	res, err := s.decideAll(r.Context(), checks, now, reqNum, st.buf[:0])
 	if err != nil {
 		s.unavailable(w)
 		setStatus(span, http.StatusServiceUnavailable)
+		return
+	}
+	if res.denied >= 0 && res.vs[res.denied].Path == 0 {
+		// A limit the request's cost is beyond (SetLimits keeps routes'
+		// costs within every tier's and override's limit: not reached).
+		problem(w, http.StatusTooManyRequests, "cost-beyond-limit", "Too Many Requests", "the request costs more than its limit allows")
+		setStatus(span, http.StatusTooManyRequests)
 		return
 	}
 	if res.denied >= 0 {

@@ -122,9 +122,9 @@ func (s *Server) readTicket(t string) (credit.Verdict, error) {
 	if flags&flagEvent != 0 {
 		v.ChargeSeq = r.uvarint()
 	}
-	p, ok := s.o.Policies[name]
+	p, ok := s.limits.Load().policies[name]
 	if r.bad || len(r.b) != 0 || flags&^(flagDecided|flagEvent) != 0 || shard >= uint64(s.o.Store.Shards()) || !ok ||
-		cost < 1 || cost > uint64(p.Limit) || !limiter.ValidProducer(v.Producer) || (flags&flagEvent != 0 && v.ChargeSeq == 0) ||
+		cost < 1 || cost > limiter.MaxLimit || !limiter.ValidProducer(v.Producer) || (flags&flagEvent != 0 && v.ChargeSeq == 0) ||
 		(flags&flagDecided != 0) != (reset != 0) || reset > limiter.MaxMS || start > limiter.MaxMS {
 		return credit.Verdict{}, errBadTicket
 	}

@@ -80,18 +80,14 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 			log.Warn("rate-limit rules", "warning", w)
 		}
 	}
-	if cfg.Edge.RLS.Listen == "" {
-		// Nothing is read again at run time without the rate-limit
-		// service: SIGHUP says so rather than ending the process.
-		go ignoreHangUps(ctx, log)
-	} else {
+	if cfg.Edge.RLS.Listen != "" {
 		if rls, err = serveRLS(cfg.Edge.RLS.Listen, srv, cfg.APIToken, l.failed, log); err != nil {
 			return err
 		}
-		reloadCtx, stopReload := context.WithCancel(ctx)
-		defer stopReload()
-		go reloadDescriptors(reloadCtx, cfg, srv, 2*time.Second, log)
 	}
+	reloadCtx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+	go reload(reloadCtx, cfg, srv, reloadInterval, log)
 	admin, err := l.serve(cfg.Edge.AdminListen, GuardAdmin(cfg.AdminToken, srv.AdminHandler()), lim)
 	if err != nil {
 		return err
@@ -118,6 +114,9 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	return failed
 }
 
+// reloadInterval is how often the edge looks for a changed configuration.
+const reloadInterval = 2 * time.Second
+
 func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpace, log *slog.Logger, nc, dnc *nats.Conn) edge.Options {
 	var upstream *url.URL
 	if cfg.Edge.Listen != "" {
@@ -128,10 +127,7 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 		host, _ := os.Hostname()
 		source = "edge-checker/" + host
 	}
-	routes := make([]edge.Route, len(cfg.Routes))
-	for i, r := range cfg.Routes {
-		routes[i] = edge.Route{Path: r.Path, Policies: r.Names(), Cost: r.Cost}
-	}
+	l := cfg.Limits()
 	id := cfg.Edge.Identity
 	chargeAtEnd := map[string]bool{}
 	for _, d := range cfg.Edge.RLS.ChargeAtEnd {
@@ -140,8 +136,8 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 	return edge.Options{
 		Store: store, Keys: keys, NATS: nc, DecisionsNATS: dnc, Streams: cfg.NATS.Streams,
 		Outbox: cfg.Edge.Outbox, Decisions: cfg.Edge.Decisions, Credit: cfg.Edge.Credit,
-		Policies: cfg.PolicyMap(), Routes: routes, DefaultPolicy: cfg.Edge.DefaultPolicy,
-		GlobalPolicies: cfg.Edge.GlobalPolicies, AddressKeyed: cfg.AddressKeyed(),
+		Policies: l.Policies, Routes: l.Routes, DefaultPolicy: l.DefaultPolicy, GlobalPolicies: l.GlobalPolicies,
+		AddressKeyed: l.AddressKeyed, Tiers: l.Tiers, Overrides: l.Overrides,
 		Identity:         edge.Identifier{Header: id.Header, Trusted: id.Trusted(), IPv4Prefix: id.IPv4Prefix, IPv6Prefix: id.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
 		Upstream:         upstream, Source: source, Pprof: cfg.Edge.Pprof, Log: log,

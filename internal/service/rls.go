@@ -4,15 +4,9 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"os/signal"
-	"path/filepath"
-	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -23,8 +17,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/tallyhq/tally/internal/config"
-	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/edge"
 )
 
@@ -110,86 +102,4 @@ func (h rlsHealth) Check(_ context.Context, req *healthpb.HealthCheckRequest) (*
 		st = healthpb.HealthCheckResponse_SERVING
 	}
 	return &healthpb.HealthCheckResponse{Status: st}, nil
-}
-
-// reloadDescriptors reads the rate-limit service's rules again on SIGHUP
-// and whenever a file of their directory changes (checked every interval),
-// until ctx ends. A set that cannot be read or used is refused, and the
-// rules in effect stay.
-func reloadDescriptors(ctx context.Context, cfg *config.File, srv *edge.Server, interval time.Duration, log *slog.Logger) {
-	r := &cfg.Edge.RLS
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	current := cfg.Descriptors()
-	seen := dirState(r.Config)
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		why := ""
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-			why = "SIGHUP"
-		case <-t.C:
-			if now := dirState(r.Config); now != seen {
-				seen, why = now, "a file changed"
-			}
-		}
-		if why == "" {
-			continue
-		}
-		next, err := descriptors.LoadDir(r.Config, descriptors.Options{MergeDomains: r.MergeDomains})
-		if err == nil {
-			err = srv.SetDescriptors(next)
-		}
-		if err != nil {
-			log.Error("the rate-limit rules were not reloaded; the rules in effect stay", "why", why, "dir", r.Config, "err", err)
-			continue
-		}
-		changes := descriptors.Diff(current, next)
-		current = next
-		for _, w := range next.Warnings {
-			log.Warn("rate-limit rules", "warning", w)
-		}
-		log.Info("rate-limit rules reloaded", "why", why, "dir", r.Config, "rules", len(next.Rules()), "changes", len(changes),
-			"changed", strings.Join(changes, "; "))
-	}
-}
-
-// dirState sums up a directory's files (names, sizes, times) to notice a
-// change.
-func dirState(dir string) string {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return "unreadable: " + err.Error()
-	}
-	var parts []string
-	for _, e := range entries {
-		info, err := os.Stat(filepath.Join(dir, e.Name()))
-		if err != nil || !info.Mode().IsRegular() {
-			continue
-		}
-		parts = append(parts, fmt.Sprintf("%s:%d:%d", e.Name(), info.Size(), info.ModTime().UnixNano()))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, "|")
-}
-
-// ignoreHangUps answers SIGHUP, until ctx ends, with a log line: an edge
-// without the rate-limit service has nothing to read again (its policies
-// and routes are read at start).
-func ignoreHangUps(ctx context.Context, log *slog.Logger) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-			log.Warn("SIGHUP: nothing to reload; policies and routes are read at start (restart to change them)")
-		}
-	}
 }

@@ -82,7 +82,7 @@ func TestRateLimitServiceFromADirectory(t *testing.T) {
 	require.Contains(t, log.String(), "changed api.client: 2/HOUR → 7/HOUR")
 	// An invalid one is refused; the rules in effect stay.
 	write("-1")
-	testutil.WaitFor(t, "the refusal logged", func() bool { return strings.Contains(log.String(), "were not reloaded") })
+	testutil.WaitFor(t, "the refusal logged", func() bool { return strings.Contains(log.String(), "was not reloaded") })
 	require.Equal(t, uint32(7), limitOf())
 	// SIGHUP reads the directory again (whether or not the watch saw the
 	// change first).

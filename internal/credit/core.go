@@ -278,22 +278,12 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 		}
 		defer c.probing[e.shard].Store(false)
 	}
-	e.inflight++
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
 		Holder: e.holder, Owed: e.owed()}
-	e.mu.Unlock()
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	g, err := c.d.Reserver.Take(ctx, e.key, now, args)
-	cancel()
-	e.lock()
-	e.inflight--
-	c.stats.takes.Add(1)
+	g, full, err := c.takeWaiting(ctx, e, args, now, deadline)
 	if err != nil {
-		c.takeFailed(e, err)
 		return c.fallback(v, e, cost)
 	}
-	c.takeOK(e.shard)
-	full := c.grant(e, g, now)
 	if g.Granted == 0 {
 		e.deniedSince, e.lastCost = true, cost
 		v = c.deny(v, e, PathReserve)
@@ -306,6 +296,28 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 		c.publishFull(e)
 	}
 	return v, nil
+}
+
+// takeWaiting makes a reservation for e and waits for its answer until
+// deadline, releasing e.mu meanwhile, and takes the answer into e: it
+// reports the grant and whether the window is now full for everyone, or
+// the error (the reservation may have been made all the same: takeFailed).
+// Callers hold e.mu.
+func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs, now, deadline time.Time) (limiter.Grant, bool, error) {
+	e.inflight++
+	e.mu.Unlock()
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	g, err := c.d.Reserver.Take(rctx, e.key, now, args)
+	cancel()
+	e.lock()
+	e.inflight--
+	c.stats.takes.Add(1)
+	if err != nil {
+		c.takeFailed(e, err)
+		return g, false, err
+	}
+	c.takeOK(e.shard)
+	return g, c.grant(e, g, now), nil
 }
 
 // startTake starts a reservation for e in the background; e.refill is

@@ -148,19 +148,8 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	if !e.live(now) && !c.suspected(e.shard, now) {
 		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: 1, Want: min(cost, p.Limit), Producer: c.d.Producer,
 			Holder: e.holder, Owed: e.owed()}
-		e.inflight++
-		e.mu.Unlock()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RedisBudget)
-		g, err := c.d.Reserver.Take(rctx, e.key, now, args)
-		cancel()
-		e.lock()
-		e.inflight--
-		c.stats.takes.Add(1)
-		if err != nil {
-			c.takeFailed(e, err)
-		} else {
-			c.takeOK(e.shard)
-			if c.grant(e, g, now) {
+		if _, full, err := c.takeWaiting(ctx, e, args, now, time.Now().Add(c.cfg.RedisBudget)); err == nil {
+			if full {
 				c.publishFull(e)
 			}
 			c.reconcile(e, now)

@@ -179,7 +179,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 		{"the denied path (windows full)", b.denied},
 		{"one hot key offered 5x its limit from 1, 2 and 4 edges, modes auto and async", b.hotKey},
 		{"accountant throughput, with and without WAIT", b.accountantThroughput},
-		{"accounting lag at half load, with a burst on one key", b.lag},
+		{"accounting lag under several loads, with a burst on one key", b.lag},
 	}
 	for _, s := range steps {
 		if b.only != "" && !strings.Contains(s.name, b.only) {

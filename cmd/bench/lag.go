@@ -121,8 +121,8 @@ func (b *bench) applyEvents(ctx context.Context, n int, producer string) (float6
 	return 0, fmt.Errorf("the accountant did not apply %d events in 2 minutes", n)
 }
 
-// lag: half of auto's saturation on the decision API, while 1,000
-// revalidations per second go through the proxy in mode exact (each answered
+// lag: each of lagLoads — a share of auto's saturation on the decision API,
+// while revalidations go through the proxy in mode exact (each answered
 // 304, each refund an accounting event) and one key sends a burst of 80
 // back-to-back revalidations every second. Lag: an event's creation at the
 // edge to its effect in Redis. Measured on both routes of accounting events:
@@ -138,11 +138,10 @@ func (b *bench) lag(ctx context.Context) error {
 		auto = res.Throughput()
 		time.Sleep(3 * time.Second) // the credit of that run is given back (idle_release) before measuring
 	}
-	// Each route at half load, at a quarter (a load that leaves the machine
-	// a free core), then with no decision API load: the last run separates
-	// the pipeline's own latency from the wait for a core.
-	for _, share := range lagShares {
-		r, err := b.lagRun(ctx, auto, share, b.apiAddrs[0], b.proxyAddr, b.cfg.Accountant.AdminListen, "tally_accountant_lag_seconds",
+	// Each route under each load: the lighter ones separate the pipeline's
+	// own latency from the wait for a core.
+	for _, l := range lagLoads {
+		r, err := b.lagRun(ctx, auto, l.share, l.side, b.apiAddrs[0], b.proxyAddr, b.cfg.Accountant.AdminListen, "tally_accountant_lag_seconds",
 			b.edges[0].AdminAddr, b.cfg.Accountant.AdminListen)
 		if err != nil {
 			return err
@@ -164,8 +163,8 @@ func (b *bench) lag(ctx context.Context) error {
 		return err
 	}
 	defer p.Stop()
-	for _, share := range lagShares {
-		r, err := b.lagRun(ctx, auto, share, f.Edge.APIListen, f.Edge.Listen, f.Edge.AdminListen, "tally_edge_accounting_lag_seconds",
+	for _, l := range lagLoads {
+		r, err := b.lagRun(ctx, auto, l.share, l.side, f.Edge.APIListen, f.Edge.Listen, f.Edge.AdminListen, "tally_edge_accounting_lag_seconds",
 			f.Edge.AdminListen, "")
 		if err != nil {
 			return err
@@ -176,17 +175,18 @@ func (b *bench) lag(ctx context.Context) error {
 	return nil
 }
 
-// lagShares are the shares of auto's saturation on the decision API during
-// the lag runs.
-var lagShares = []float64{0.5, 0.25, 0}
+// lagLoads are the loads of the lag runs: a share of auto's saturation on
+// the decision API, and revalidations per second through the proxy (each
+// a 304 refund: an accounting event). The last leaves the machine a core
+// free (its report says how many were busy).
+var lagLoads = []struct{ share, side float64 }{{0.5, 1000}, {0.25, 1000}, {0, 1000}, {0, 250}}
 
 // lagRun measures accounting lag while the decision API takes share of
-// auto's saturation (none when share is 0), 1,000 revalidations per second
-// go through the proxy in mode exact and one key bursts every second.
-// It also reads how long goroutines waited for a CPU in the edge and the
-// accountant (when there is one on the route) meanwhile.
-func (b *bench) lagRun(ctx context.Context, auto, share float64, api, proxy, metricsAddr, histogram, edgeAdmin, accAdmin string) (lagResult, error) {
-	const sideRate = 1000.0
+// auto's saturation (none when share is 0), sideRate revalidations per
+// second go through the proxy in mode exact and one key bursts every
+// second. It also reads how long goroutines waited for a CPU in the edge
+// and the accountant (when there is one on the route) meanwhile.
+func (b *bench) lagRun(ctx context.Context, auto, share, sideRate float64, api, proxy, metricsAddr, histogram, edgeAdmin, accAdmin string) (lagResult, error) {
 	reval := make([][]byte, keys)
 	for i := range reval {
 		reval[i] = []byte("GET /repos/tally HTTP/1.1\r\nHost: bench\r\nAuthorization: client-" + strconv.Itoa(i) +

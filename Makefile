@@ -1,6 +1,7 @@
 # Tally: one entry point for building, testing and benchmarking.
 # `make test` and `make bench` install Debian's redis-server (and `make test`
-# Debian's prometheus, for promtool and a real scrape) when they are missing.
+# Debian's prometheus, for promtool and a real scrape, and nginx and caddy,
+# which Tally is tested behind) when they are missing.
 
 GO        ?= go
 PKGS      ?= ./...
@@ -10,7 +11,7 @@ BENCHFLAGS ?=
 REDIS_MIN_MAJOR := 7
 
 .DEFAULT_GOAL := help
-.PHONY: help build test lint bench microbench demo binaries redis-server prometheus
+.PHONY: help build test lint bench microbench demo binaries redis-server prometheus gateways
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -23,7 +24,7 @@ binaries:
 	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench
 	$(GO) build -o bin/nats-server github.com/nats-io/nats-server/v2
 
-test: redis-server prometheus ## Run every test with the race detector (real Redis, NATS and Prometheus; no mocks).
+test: redis-server prometheus gateways ## Run every test with the race detector (real Redis, NATS, Prometheus, nginx and Caddy; no mocks).
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 lint: ## Check formatting (gofmt) and run go vet.
@@ -39,6 +40,23 @@ microbench: redis-server ## Go benchmarks of the window layer (scripts on real R
 
 demo: redis-server binaries ## Run the whole pipeline locally: Redis shards, NATS, accountant, edge, traffic, summary.
 	./bin/demo
+
+# gateways: the tests run Tally behind real nginx and Caddy (Debian's
+# packages), installed when missing as below.
+gateways:
+	@missing=""; \
+	command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	command -v caddy >/dev/null 2>&1 || missing="$$missing caddy"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "missing:$$missing: installing Debian's packages"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
+	      || { echo "installing$$missing failed" >&2; exit 1; }; \
+	  else \
+	    echo "$$missing are missing. Install them, e.g. 'sudo apt-get install$$missing', and run make again." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
 
 # prometheus: promtool checks the alert rules in deploy/prometheus, and the
 # fault suite has a real Prometheus scrape both binaries. Installed from

@@ -159,6 +159,23 @@ type Edge struct {
 	Outbox    outbox.Config        `yaml:"outbox"`
 	Decisions edge.DecisionsConfig `yaml:"decisions"`
 	RLS       RLS                  `yaml:"rls"`
+	// ForwardAuth answers gateways' forward-auth requests (nginx
+	// auth_request, Traefik ForwardAuth, Caddy forward_auth).
+	ForwardAuth ForwardAuth `yaml:"forward_auth"`
+}
+
+// ForwardAuth is the forward-auth listener (docs/nginx.md, docs/traefik.md,
+// docs/caddy.md).
+type ForwardAuth struct {
+	// Listen serves /auth/nginx, /auth/traefik and /auth/caddy. Empty: off.
+	Listen string `yaml:"listen"`
+	// Gateways are the addresses (or CIDRs) of the gateways: only their
+	// requests and access logs are believed. Required with Listen.
+	Gateways []string `yaml:"gateways"`
+	// LogListen is a UDP address for the gateways' access logs (nginx's
+	// syslog, Caddy's JSON), from which 304s get their charge back.
+	// Empty: none.
+	LogListen string `yaml:"log_listen"`
 }
 
 // RLS serves Envoy's rate-limit service over gRPC

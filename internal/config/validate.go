@@ -200,7 +200,7 @@ func (f *File) validatePolicies() error {
 			return fieldErr(fmt.Sprintf("edge.global_policies[%d]", i), "unknown policy %q", name)
 		}
 	}
-	if len(f.Policies) == 0 && (f.Edge.Listen != "" || f.Edge.APIListen != "") {
+	if len(f.Policies) == 0 && (f.Edge.Listen != "" || f.Edge.APIListen != "" || f.Edge.ForwardAuth.Listen != "") {
 		return fieldErr("policies", "the edge needs at least one policy (the rate-limit service, edge.rls, needs none)")
 	}
 	return nil
@@ -241,6 +241,9 @@ func (f *File) validateEdge() error {
 		}
 	}
 	if err := f.validateRLS(); err != nil {
+		return err
+	}
+	if err := f.validateForwardAuth(); err != nil {
 		return err
 	}
 	for _, sec := range []struct {
@@ -317,6 +320,37 @@ func validHost(h string) bool {
 		}
 	}
 	return true
+}
+
+// validateForwardAuth checks the forward-auth listener's settings.
+func (f *File) validateForwardAuth() error {
+	fa := &f.Edge.ForwardAuth
+	if fa.Listen == "" {
+		if len(fa.Gateways) > 0 || fa.LogListen != "" {
+			return fieldErr("edge.forward_auth.listen", "empty: set it to answer the gateways")
+		}
+		return nil
+	}
+	if len(fa.Gateways) == 0 {
+		return fieldErr("edge.forward_auth.gateways", "empty: name the gateways' addresses (only their requests are believed)")
+	}
+	for i, g := range fa.Gateways {
+		if _, err := parsePrefix(g); err != nil {
+			return fieldErr(fmt.Sprintf("edge.forward_auth.gateways[%d]", i), "%q: want an address or CIDR", g)
+		}
+	}
+	return nil
+}
+
+// Gateways are edge.forward_auth.gateways as prefixes.
+func (f *File) Gateways() []netip.Prefix {
+	var out []netip.Prefix
+	for _, g := range f.Edge.ForwardAuth.Gateways {
+		if p, err := parsePrefix(g); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // validateRLS checks the rate-limit service's settings and reads its rules.

@@ -103,6 +103,7 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	recordMessages := counter("tally_edge_decision_messages", "Decision messages JetStream acknowledged.")
 	recordsQueued := gauge("tally_edge_decision_records_queued", "Decision records waiting to be published (beyond edge.decisions.buffer: dropped).")
 	reloads := counter("tally_edge_script_reloads", "Lua scripts sent again to a Redis node that did not have them (NOSCRIPT).")
+	accessLog := counter("tally_edge_access_log_entries", "Gateways' access-log entries: 304s refunded, other statuses ignored, unreadable, not from a gateway, failed.")
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -144,6 +145,9 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		for i := range s.finishes {
 			o.ObserveInt64(finishes, u(s.finishes[i].Load()), attr("result", finishNames[i]))
 		}
+		for i := range s.logEntries {
+			o.ObserveInt64(accessLog, u(s.logEntries[i].Load()), attr("outcome", logNames[i]))
+		}
 		o.ObserveInt64(rechecks, u(d.Rechecks))
 		o.ObserveInt64(keys, d.Keys)
 		o.ObserveInt64(evicted, u(d.Evicted))
@@ -166,7 +170,7 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		}
 		return nil
 	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices, finishes,
-		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads)
+		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, accessLog)
 	return err
 }
 

@@ -10,6 +10,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"path"
 	"strconv"
@@ -149,6 +150,10 @@ type Options struct {
 	// per batch of accounting events published (producer, linked to the
 	// requests). Without it the edge forwards the traceparent it received.
 	Tracer trace.Tracer
+	// Gateways are the addresses of the gateways whose forward-auth
+	// requests (ForwardAuthHandler) and access logs (ServeAccessLog) are
+	// believed; nobody else's are.
+	Gateways []netip.Prefix
 	// Descriptors are the rules of Envoy's rate-limit service
 	// (RateLimitService), in envoyproxy/ratelimit's format; SetDescriptors
 	// replaces them. RLS says how the service decides.
@@ -159,32 +164,37 @@ type Options struct {
 // Server holds the edge's handlers and its background work: the table of
 // windows, the outbox of accounting events, notices and decisions.
 type Server struct {
-	o         Options
-	limits    atomic.Pointer[routing] // the terms in effect (SetLimits)
-	proxy     *httputil.ReverseProxy
-	core      *credit.Core
-	outbox    *outbox.Outbox
-	batcher   *events.Batcher
-	notices   *events.Notices
-	ticketKey []byte
-	ready     *readiness
-	sub       *nats.Subscription
-	log       *telemetry.RateLog
-	draining  atomic.Bool
-	reqs      atomic.Uint64 // request ids
-	macs      sync.Pool     // of hash.Hash: HMAC-SHA256 keyed for tickets
-	dseq      atomic.Uint64 // decision record ids
-	stop      chan struct{}
-	done      sync.WaitGroup
-	closed    atomic.Bool
-	telemetry *telemetry.Metrics
-	rls       atomic.Pointer[rlsRules] // the rate-limit service's rules
+	o      Options
+	limits atomic.Pointer[routing] // the terms in effect (SetLimits)
+	// gatewayIdentity is o.Identity with the gateways trusted as proxies.
+	gatewayIdentity Identifier
+	proxy           *httputil.ReverseProxy
+	core            *credit.Core
+	outbox          *outbox.Outbox
+	batcher         *events.Batcher
+	notices         *events.Notices
+	ticketKey       []byte
+	ready           *readiness
+	sub             *nats.Subscription
+	log             *telemetry.RateLog
+	draining        atomic.Bool
+	reqs            atomic.Uint64 // request ids
+	macs            sync.Pool     // of hash.Hash: HMAC-SHA256 keyed for tickets
+	dseq            atomic.Uint64 // decision record ids
+	stop            chan struct{}
+	done            sync.WaitGroup
+	closed          atomic.Bool
+	telemetry       *telemetry.Metrics
+	rls             atomic.Pointer[rlsRules] // the rate-limit service's rules
 	// decisionTime records decision latency, per path.
 	decisionTime [credit.PathFailOpen + 1]decisionTimer
 	// decisionLevel is the level of per-decision log lines.
 	decisionLevel slog.Level
 
 	badRequests, finished atomic.Uint64
+	// logEntries counts gateways' access-log entries by what was done with
+	// them (logNames).
+	logEntries [logKinds]atomic.Uint64
 	// finishes counts /v1/finish answers by kind (finishNames).
 	finishes [finishKinds]atomic.Uint64
 }
@@ -225,6 +235,7 @@ func New(o Options) (*Server, error) {
 		notices: events.NewNotices(o.Keys.Derive(events.NoticeKeyLabel)), ticketKey: o.Keys.Derive(ticketKeyLabel),
 		ready: newReadiness(o.Store.Shards())}
 	_ = s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)) // validated above
+	s.gatewayIdentity = gatewayIdentifier(o)
 	if err := s.SetLimits(o.Limits()); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}

@@ -239,9 +239,12 @@ func (r *route) matchesHost(host string) bool {
 	return host == r.host
 }
 
-// requestHost is r's host as routes match it: without its port, lower case.
-func requestHost(r *http.Request) string {
-	h := r.Host
+// requestHost is r's host as routes match it.
+func requestHost(r *http.Request) string { return hostOnly(r.Host) }
+
+// hostOnly is a Host value as routes match it: without its port, lower
+// case.
+func hostOnly(h string) string {
 	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.HasSuffix(h, "]") {
 		h = h[:i]
 	}
@@ -267,9 +270,9 @@ func (rt *routing) terms(p limiter.Policy, plan string, dg limiter.Digest) limit
 // plan is the client's plan for p on a proxied request: the tier header's
 // value, believed only from a trusted proxy (anyone else could name any
 // plan).
-func (s *Server) plan(rt *routing, p limiter.Policy, r *http.Request) string {
+func (s *Server) plan(rt *routing, p limiter.Policy, r *http.Request, id Identifier) string {
 	ts, ok := rt.tiers[p.Name]
-	if !ok || ts.Header == "" || !s.o.Identity.trusted(parseAddr(r.RemoteAddr)) {
+	if !ok || ts.Header == "" || !id.trusted(parseAddr(r.RemoteAddr)) {
 		return ""
 	}
 	return r.Header.Get(ts.Header)

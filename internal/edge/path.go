@@ -3,6 +3,7 @@ package edge
 import (
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -34,13 +35,16 @@ var errAmbiguousPath = errors.New("the request path is ambiguous: dot segments, 
 
 // requestPath returns the path a request is matched and forwarded by, or
 // errAmbiguousPath.
-func requestPath(r *http.Request) (string, error) {
-	p := r.URL.Path
-	raw := r.URL.RawPath
+func requestPath(r *http.Request) (string, error) { return urlPath(r.URL) }
+
+// urlPath is requestPath of a URL (a forward-auth request's original URI).
+func urlPath(u *url.URL) (string, error) {
+	p := u.Path
+	raw := u.RawPath
 	if raw == "" {
 		raw = p
 	}
-	if p == "" || p[0] != '/' || r.URL.Opaque != "" {
+	if p == "" || p[0] != '/' || u.Opaque != "" {
 		return "", errAmbiguousPath
 	}
 	for i := 0; i+2 < len(raw); i++ {

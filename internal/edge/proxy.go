@@ -97,26 +97,13 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	traceparent := s.traceParent(r)
 	// Whose windows the request counts in, first: a request refused for
 	// its identity touches none.
-	var identity, address string
 	st := &proxyState{}
-	checks := st.checks[:0]
-	for _, l := range limits {
-		id := &identity
-		if l.byAddress {
-			id = &address
-		}
-		if *id == "" {
-			if *id, err = s.identity(r, l.byAddress); err != nil {
-				s.badRequests.Add(1)
-				problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
-				setStatus(span, http.StatusBadRequest)
-				return
-			}
-		}
-		dg := s.o.Keys.Sum(l.policy.Name, *id)
-		p := rt.terms(l.policy, s.plan(rt, l.policy, r), dg)
-		cost := p.CostOrDefault()
-		checks = append(checks, limitCheck{policy: p, digest: dg, cost: cost, refused: cost > p.Limit})
+	checks, err := s.requestChecks(r, s.o.Identity, rt, limits, st.checks[:0])
+	if err != nil {
+		s.badRequests.Add(1)
+		problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
+		setStatus(span, http.StatusBadRequest)
+		return
 	}
 	res, err := s.decideAll(r.Context(), checks, now, reqNum, st.buf[:0])
 	if err != nil {
@@ -155,6 +142,34 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	s.finish(st.vs, status)
 	setStatus(span, status)
+}
+
+// requestChecks are the limits an HTTP request is held to, each in its
+// terms for the client (its tier, its override), with its window's digest
+// and the request's cost, appended to checks. id says whose window the
+// request counts in (its identity header, or its address through the
+// proxies id trusts); an identity it cannot use is the error.
+func (s *Server) requestChecks(r *http.Request, id Identifier, rt *routing, limits []limit, checks []limitCheck) ([]limitCheck, error) {
+	var identity, address string
+	for _, l := range limits {
+		who := &identity
+		if l.byAddress {
+			who = &address
+		}
+		if *who == "" {
+			var err error
+			if l.byAddress {
+				*who = id.Address(r)
+			} else if *who, err = id.Identity(r); err != nil {
+				return nil, err
+			}
+		}
+		dg := s.o.Keys.Sum(l.policy.Name, *who)
+		p := rt.terms(l.policy, s.plan(rt, l.policy, r, id), dg)
+		cost := p.CostOrDefault()
+		checks = append(checks, limitCheck{policy: p, digest: dg, cost: cost, refused: cost > p.Limit})
+	}
+	return checks, nil
 }
 
 // validTraceParent is a client's traceparent header when it is a valid W3C

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -85,6 +86,27 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 			return err
 		}
 	}
+	if fa := cfg.Edge.ForwardAuth; fa.Listen != "" {
+		hs, err := l.serve(fa.Listen, srv.ForwardAuthHandler(), lim)
+		if err != nil {
+			return err
+		}
+		serving = append(serving, hs)
+		if fa.LogListen != "" {
+			pc, err := net.ListenPacket("udp", fa.LogListen)
+			if err != nil {
+				return err
+			}
+			log.Info("listening", "addr", pc.LocalAddr().String(), "serves", "gateways' access logs (UDP)")
+			logCtx, stopLogs := context.WithCancel(ctx)
+			defer stopLogs()
+			go func() {
+				if err := srv.ServeAccessLog(logCtx, pc); err != nil {
+					l.failed <- err
+				}
+			}()
+		}
+	}
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
 	go reload(reloadCtx, cfg, srv, reloadInterval, log)
@@ -141,7 +163,7 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 		Identity:         edge.Identifier{Header: id.Header, Trusted: id.Trusted(), IPv4Prefix: id.IPv4Prefix, IPv6Prefix: id.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
 		Upstream:         upstream, Source: source, Pprof: cfg.Edge.Pprof, Log: log,
-		Descriptors: cfg.Descriptors(), RLS: edge.RLSConfig{Mode: cfg.Edge.RLS.Mode, ResponseHeaders: cfg.Edge.RLS.ResponseHeaders,
+		Gateways: cfg.Gateways(), Descriptors: cfg.Descriptors(), RLS: edge.RLSConfig{Mode: cfg.Edge.RLS.Mode, ResponseHeaders: cfg.Edge.RLS.ResponseHeaders,
 			ChargeAtEnd: chargeAtEnd},
 	}
 }

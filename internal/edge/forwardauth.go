@@ -1,0 +1,225 @@
+package edge
+
+import (
+	"context"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/tallyhq/tally/internal/credit"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// Forward-auth: the front door of gateways that ask an outside service
+// whether to let each request through — nginx's auth_request, Traefik's
+// ForwardAuth, Caddy's forward_auth. The gateway sends the original
+// request's headers, and its method, URI and host in headers of its own;
+// the edge decides the original request as its proxy would, and answers
+// 2xx with the rate-limit headers for the gateway to copy, or a denial the
+// gateway passes on. Only a configured gateway is believed: anyone else is
+// refused before anything is decided (its forwarded headers could name any
+// method, path, host or client).
+//
+// Three paths, one per gateway's way of passing a denial on:
+//
+//	/auth/nginx    nginx understands only 2xx, 401 and 403 from the auth
+//	               service (anything else becomes a 500): a denial is 403
+//	               with the headers, which error_page turns into a 429
+//	/auth/traefik  any other answer goes to the client as it is: a denial
+//	/auth/caddy    is 429 with Retry-After and a problem body
+//
+// An allowed answer carries Tally-Request-Id: the request's signed ticket
+// (several, comma-separated, when it is held to several limits). A gateway
+// that sends Tally its access log (nginx over syslog, Caddy as JSON over
+// UDP: LogListener) with that id and the response's status gets its 304s'
+// charges back, once.
+
+// The paths of the forward-auth handler.
+const (
+	forwardAuthNginx   = "/auth/nginx"
+	forwardAuthTraefik = "/auth/traefik"
+	forwardAuthCaddy   = "/auth/caddy"
+)
+
+// RequestIDHeader carries an allowed forward-auth request's tickets.
+const RequestIDHeader = "Tally-Request-Id"
+
+// ForwardAuthHandler serves gateways' forward-auth requests. Options.Gateways
+// are the addresses believed; a caller from anywhere else is refused (403).
+func (s *Server) ForwardAuthHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(forwardAuthNginx, func(w http.ResponseWriter, r *http.Request) { s.forwardAuth(w, r, true) })
+	for _, p := range []string{forwardAuthTraefik, forwardAuthCaddy} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) { s.forwardAuth(w, r, false) })
+	}
+	return mux
+}
+
+// gateway reports whether r comes from a configured gateway.
+func (s *Server) gateway(r *http.Request) bool {
+	a := parseAddr(r.RemoteAddr)
+	for _, p := range s.o.Gateways {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardAuth decides the original request of a gateway's auth request.
+// nginx: a denial is 403 (which nginx's error_page turns into a 429).
+func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request, nginx bool) {
+	if !s.gateway(r) {
+		s.badRequests.Add(1)
+		problem(w, http.StatusForbidden, "not-a-gateway", "Forbidden",
+			"forward-auth answers configured gateways only (edge.forward_auth.gateways)")
+		return
+	}
+	method, uri, host := original(r)
+	if method == "" || uri == "" {
+		// A gateway that does not send them is misconfigured: nginx turns
+		// this 400 into a 500, which shows.
+		s.badRequest(w, "X-Forwarded-Method and X-Forwarded-Uri (or X-Original-URI) are required: the gateway's configuration sends them")
+		return
+	}
+	u, err := url.ParseRequestURI(uri)
+	var path string
+	if err == nil {
+		path, err = urlPath(u)
+	}
+	if err != nil {
+		s.badRequests.Add(1)
+		status := http.StatusBadRequest
+		if nginx {
+			status = http.StatusForbidden
+		}
+		problem(w, status, "ambiguous-path", "Bad Request", errAmbiguousPath.Error())
+		return
+	}
+	rt := s.limits.Load()
+	limits := rt.limitsFor(path, method, hostOnly(host))
+	if len(limits) == 0 {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	now := s.o.Clock.Now()
+	reqNum := s.reqs.Add(1)
+	var span trace.Span = noop.Span{}
+	if s.o.Tracer != nil {
+		r, span = s.startServerSpan(r, "")
+		defer span.End()
+	}
+	traceparent := s.traceParent(r)
+	var buf [4]limitCheck
+	checks, err := s.requestChecks(r, s.gatewayIdentity, rt, limits, buf[:0])
+	if err != nil {
+		s.badRequest(w, err.Error())
+		return
+	}
+	res, err := s.decideAll(r.Context(), checks, now, reqNum, nil)
+	if err != nil {
+		s.unavailable(w)
+		setStatus(span, http.StatusServiceUnavailable)
+		return
+	}
+	if res.denied >= 0 {
+		v := res.vs[res.denied]
+		status := http.StatusTooManyRequests
+		if nginx {
+			status = http.StatusForbidden
+		}
+		if v.Path == 0 { // its cost is beyond its limit
+			problem(w, status, "cost-beyond-limit", "Too Many Requests", "the request costs more than its limit allows")
+			return
+		}
+		v.TraceParent = traceparent
+		s.record(v, traceparent)
+		s.denyWith(w, v, status)
+		setStatus(span, status)
+		return
+	}
+	ids := make([]byte, 0, 96*len(res.vs))
+	for i, v := range res.vs {
+		v.TraceParent = traceparent
+		s.record(v, traceparent)
+		if v.Allowed() && v.Cost > 0 {
+			if len(ids) > 0 {
+				ids = append(ids, ',')
+			}
+			ids = append(ids, s.ticket(res.vs[i])...)
+		}
+	}
+	h := w.Header()
+	if shown := tightest(res.vs); shown >= 0 && res.vs[shown].Decided {
+		setHeaders(h, res.vs[shown].Decision)
+	}
+	if len(ids) > 0 {
+		h.Set(RequestIDHeader, string(ids))
+	}
+	w.WriteHeader(http.StatusOK)
+	setStatus(span, http.StatusOK)
+}
+
+// original is what a gateway says of the request it asks about: its
+// method, URI (path and query) and host, from the headers each gateway
+// sends (X-Forwarded-Method, -Uri, -Host: Traefik, Caddy, and nginx as
+// deploy/nginx sets them; X-Original-Method, -URI as older nginx
+// configurations name them).
+func original(r *http.Request) (method, uri, host string) {
+	method = first(r.Header.Get("X-Forwarded-Method"), r.Header.Get("X-Original-Method"))
+	uri = first(r.Header.Get("X-Forwarded-Uri"), r.Header.Get("X-Original-URI"))
+	host = first(r.Header.Get("X-Forwarded-Host"), r.Host)
+	return strings.ToUpper(method), uri, host
+}
+
+func first(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// denyWith answers a denial with status: the decision's headers,
+// Retry-After, and a problem body.
+func (s *Server) denyWith(w http.ResponseWriter, v credit.Verdict, status int) {
+	d := v.Decision
+	setHeaders(w.Header(), d)
+	problem(w, status, "rate-limited", "Too Many Requests",
+		"rate limit "+strconv.Quote(d.Resource)+" of "+strconv.FormatInt(d.Limit, 10)+" per "+d.Window.String()+
+			" exceeded; the window resets in "+d.RetryAfter().String())
+}
+
+// gatewayIdentifier is o.Identity with the gateways trusted as proxies: a
+// forward-auth request's client is the right-most address of its
+// X-Forwarded-For that is not a gateway's or a trusted proxy's.
+func gatewayIdentifier(o Options) Identifier {
+	id := o.Identity
+	id.Trusted = append(append([]netip.Prefix(nil), o.Identity.Trusted...), o.Gateways...)
+	return id
+}
+
+// finishTicket finishes a request of one ticket with its response's status
+// (a gateway's access log): a 304 gives its charge back, once. It says what
+// finishing did.
+func (s *Server) finishTicket(ctx context.Context, id string, status int) (limiter.FinishOutcome, error) {
+	v, err := s.readTicket(id)
+	if err != nil {
+		return 0, err
+	}
+	now := s.o.Clock.Now()
+	if !now.Before(v.Expires()) || (!v.Decided && v.ChargeSeq == 0) {
+		return limiter.FinishLate, nil // nothing left to give back
+	}
+	ctx, cancel := context.WithTimeout(ctx, finishTimeout)
+	defer cancel()
+	res, err := s.core.Finish(ctx, v, status, now)
+	if err == nil && status == http.StatusNotModified && res.Outcome != limiter.AlreadyFinished && res.Outcome != limiter.FinishLate {
+		s.recordFinish(v, res, now)
+	}
+	return res.Outcome, err
+}

@@ -51,7 +51,7 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) bool {
 			it.bad = fmt.Errorf("%w: the subject names no producer (want %s.<producer>)", events.ErrInvalidEvent,
 				events.AccountingSubject(a.cfg.Streams.Accounting.SubjectPrefix, w.name, ""))
 		} else {
-			it.evs, it.bad = events.DecodeAccounting(w.name, producer, m.Data())
+			it.evs, it.bad = events.DecodeAccounting(w.name, producer, m.Headers(), m.Data())
 		}
 		a.msgEvents.Record(context.Background(), int64(len(it.evs)))
 		if it.bad == nil {

@@ -199,7 +199,7 @@ func TestRefusedEventIsSetAsideAlone(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "1 of its 3 events")
 	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "WRONGTYPE")
-	evs, err := events.DecodeAccounting("s0", "edge-1", m.Data())
+	evs, err := events.DecodeAccounting("s0", "edge-1", m.Headers(), m.Data())
 	require.NoError(t, err)
 	require.Len(t, evs, 1)
 	require.Equal(t, bad.Digest().String(), evs[0].Key)

@@ -7,7 +7,8 @@ import (
 
 // Entry is one (key, value) of a request's descriptor.
 type Entry struct {
-	Key, Value string
+	Key   string `json:"key"`
+	Value string `json:"value"`
 }
 
 // Match is the rule a descriptor falls under.

@@ -107,7 +107,7 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 		s.badRequest(w, "tier: want at most 256 bytes")
 		return
 	}
-	dg := s.o.Keys.Sum(p.Name, "h:"+req.Identity)
+	dg := s.o.Keys.Sum(p.Name, limiter.APIIdentity(req.Identity))
 	p = rt.terms(p, req.Tier, dg)
 	if req.Cost < 0 || req.Cost > p.Limit {
 		s.badRequest(w, fmt.Sprintf("cost %d: want 1 to the limit (%d)", req.Cost, p.Limit))

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"net/textproto"
 	"strings"
+
+	"github.com/tallyhq/tally/internal/limiter"
 )
 
 // MaxIdentityLen bounds an identity header's value.
@@ -50,8 +52,8 @@ func (id Identifier) Identity(r *http.Request) (string, error) {
 			if len(vs[0]) > MaxIdentityLen {
 				return "", errIdentityTooLong
 			}
-			if v := normaliseCredential(id.Header, vs[0]); v != "" {
-				return "h:" + v, nil
+			if h := limiter.HeaderIdentity(id.Header, vs[0]); h != "" {
+				return h, nil
 			}
 		}
 	}
@@ -71,28 +73,11 @@ func hopByHop(h http.Header, header string) bool {
 	return false
 }
 
-// normaliseCredential is v without surrounding whitespace; for the
-// Authorization headers, also with its scheme in lower case and one space
-// between every run of whitespace-separated words (auth-scheme is
-// case-insensitive, and its separator is whitespace of any length).
-func normaliseCredential(header, v string) string {
-	v = strings.Trim(v, " \t")
-	if !strings.EqualFold(header, "Authorization") && !strings.EqualFold(header, "Proxy-Authorization") {
-		return v
-	}
-	f := strings.FieldsFunc(v, func(r rune) bool { return r == ' ' || r == '\t' })
-	if len(f) == 0 {
-		return ""
-	}
-	f[0] = strings.ToLower(f[0])
-	return strings.Join(f, " ")
-}
-
 // Address is the request's client address as an identity, grouped by the
 // configured prefixes: the same string Identity returns for a request
 // without an identity header.
 func (id Identifier) Address(r *http.Request) string {
-	return "ip:" + id.group(id.ClientIP(r)).String()
+	return limiter.AddressIdentity(limiter.GroupAddress(id.ClientIP(r), id.IPv4Prefix, id.IPv6Prefix))
 }
 
 // ClientIP is the address of the client: the peer, unless the peer is a
@@ -130,20 +115,6 @@ func (id Identifier) trusted(a netip.Addr) bool {
 		}
 	}
 	return false
-}
-
-// group masks an address to its configured prefix, so that a client
-// rotating through its IPv6 /64 does not mint fresh windows.
-func (id Identifier) group(a netip.Addr) netip.Prefix {
-	bits := id.IPv4Prefix
-	if a.Is6() {
-		bits = id.IPv6Prefix
-	}
-	if !a.IsValid() {
-		return netip.Prefix{}
-	}
-	p, _ := a.Prefix(min(bits, a.BitLen()))
-	return p
 }
 
 // parseHop reads one X-Forwarded-For entry: an address, or an address

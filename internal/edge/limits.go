@@ -206,7 +206,7 @@ func (s *Server) SetLimits(l Limits) error {
 			}
 			id := o.Identity
 			if !strings.HasPrefix(id, "ip:") {
-				id = "h:" + normaliseCredential(s.o.Identity.Header, id)
+				id = "h:" + limiter.NormaliseCredential(s.o.Identity.Header, id)
 			}
 			rt.overrides[s.o.Keys.Sum(name, id)] = o.Limit
 			rt.keyed[name] = true

@@ -231,12 +231,12 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			continue // a check against a rule of 0 requests: nothing to read, and it passes
 		}
 		if f.atEnd {
-			v := s.core.Charge(ctx, f.policy, f.cost, s.o.Keys.Sum(f.policy.Name, "d:"+f.counter), now, reqNum)
+			v := s.core.Charge(ctx, f.policy, f.cost, s.o.Keys.Sum(f.policy.Name, limiter.DescriptorIdentity(f.counter)), now, reqNum)
 			it.charged = &v
 			continue
 		}
 		it.check = len(checks)
-		checks = append(checks, limitCheck{policy: f.policy, digest: s.o.Keys.Sum(f.policy.Name, "d:"+f.counter), cost: f.cost,
+		checks = append(checks, limitCheck{policy: f.policy, digest: s.o.Keys.Sum(f.policy.Name, limiter.DescriptorIdentity(f.counter)), cost: f.cost,
 			quota: it.rule.Quota, refused: f.cost > it.rule.Limit})
 	}
 	res, err := s.decideAll(ctx, checks, now, reqNum, nil)

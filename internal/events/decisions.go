@@ -46,8 +46,8 @@ type Decision struct {
 	ResetAt time.Time
 	// Outcome is set on an accountant's records: what applying an
 	// accounting event did (charged, refunded, released, duplicate, late,
-	// netted, pending). Path is then "accountant" and Edge the event's
-	// producer.
+	// netted, pending). Path is then "accountant" and Edge the
+	// accountant's id; RequestID joins it to the edge's record.
 	Outcome string
 	// RequestID, when set, is the request id (an accountant's record
 	// carries the event's); otherwise it is "<Edge>-<RequestNum>".

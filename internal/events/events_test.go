@@ -48,7 +48,7 @@ func TestAccountingRoundTrip(t *testing.T) {
 	require.Equal(t, "edge.7f3a.s0.1-3", m.Header.Get(events.HeaderMsgID))
 	require.Equal(t, events.ContentTypeBatch, m.Header.Get(events.HeaderContentType))
 
-	got, err := events.DecodeAccounting("s0", "edge.7f3a", m.Data)
+	got, err := events.DecodeAccounting("s0", "edge.7f3a", m.Header, m.Data)
 	require.NoError(t, err)
 	require.Len(t, got, 3)
 	for i := range batch {
@@ -80,16 +80,82 @@ func TestAccountingRoundTrip(t *testing.T) {
 
 	// One structured event (not a batch) decodes too.
 	one := events.AppendAccounting(nil, "s0", &batch[0])
-	got, err = events.DecodeAccounting("s0", "edge.7f3a", one)
+	got, err = events.DecodeAccounting("s0", "edge.7f3a", nil, one)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 
 	// A traceparent that is not a valid one is dropped, not a reason to
 	// refuse the events.
 	bad := strings.Replace(string(one), tp, "00-"+strings.Repeat("x", 52), 1)
-	got, err = events.DecodeAccounting("s0", "edge.7f3a", []byte(bad))
+	got, err = events.DecodeAccounting("s0", "edge.7f3a", nil, []byte(bad))
 	require.NoError(t, err)
 	require.Empty(t, got[0].TraceParent)
+}
+
+// Accounting events arrive in the CloudEvents NATS binding's binary mode,
+// as one structured event, or as a batch; the headers say which, and a body
+// that does not match its declared mode is refused.
+func TestAccountingModes(t *testing.T) {
+	refund := sample(events.Finished, 7)
+	m, err := events.AccountingEventMsg("tally.accounting", "s0", &refund)
+	require.NoError(t, err)
+	require.Equal(t, "tally.accounting.s0.edge.7f3a", m.Subject)
+	require.Equal(t, "edge.7f3a.s0.7-7", m.Header.Get(events.HeaderMsgID))
+	require.Equal(t, events.ContentTypeData, m.Header.Get(events.HeaderContentType))
+	for h, want := range map[string]string{"ce-specversion": "1.0", "ce-id": "edge.7f3a.s0.7", "ce-type": "dev.tally.request.finished.v2",
+		"ce-source": refund.Source, "ce-subject": key, "ce-tallyproducer": "edge.7f3a", "ce-tallyseq": "7", "ce-tallyshard": "s0",
+		"ce-tallykeyid": keyID, "ce-traceparent": tp} {
+		require.Equal(t, want, m.Header.Get(h), h)
+	}
+	require.JSONEq(t, `{"key":"`+key+`","policy":"core","limit":100,"window_s":60,"units":2,
+		"started_at":"2026-11-21T10:00:00.122000Z","reset_at":"2026-11-21T10:01:01.000000Z","request_id":"edge.7f3a-42",
+		"status":304,"charge":{"producer":"edge.7f3a","seq":6}}`, string(m.Data))
+	got, err := events.DecodeAccounting("s0", "edge.7f3a", m.Header, m.Data)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.True(t, refund.Time.Equal(got[0].Time))
+	got[0].Time, got[0].StartedAt, got[0].ResetAt = refund.Time, refund.StartedAt, refund.ResetAt
+	require.Equal(t, refund, got[0])
+
+	// Binary mode is held to the same contract as the other modes.
+	for name, change := range map[string]func(nats.Header) []byte{
+		"another producer":   func(h nats.Header) []byte { h.Set("ce-tallyproducer", "edge.other"); return m.Data },
+		"another shard":      func(h nats.Header) []byte { h.Set("ce-tallyshard", "s1"); return m.Data },
+		"seq not a number":   func(h nats.Header) []byte { h.Set("ce-tallyseq", "7a"); return m.Data },
+		"no specversion 1.0": func(h nats.Header) []byte { h.Set("ce-specversion", "0.3"); return m.Data },
+		"data not JSON":      func(h nats.Header) []byte { h.Set(events.HeaderContentType, "text/plain"); return m.Data },
+		"bad time":           func(h nats.Header) []byte { h.Set("ce-time", "yesterday"); return m.Data },
+		"bad body":           func(h nats.Header) []byte { return []byte("[1]") },
+		"subject not the key": func(h nats.Header) []byte {
+			h.Set("ce-subject", strings.Repeat("0", 32))
+			return m.Data
+		},
+	} {
+		h := nats.Header{}
+		for k, v := range m.Header {
+			h[k] = append([]string(nil), v...)
+		}
+		body := change(h)
+		_, err := events.DecodeAccounting("s0", "edge.7f3a", h, body)
+		require.ErrorIs(t, err, events.ErrInvalidEvent, name)
+	}
+
+	// Structured: one event, declared as such; a batch's content type on
+	// an object, or an event's on an array, is refused.
+	one := events.AppendAccounting(nil, "s0", &refund)
+	got, err = events.DecodeAccounting("s0", "edge.7f3a", nats.Header{events.HeaderContentType: {events.ContentTypeEvent}}, one)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	_, err = events.DecodeAccounting("s0", "edge.7f3a", nats.Header{events.HeaderContentType: {events.ContentTypeBatch}}, one)
+	require.ErrorIs(t, err, events.ErrInvalidEvent)
+	batch := append(append([]byte{'['}, one...), ']')
+	_, err = events.DecodeAccounting("s0", "edge.7f3a", nats.Header{events.HeaderContentType: {events.ContentTypeEvent}}, batch)
+	require.ErrorIs(t, err, events.ErrInvalidEvent)
+	got, err = events.DecodeAccounting("s0", "edge.7f3a", nats.Header{events.HeaderContentType: {events.ContentTypeBatch}}, batch)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	_, err = events.DecodeAccounting("s0", "edge.7f3a", nats.Header{events.HeaderContentType: {"application/xml"}}, batch)
+	require.ErrorContains(t, err, "Content-Type")
 }
 
 // Subjects name producers: a subject that names none, or a producer id
@@ -157,7 +223,7 @@ func TestAccountingRejects(t *testing.T) {
 			if e.Status != 0 { // the encoder writes status on finished events only
 				body = strings.Replace(body, `"units":`, `"status":200,"units":`, 1)
 			}
-			got, err := events.DecodeAccounting("s0", "edge.7f3a", []byte(body))
+			got, err := events.DecodeAccounting("s0", "edge.7f3a", nil, []byte(body))
 			if strings.Contains(name, "traceparent") { // dropped, not refused
 				require.NoError(t, err)
 				require.Empty(t, got[0].TraceParent)
@@ -181,14 +247,14 @@ func TestAccountingRejects(t *testing.T) {
 			ptr(sample(events.Started, 2)))), "edge.7f3a", "edge.other") + "]",
 		"another producer's events": strings.ReplaceAll(string(good), "edge.7f3a", "edge.other"),
 	} {
-		_, err := events.DecodeAccounting("s0", "edge.7f3a", []byte(body))
+		_, err := events.DecodeAccounting("s0", "edge.7f3a", nil, []byte(body))
 		require.ErrorIs(t, err, events.ErrInvalidEvent, name)
 	}
 	// An error never quotes what may be a secret: a token a service put
 	// where the digest belongs.
 	token := "Bearer sk_live_0123456789abcdef"
 	body := strings.Replace(string(good), `"key":"`+key, `"key":"`+token, 1)
-	_, err := events.DecodeAccounting("s0", "edge.7f3a", []byte(body))
+	_, err := events.DecodeAccounting("s0", "edge.7f3a", nil, []byte(body))
 	require.ErrorIs(t, err, events.ErrInvalidEvent)
 	require.NotContains(t, err.Error(), "sk_live")
 	_, err = events.AccountingMsg("tally.accounting", "S0", []events.Accounting{sample(events.Started, 1)}, nil)
@@ -286,7 +352,7 @@ func FuzzDecodeAccounting(f *testing.F) {
 	f.Add(good.Data)
 	f.Add([]byte(`[{"specversion":"1.0"}]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		evs, err := events.DecodeAccounting("s0", "edge.7f3a", body)
+		evs, err := events.DecodeAccounting("s0", "edge.7f3a", nil, body)
 		if err != nil {
 			return
 		}
@@ -295,7 +361,7 @@ func FuzzDecodeAccounting(f *testing.F) {
 		if err != nil {
 			t.Fatalf("decoded events do not encode: %v", err)
 		}
-		again, err := events.DecodeAccounting("s0", "edge.7f3a", m.Data)
+		again, err := events.DecodeAccounting("s0", "edge.7f3a", m.Header, m.Data)
 		if err != nil || len(again) != len(evs) {
 			t.Fatalf("round trip: %v", err)
 		}

@@ -394,7 +394,7 @@ func (r *run) requireOnly(t *testing.T, dead []*jetstream.RawStreamMsg, tg *targ
 	shard := r.c.shardOf(tg)
 	for _, m := range dead {
 		producer := events.ProducerOfSubject(r.c.streams.Accounting.SubjectPrefix, shard, m.Header.Get(accountant.HeaderDeadSubject))
-		evs, err := events.DecodeAccounting(shard, producer, m.Data)
+		evs, err := events.DecodeAccounting(shard, producer, m.Header, m.Data)
 		require.NoError(t, err)
 		for _, e := range evs {
 			require.Equal(t, tg.key.Digest().String(), e.Key, "an event of another window was dead-lettered with the broken one")

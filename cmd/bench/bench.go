@@ -61,6 +61,8 @@ type bench struct {
 	referenceGRPC  string              // its gRPC address
 	rlsDir         string              // the rate-limit service's rules
 	rlsAddr        string              // the first edge's rate-limit service (gRPC)
+	faAddr         string              // the first edge's forward-auth listener
+	faRequests     [][]byte            // Traefik's forward-auth calls, one per key
 	only           string              // run only the steps whose names contain it
 }
 
@@ -200,6 +202,7 @@ func (b *bench) deployment() *config.File {
 	f.NATS.URL = b.nats.Addr
 	f.Accountant.AdminListen = stack.FreeAddr()
 	f.Policies = policies()
+	f.Routes = []config.Route{{Path: "/far", Policy: "far"}} // the forward-auth target's
 	f.Edge = config.Edge{Upstream: "http://" + b.upstream.Addr, DefaultPolicy: "refunds",
 		Identity: config.Identity{Header: "Authorization"}, Pprof: b.profile != ""}
 	return f
@@ -216,6 +219,8 @@ func (b *bench) startEdges(ctx context.Context, n int) error {
 			b.proxyAddr = f.Edge.Listen
 			f.Edge.RLS = config.RLS{Listen: stack.FreeAddr(), Config: b.rlsDir}
 			b.rlsAddr = f.Edge.RLS.Listen
+			f.Edge.ForwardAuth = config.ForwardAuth{Listen: stack.FreeAddr(), Gateways: []string{"127.0.0.1"}}
+			b.faAddr = f.Edge.ForwardAuth.Listen
 		}
 		path, err := b.stack.WriteConfig(fmt.Sprintf("edge-%d", i), &f)
 		if err != nil {
@@ -271,6 +276,18 @@ func (b *bench) buildRequests() {
 		}
 		b.requestsPolicy[p.Name] = reqs
 	}
+	b.faRequests = make([][]byte, keys)
+	for i := range b.faRequests {
+		b.faRequests[i] = forwardAuthRequest("client-" + strconv.Itoa(i))
+	}
+}
+
+// forwardAuthRequest is Traefik's ForwardAuth call about a client's GET
+// /far: the original request in X-Forwarded-* headers, the client's
+// credentials copied.
+func forwardAuthRequest(identity string) []byte {
+	return []byte("GET /auth/traefik HTTP/1.1\r\nHost: bench\r\nX-Forwarded-Method: GET\r\nX-Forwarded-Proto: http\r\n" +
+		"X-Forwarded-Host: api.bench\r\nX-Forwarded-Uri: /far\r\nX-Forwarded-For: 192.0.2.1\r\nAuthorization: Bearer " + identity + "\r\n\r\n")
 }
 
 func checkRequest(policy, identity string) []byte {
@@ -298,11 +315,19 @@ func (b *bench) targets() []target {
 		{"tally mode: auto", b.apiAddrs[0], "far", b.edges[0], nil},
 		{"tally mode: auto, 10% of allowed decisions recorded", b.sampledAPI, "far", b.sampled, nil},
 		{"tally mode: auto, every request traced", b.tracedAPI, "far", b.traced, nil},
+		{forwardAuthTarget, b.faAddr, "", b.edges[0], nil},
 	}
 }
 
+// forwardAuthTarget is the forward-auth door under mode auto, as Traefik
+// asks it.
+const forwardAuthTarget = "tally forward-auth (Traefik's call), mode: auto"
+
 func (b *bench) loadTarget(t target) loadgen.Target {
 	reqs := b.requestsPolicy[t.policy]
+	if t.name == forwardAuthTarget {
+		reqs = b.faRequests
+	}
 	return loadgen.Target{Addr: t.addr, Request: func(conn int, i uint64) []byte {
 		return reqs[(uint64(conn)*7919+i*104729)%keys]
 	}}

@@ -274,6 +274,10 @@ func (r *report) markdown(w *strings.Builder, chart, raw string) {
 		}
 	}
 	r.keyTargets(p, check)
+	if fa := r.sat(forwardAuthTarget); fa.Median > 0 {
+		p("| forward-auth (Traefik's call, mode auto) beside the decision API and the no-op handler: measured (no target) | %.2f× the no-op, %.2f× the decision API | measured |",
+			fa.Median/noop.Median, fa.Median/auto.Median)
+	}
 	if len(r.GRPC) > 1 {
 		g := r.GRPC[1].Median / r.GRPC[0].Median
 		p("| Envoy's rate-limit service (gRPC) ≥ 0.8× a no-op gRPC handler | %.2f× | %s |", g, check(g >= 0.8))
@@ -287,7 +291,9 @@ func (r *report) markdown(w *strings.Builder, chart, raw string) {
 	p("decisions stream; the row after it records a tenth of allowed decisions (`edge.decisions.sample_allowed: 0.1`),")
 	p("and the last traces every request (`OTEL_TRACES_SAMPLER=always_on`: a server span per request and a")
 	p("producer span per accounting message, exported over OTLP/HTTP to a sink in the benchmark's process): the")
-	p("upper bound of what tracing costs; a ratio sampler pays a share of it.")
+	p("upper bound of what tracing costs; a ratio sampler pays a share of it. The forward-auth row is the same")
+	p("decision asked as Traefik asks it (`GET /auth/traefik` with the original request in `X-Forwarded-*`")
+	p("headers, the client's `Authorization` copied), on the first edge, whose route `/far` is the policy `far`.")
 	p("")
 	p("| target | requests/s (median) | range | × no-op | × exact |")
 	p("|---|---|---|---|---|")

@@ -189,6 +189,7 @@ func TestFullWindowsCostNoRedisCall(t *testing.T) {
 	// or from memory, depending on when a's reservations returned; from
 	// here on, every one comes from memory.
 	const cached = `tally_edge_decisions_total{path="cache",result="denied"}`
+	pl.stopAcc() // its lease renewals are script calls too: nothing but the edges talks to Redis
 	before, cachedBefore := pl.redisCalls(), metric(t, a, cached)
 	for range 50 {
 		require.Equal(t, 429, get(t, a.proxy.URL, "full").StatusCode)

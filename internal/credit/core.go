@@ -133,14 +133,20 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 			return c.allow(v, e, path), nil
 		}
 		if e.full {
-			if e.room() < cost {
+			switch {
+			case e.room() >= cost:
+				e.full = false // a notice or a read found room
+			case e.doubtful && len(e.debts) > 0:
+				// The count came from a notice and may hold charges of
+				// this edge it still owes: a reservation says.
+				e.doubtful = false
+			default:
 				e.deniedSince, e.lastCost = true, cost
 				if path == PathReserve {
 					return c.deny(v, e, PathReserve), nil
 				}
 				return c.deny(v, e, PathCache), nil
 			}
-			e.full = false // a notice or a read found room
 		}
 		if mode == limiter.ModeAsync && !e.reset.IsZero() {
 			if v, ok := c.borrow(v, e, cost); ok {
@@ -181,7 +187,7 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 	}
 	e.lock()
 	defer e.mu.Unlock()
-	if !e.full || !e.live(now) || e.room() >= cost {
+	if !e.full || !e.live(now) || e.room() >= cost || (e.doubtful && len(e.debts) > 0) {
 		return Verdict{}, false
 	}
 	e.deniedSince, e.lastCost = true, cost
@@ -390,7 +396,7 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 		e.expire()
 		e.reset, e.start = g.ResetAt, g.Start
 	}
-	e.used = g.Used
+	e.used, e.doubtful = g.Used, false
 	e.credit += g.Granted
 	e.count(g)
 	e.known += g.Granted

@@ -431,3 +431,36 @@ func dueListed(c *Core) int {
 	}
 	return n
 }
+
+// Mode async: a full notice whose count holds a charge this edge still
+// remembers as owed (an accountant applied it and announced the window
+// full) does not make the edge count that charge twice: the edge's last
+// credit is still spent, and the window admits exactly its limit.
+func TestFullNoticeDoesNotCountDebtsTwice(t *testing.T) {
+	h := newHarness(t, policyOf(limiter.ModeAsync), true, fast)
+	// The window counts limit-1, one unit of it this edge's credit, and
+	// the edge owes one more unit: a charge for a request it admitted
+	// while the reservation that gave it the credit was on its way.
+	h.open(testLimit-1, 1, false)
+	seq := h.ledger.Record(0, limiter.Entry{Kind: limiter.Charge, Key: h.key, Policy: h.policy, Units: 1})
+	e := h.entry()
+	e.mu.Lock()
+	e.debts = append(e.debts, debt{seq: seq, units: 1})
+	e.mu.Unlock()
+	// The accountant applies the charge and announces the window full.
+	h.ledger.apply(h.redis, h.keys, h.ledger.len())
+	h.core.Heard(h.notice(true, h.redis.used(h.key)))
+
+	if v, err := h.decide(1); err != nil || !v.Allowed() {
+		t.Fatalf("the edge's credit was not spent: %v %v", v.Path, err)
+	}
+	if v, err := h.decide(1); err != nil || v.Allowed() || v.Path != PathCache {
+		t.Fatalf("past the limit: %v %v", v.Path, err)
+	}
+	if used := h.redis.used(h.key); used != testLimit {
+		t.Fatalf("the window counts %d: not its limit", used)
+	}
+	if d := h.entry().debts; len(d) != 0 {
+		t.Fatalf("debts %v after a reservation showed them applied", d)
+	}
+}

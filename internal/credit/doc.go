@@ -42,6 +42,10 @@
 //	          (→ a full notice to the other edges): deny from memory
 //	          (PathCache) until the reset, a room notice, or a read that
 //	          finds room (rechecks: after Recheck, doubling while full).
+//	          Except when the count came from a notice (or a refund applied
+//	          here) while the edge owed charges: it may hold some of them,
+//	          which room then counts twice, so one request makes a
+//	          reservation, whose answer settles the debts (doubtful).
 //	reset     now ≥ reset: the entry forgets the window (→ none).
 //
 // Events that change an entry: a reservation's answer (grant), a refund of

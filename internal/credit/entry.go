@@ -28,6 +28,12 @@ type entry struct {
 	// full: no reservation is possible; requests without credit are denied
 	// from memory until the reset, a room notice, or a read that finds room.
 	full bool
+	// doubtful: used was raised by a notice (or a refund applied here)
+	// while the edge owed charges (debts). The count may hold some of them
+	// already, and room then counts them twice: a request that would be
+	// denied makes one reservation instead, whose answer says which of
+	// them the primary applied (settle).
+	doubtful bool
 
 	// refill is non-nil while a reservation is in flight; it is closed when
 	// the reservation's result is in.
@@ -130,7 +136,7 @@ func (e *entry) live(now time.Time) bool { return !e.reset.IsZero() && now.Befor
 
 // expire forgets the window: it has reset.
 func (e *entry) expire() {
-	e.reset, e.start, e.used, e.credit, e.full = time.Time{}, time.Time{}, 0, 0, false
+	e.reset, e.start, e.used, e.credit, e.full, e.doubtful = time.Time{}, time.Time{}, 0, 0, false, false
 	e.served = 0
 	e.debts = e.debts[:0]
 	e.deniedSince = false

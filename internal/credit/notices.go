@@ -27,11 +27,13 @@ func (c *Core) Heard(n Notice) {
 		}
 		e.full = true
 		e.used = max(e.used, n.Used)
+		e.doubtful = len(e.debts) > 0
 	case !n.Full && e.reset.Equal(n.ResetAt):
 		e.full = false
 		// The count a notice carries may predate this edge's latest
 		// reservation: it holds at least what this edge reserved.
 		e.used = max(n.Used, e.credit)
+		e.doubtful = len(e.debts) > 0
 	}
 }
 
@@ -63,6 +65,7 @@ func (c *Core) Learn(shard int, dg limiter.Digest, reset time.Time, used int64) 
 		e.lock()
 		if e.reset.Equal(reset) {
 			e.used = max(used, e.credit)
+			e.doubtful = len(e.debts) > 0
 			if e.full && e.room() >= max(1, e.lastCost) {
 				e.full = false
 			}

@@ -219,12 +219,15 @@ func TestAsyncOneEdgeIsExact(t *testing.T) {
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 5, Window: time.Minute, Mode: limiter.ModeAsync}
 	e := pl.edge(nil)
 	allowed := 0
+	var trace []string
 	for range 20 {
-		if get(t, e.proxy.URL, "async-seq").StatusCode == 200 {
+		r := get(t, e.proxy.URL, "async-seq")
+		trace = append(trace, fmt.Sprint(r.StatusCode, r.Header.Get("RateLimit")))
+		if r.StatusCode == 200 {
 			allowed++
 		}
 	}
-	require.Equal(t, 5, allowed, "sequential")
+	require.Equal(t, 5, allowed, "sequential: %v", trace)
 	pl.waitUsed(pl.keys.Key("core", "h:async-seq"), 5)
 
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 50, Window: time.Minute, Mode: limiter.ModeAsync}

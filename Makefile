@@ -1,8 +1,9 @@
 # Tally: one entry point for building, testing and benchmarking.
 # `make test`, `make bench` and `make demo` install the Debian packages they
 # need when they are missing (scripts/need): redis-server, and for the tests
-# prometheus (promtool and a real scrape), nginx and caddy (which Tally is
-# tested behind) and python3 (a second implementation of the key contract).
+# redis-sentinel (shards that fail over), prometheus (promtool and a real
+# scrape), nginx and caddy (which Tally is tested behind) and python3 (a
+# second implementation of the key contract).
 
 GO        ?= go
 PKGS      ?= ./...
@@ -12,7 +13,7 @@ BENCHFLAGS ?=
 REDIS_MIN_MAJOR := 7
 
 .DEFAULT_GOAL := help
-.PHONY: help build test lint bench microbench demo binaries redis-server prometheus gateways python3
+.PHONY: help build test lint bench microbench demo binaries redis-server redis-sentinel prometheus gateways python3
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,7 +26,7 @@ binaries:
 	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench
 	$(GO) build -o bin/nats-server github.com/nats-io/nats-server/v2
 
-test: redis-server prometheus gateways python3 ## Run every test with the race detector (real Redis, NATS, Prometheus, nginx and Caddy; no mocks), and the key contract in Python.
+test: redis-server redis-sentinel prometheus gateways python3 ## Run every test with the race detector (real Redis and Sentinel, NATS, Prometheus, nginx and Caddy; no mocks), and the key contract in Python.
 	python3 examples/python/check_keys.py docs/keys.vectors.json
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
@@ -49,6 +50,9 @@ demo: redis-server binaries ## Run the whole pipeline locally: Redis shards, NAT
 # the second implementation of the key contract (examples/python).
 gateways:
 	@scripts/need nginx nginx caddy caddy
+
+redis-sentinel:
+	@scripts/need redis-sentinel redis-sentinel
 
 prometheus:
 	@scripts/need promtool prometheus prometheus prometheus

@@ -357,8 +357,15 @@ const (
 	EnvAPIToken      = "TALLY_API_TOKEN"
 	EnvAdminToken    = "TALLY_ADMIN_TOKEN"
 	// TALLY_SHARD_<NAME>_PRIMARY and TALLY_SHARD_<NAME>_REPLICAS (comma
-	// separated) replace a shard's addresses; NAME is upper-cased, - → _.
+	// separated) replace a shard's addresses, TALLY_SHARD_<NAME>_SENTINELS
+	// (comma separated) its sentinels' (making it a Sentinel shard whose
+	// master is named as the shard when the file names none); NAME is
+	// upper-cased, - → _.
 	envShardPrefix = "TALLY_SHARD_"
+	// The sentinels' own credentials, for every Sentinel shard whose
+	// configuration names none.
+	EnvSentinelUsername = "TALLY_SENTINEL_USERNAME"
+	EnvSentinelPassword = "TALLY_SENTINEL_PASSWORD"
 )
 
 func (f *File) applyEnv(env func(string) string) error {
@@ -392,6 +399,18 @@ func (f *File) applyEnv(env func(string) string) error {
 			for _, a := range strings.Split(v, ",") {
 				s.Replicas = append(s.Replicas, shard.Node{Addr: strings.TrimSpace(a)})
 			}
+		}
+		if v := env(name + "_SENTINELS"); v != "" {
+			if s.Sentinel == nil {
+				s.Sentinel = &shard.Sentinel{Master: s.Name}
+			}
+			s.Sentinel.Addrs = nil
+			for _, a := range strings.Split(v, ",") {
+				s.Sentinel.Addrs = append(s.Sentinel.Addrs, strings.TrimSpace(a))
+			}
+		}
+		if sn := s.Sentinel; sn != nil && sn.Username == "" && sn.Password == "" {
+			sn.Username, sn.Password = env(EnvSentinelUsername), env(EnvSentinelPassword)
 		}
 		for _, n := range append([]*shard.Node{&s.Primary}, ptrs(s.Replicas)...) {
 			if n.Username == "" {

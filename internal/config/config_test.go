@@ -69,6 +69,32 @@ func TestParseGood(t *testing.T) {
 	require.Len(t, f.Edge.Identity.Trusted(), 2)
 }
 
+// A shard may be a Sentinel master, named in the file or by the
+// environment, with the sentinels' credentials from the environment.
+func TestSentinelShards(t *testing.T) {
+	src := strings.Replace(good, `      primary: {addr: "127.0.0.1:7000"}
+      replicas:
+        - {addr: "127.0.0.1:7001"}
+`, `      sentinel: {master: tally-s0, addrs: ["127.0.0.1:26379", "127.0.0.1:26380"]}
+    - name: s1
+`, 1)
+	env := map[string]string{EnvKeySecret: secret, EnvRedisPassword: "pw", EnvSentinelPassword: "spw",
+		"TALLY_SHARD_S1_SENTINELS": "127.0.0.1:26379,127.0.0.1:26381"}
+	f, err := Parse([]byte(src), func(k string) string { return env[k] })
+	require.NoError(t, err)
+	s0, s1 := f.Redis.Shards[0], f.Redis.Shards[1]
+	require.Equal(t, "tally-s0", s0.Sentinel.Master)
+	require.Equal(t, "spw", s0.Sentinel.Password)
+	require.Equal(t, "pw", s0.Primary.Password, "the nodes' credentials")
+	require.Equal(t, "s1", s1.Sentinel.Master, "named as the shard")
+	require.Equal(t, []string{"127.0.0.1:26379", "127.0.0.1:26381"}, s1.Sentinel.Addrs)
+
+	// Both ways of naming a shard's nodes at once is refused.
+	env["TALLY_SHARD_S0_PRIMARY"] = "127.0.0.1:7000"
+	_, err = Parse([]byte(src), func(k string) string { return env[k] })
+	require.ErrorContains(t, err, "not both")
+}
+
 // The decision API beyond loopback needs its token; with it (and the key
 // secret) the file loads, and the tokens come from the environment only.
 func TestAPIsBeyondLoopbackNeedTokens(t *testing.T) {

@@ -103,6 +103,8 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	recordMessages := counter("tally_edge_decision_messages", "Decision messages JetStream acknowledged.")
 	recordsQueued := gauge("tally_edge_decision_records_queued", "Decision records waiting to be published (beyond edge.decisions.buffer: dropped).")
 	reloads := counter("tally_edge_script_reloads", "Lua scripts sent again to a Redis node that did not have them (NOSCRIPT).")
+	unreplicated := counter("tally_edge_unreplicated_reservations",
+		"Reservations on a Sentinel shard that no replica confirmed in time: a failover right after may lose them.")
 	accessLog := counter("tally_edge_access_log_entries", "Gateways' access-log entries: 304s refunded, other statuses ignored, unreadable, not from a gateway, failed.")
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -168,9 +170,13 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		if st, ok := s.o.Store.(interface{ ScriptReloads() uint64 }); ok {
 			o.ObserveInt64(reloads, u(st.ScriptReloads()))
 		}
+		if st, ok := s.o.Store.(interface{ Unreplicated() uint64 }); ok {
+			o.ObserveInt64(unreplicated, u(st.Unreplicated()))
+		}
 		return nil
 	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices, finishes,
-		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, accessLog)
+		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, unreplicated,
+		accessLog)
 	return err
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	tallymetrics "github.com/tallyhq/tally/internal/metrics"
+	"github.com/tallyhq/tally/internal/shard"
 	"github.com/tallyhq/tally/internal/stack"
 )
 
@@ -71,9 +72,19 @@ type cluster struct {
 	js    jetstream.JetStream
 }
 
-// newCluster starts the deployment; everything is stopped when t ends.
-// The stack's directory (logs, data) is kept when t fails.
+// newCluster starts the deployment: two shards of fixed addresses, a
+// primary and a replica each; everything is stopped when t ends.
 func newCluster(t *testing.T) *cluster {
+	return newClusterOf(t, func(ctx context.Context, s *stack.Stack) ([]shard.Config, []*stack.Proc, error) {
+		// The primaries fsync every write, so that one killed and restarted
+		// has lost nothing it acknowledged.
+		return s.ShardsWith(ctx, 2, 1, stack.RedisOptions{Durable: true})
+	})
+}
+
+// newClusterOf starts the deployment on the shards shards starts. The
+// stack's directory (logs, data) is kept when t fails.
+func newClusterOf(t *testing.T, shards func(context.Context, *stack.Stack) ([]shard.Config, []*stack.Proc, error)) *cluster {
 	dir, err := os.MkdirTemp("", "tally-faults-")
 	require.NoError(t, err)
 	c := &cluster{stack: stack.New(dir, bin)}
@@ -86,16 +97,14 @@ func newCluster(t *testing.T) *cluster {
 		_ = os.RemoveAll(dir)
 	})
 	ctx := context.Background()
-	// The primaries fsync every write, so that one killed and restarted has
-	// lost nothing it acknowledged.
-	shards, procs, err := c.stack.ShardsWith(ctx, 2, 1, stack.RedisOptions{Durable: true})
+	configs, procs, err := shards(ctx, c.stack)
 	require.NoError(t, err)
 	c.redis = procs
 	c.nats, err = c.stack.NATS(ctx)
 	require.NoError(t, err)
 	c.upstream = startUpstream(t)
 
-	c.cfg = &config.File{KeyPrefix: "tally", Redis: config.Redis{Shards: shards}}
+	c.cfg = &config.File{KeyPrefix: "tally", Redis: config.Redis{Shards: configs}}
 	c.cfg.NATS.URL = c.nats.Addr
 	c.cfg.Policies = []config.Policy{far, exact, tight, loose}
 	c.cfg.Routes = routes
@@ -106,10 +115,13 @@ func newCluster(t *testing.T) *cluster {
 
 	c.keys, err = limiter.NewKeySpace(c.cfg.KeyPrefix, c.stack.Secret())
 	require.NoError(t, err)
-	c.store, err = redisstore.NewStore(shards, c.keys, redisstore.Options{})
+	c.store, err = redisstore.NewStore(configs, c.keys, redisstore.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.store.Close() })
-	for _, s := range shards {
+	for _, s := range configs {
+		if s.Failover() {
+			continue
+		}
 		r := redis.NewClient(&redis.Options{Addr: s.Primary.Addr, DisableIdentity: true})
 		t.Cleanup(func() { _ = r.Close() })
 		c.rdb = append(c.rdb, r)
@@ -205,10 +217,9 @@ func (c *cluster) targets(scenario string) []*target {
 	add := func(n int, kind, path string, p config.Policy, cost int64) {
 		for i := range n {
 			id := fmt.Sprintf("%s/%s-%d", scenario, kind, i)
-			// The edge keys an identity from a header as "h:" and its value
-			// (internal/edge/identity.go).
+			// The edge keys an identity from a header as docs/keys.md says.
 			out = append(out, &target{identity: id, path: path + "/items", policy: p.Limiter(), cost: cost,
-				key: c.keys.Key(p.Name, "h:"+id)})
+				key: c.keys.Key(p.Name, limiter.HeaderIdentity("Authorization", id))})
 			c.identities = append(c.identities, id)
 		}
 	}

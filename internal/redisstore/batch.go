@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -53,7 +54,23 @@ type takeQueue struct {
 	stop  chan struct{}
 	once  sync.Once
 	wg    sync.WaitGroup
+	// wait, on a shard that fails over by itself, is how many replicas
+	// must confirm a pipeline of takes (WAIT) before its answers count:
+	// a reservation the promoted replica never saw would let the window
+	// admit its units again. After a short WAIT (a replica down or
+	// behind), the takes do not wait for replicas for waitPause, so that
+	// a lost replica costs reservations their durability, not their
+	// speed; Store.Unreplicated counts them.
+	wait       int
+	pauseUntil atomic.Int64 // Unix ns
 }
+
+// waitPause is how long takes go without WAIT after one fell short; and
+// takeWait bounds a WAIT after takes, well within a request's RedisBudget.
+const (
+	waitPause = time.Second
+	takeWait  = 20 * time.Millisecond
+)
 
 func newTakeQueue(s *Store, c *redis.Client) *takeQueue {
 	q := &takeQueue{s: s, c: c, calls: make(chan *takeCall, queueLen), stop: make(chan struct{})}
@@ -124,6 +141,10 @@ func (q *takeQueue) send() {
 		switch len(live) {
 		case 0:
 		case 1:
+			if q.wait > 0 {
+				q.pipeline(live)
+				break
+			}
 			c := live[0]
 			c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
 			close(c.done)
@@ -133,24 +154,68 @@ func (q *takeQueue) send() {
 	}
 }
 
-// pipeline sends calls in one round trip; a call the node answers NOSCRIPT
-// (its script cache emptied) is sent again alone once the script is loaded.
+// pipeline sends calls in one round trip (and WAIT, when takes wait for
+// replicas); the calls the node answers NOSCRIPT (its script cache
+// emptied) are sent again once the script is loaded.
 func (q *takeQueue) pipeline(calls []*takeCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	// The pipeline's span, if any, joins the first caller's trace.
 	ctx = trace.ContextWithSpan(ctx, trace.SpanFromContext(calls[0].ctx))
+	if len(calls) == 1 { // its caller's deadline and trace
+		ctx = calls[0].ctx
+	}
+	q.exec(ctx, calls)
+	var again []*takeCall
+	for _, c := range calls {
+		if noScript(c.err) {
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 && q.s.reload(ctx, q.c, takeScript) == nil {
+		q.exec(ctx, again)
+	}
+	for _, c := range calls {
+		close(c.done)
+	}
+}
+
+// waiting reports whether takes wait for replicas now.
+func (q *takeQueue) waiting() bool {
+	return q.wait > 0 && time.Now().UnixNano() >= q.pauseUntil.Load()
+}
+
+// exec sends calls in one pipeline, followed by WAIT when takes wait for
+// replicas, and takes in their answers.
+func (q *takeQueue) exec(ctx context.Context, calls []*takeCall) {
 	pipe := q.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {
 		cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), c.keys, c.args...)
 	}
+	var wait *redis.Cmd
+	if q.waiting() {
+		wait = pipe.Do(ctx, "WAIT", q.wait, takeWait.Milliseconds())
+	}
 	_, _ = pipe.Exec(ctx)
 	for i, c := range calls {
 		c.v, c.err = cmds[i].Int64Slice()
-		if noScript(c.err) {
-			c.v, c.err = q.s.run(ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
+	}
+	if q.wait == 0 {
+		return
+	}
+	confirmed := false
+	if wait != nil {
+		n, err := wait.Int64()
+		if confirmed = err == nil && n >= int64(q.wait); !confirmed {
+			q.pauseUntil.Store(time.Now().Add(waitPause).UnixNano())
 		}
-		close(c.done)
+	}
+	if !confirmed {
+		for _, c := range calls {
+			if c.err == nil {
+				q.s.unreplicated.Add(1)
+			}
+		}
 	}
 }

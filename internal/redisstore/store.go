@@ -162,6 +162,9 @@ type Store struct {
 	shards    []*shardNodes
 	producers sync.Map // producer id → its key (string)
 	reloads   atomic.Uint64
+	// unreplicated counts reservations a primary that fails over by itself
+	// made without the replicas confirming them in time.
+	unreplicated atomic.Uint64
 }
 
 type shardNodes struct {
@@ -171,6 +174,7 @@ type shardNodes struct {
 	health   *shard.Replicas
 	wait     int // replicas ConfirmApplied waits for
 	takes    *takeQueue
+	failover bool // Sentinel promotes a replica when the primary fails
 }
 
 // NewStore connects (lazily) to every node of every shard; keys names the
@@ -191,24 +195,33 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 	s := &Store{opts: opts, keys: keys}
 	for i, sc := range shards {
 		names[i] = sc.Name
-		n := &shardNodes{
-			name:    sc.Name,
-			primary: redis.NewClient(opts.client(sc.Primary, -1)),
-			health:  shard.NewReplicas(len(sc.Replicas), opts.ReplicaCooldown),
-			wait:    opts.WaitReplicas,
+		n := &shardNodes{name: sc.Name, wait: opts.WaitReplicas, failover: sc.Failover()}
+		replicas := len(sc.Replicas)
+		if sc.Failover() {
+			// The sentinels name the primary and the replicas (reads go to
+			// one of them through one client); a failover moves both.
+			n.primary = redis.NewFailoverClient(opts.failover(sc, false))
+			n.replicas = []*redis.Client{redis.NewFailoverClient(opts.failover(sc, true))}
+			replicas = max(1, n.wait)
+		} else {
+			n.primary = redis.NewClient(opts.client(sc.Primary, -1))
+			for _, r := range sc.Replicas {
+				n.replicas = append(n.replicas, redis.NewClient(opts.client(r, opts.MaxRetries)))
+			}
 		}
+		n.health = shard.NewReplicas(len(n.replicas), opts.ReplicaCooldown)
 		switch {
 		case n.wait < 0:
 			n.wait = 0
 		case n.wait == 0:
-			n.wait = min(1, len(sc.Replicas))
+			n.wait = min(1, replicas)
 		default:
-			n.wait = min(n.wait, len(sc.Replicas))
-		}
-		for _, r := range sc.Replicas {
-			n.replicas = append(n.replicas, redis.NewClient(opts.client(r, opts.MaxRetries)))
+			n.wait = min(n.wait, replicas)
 		}
 		n.takes = newTakeQueue(s, n.primary)
+		if n.failover {
+			n.takes.wait = n.wait
+		}
 		s.shards = append(s.shards, n)
 	}
 	s.m = shard.NewMap(names)
@@ -231,6 +244,39 @@ func (o *Options) client(n shard.Node, retries int) *redis.Options {
 		TLSConfig:             o.TLS,
 	}
 }
+
+// failover is the client of a Sentinel shard's primary (replica: of one of
+// its replicas, for reads). The sentinels' own credentials are
+// Sentinel.Username and Password; the nodes' are the shard's Primary's.
+func (o *Options) failover(sc shard.Config, replica bool) *redis.FailoverOptions {
+	c := o.client(sc.Primary, -1)
+	if replica {
+		c.MaxRetries = o.MaxRetries
+	}
+	return &redis.FailoverOptions{
+		MasterName:            sc.Sentinel.Master,
+		SentinelAddrs:         sc.Sentinel.Addrs,
+		SentinelUsername:      sc.Sentinel.Username,
+		SentinelPassword:      sc.Sentinel.Password,
+		ReplicaOnly:           replica,
+		Username:              c.Username,
+		Password:              c.Password,
+		DB:                    c.DB,
+		DialTimeout:           c.DialTimeout,
+		ReadTimeout:           c.ReadTimeout,
+		WriteTimeout:          c.WriteTimeout,
+		PoolSize:              c.PoolSize,
+		MaxRetries:            c.MaxRetries,
+		ContextTimeoutEnabled: true,
+		DisableIdentity:       true,
+		TLSConfig:             c.TLSConfig,
+	}
+}
+
+// Unreplicated is how many reservations a shard that fails over by itself
+// (Sentinel) made without a replica confirming them within WaitTimeout: a
+// failover right after may lose them (docs/operations.md).
+func (s *Store) Unreplicated() uint64 { return s.unreplicated.Load() }
 
 // Close closes every connection.
 func (s *Store) Close() error {

@@ -289,3 +289,66 @@ func freePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// StartSentinels starts n redis-sentinel processes on free ports watching
+// s as master (quorum: a majority), which they consider down after down
+// without an answer, and waits until each knows s's replicas (replicas of
+// them) and the other sentinels. It returns their addresses.
+func (s *Server) StartSentinels(t testing.TB, master string, n, replicas int, down time.Duration) []string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-sentinel")
+	if err != nil {
+		t.Fatal("redis-sentinel not found on PATH: run `make test` (it installs Debian's redis-sentinel) or `apt-get install redis-sentinel`")
+	}
+	var addrs []string
+	for range n {
+		dir := t.TempDir()
+		port := freePort(t)
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\n"+
+			"sentinel monitor %s 127.0.0.1 %d %d\nsentinel down-after-milliseconds %s %d\n"+
+			"sentinel failover-timeout %s 10000\n", port, dir, filepath.Join(dir, "sentinel.log"),
+			master, s.Port, n/2+1, master, down.Milliseconds(), master)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, conf)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("redistest: start redis-sentinel: %v", err)
+		}
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+		addrs = append(addrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	}
+	for _, a := range addrs {
+		c := redis.NewSentinelClient(&redis.Options{Addr: a, DisableIdentity: true, MaxRetries: -1})
+		ok := false
+		for range 500 {
+			m, err := c.Master(context.Background(), master).Result()
+			if err == nil && m["num-slaves"] == strconv.Itoa(replicas) && m["num-other-sentinels"] == strconv.Itoa(n-1) {
+				ok = true
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = c.Close()
+		if !ok {
+			t.Fatalf("redistest: sentinel %s did not learn %s's %d replicas and %d other sentinels in 10s", a, master, replicas, n-1)
+		}
+	}
+	return addrs
+}
+
+// SentinelPrimary is the address the sentinel at addr names as master's
+// primary ("" when it cannot say).
+func SentinelPrimary(addr, master string) string {
+	c := redis.NewSentinelClient(&redis.Options{Addr: addr, DisableIdentity: true, MaxRetries: -1})
+	defer c.Close()
+	v, err := c.GetMasterAddrByName(context.Background(), master).Result()
+	if err != nil || len(v) != 2 {
+		return ""
+	}
+	return net.JoinHostPort(v[0], v[1])
+}

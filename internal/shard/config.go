@@ -35,15 +35,38 @@ type Node struct {
 	DB int `yaml:"db"`
 }
 
-// Config describes one shard.
+// Config describes one shard: fixed addresses (Primary and Replicas), or a
+// master that Redis Sentinel watches and fails over (Sentinel).
 type Config struct {
 	// Name identifies the shard. It drives placement, so renaming a shard
 	// moves its keys; it appears in subjects and metrics, so it is limited to
 	// [a-z0-9_-], 1 to 32 characters.
-	Name     string `yaml:"name"`
+	Name string `yaml:"name"`
+	// Primary is the shard's primary. With Sentinel, its Addr is empty and
+	// its Username, Password and DB apply to every node Sentinel names.
 	Primary  Node   `yaml:"primary"`
 	Replicas []Node `yaml:"replicas"`
+	// Sentinel, when set, names the master the shard is: its primary and
+	// replicas are whatever the sentinels say, and follow a failover.
+	Sentinel *Sentinel `yaml:"sentinel,omitempty"`
 }
+
+// Sentinel names a master watched by Redis Sentinel.
+type Sentinel struct {
+	// Master is the master's name in the sentinels' configuration
+	// ("sentinel monitor <master> ...").
+	Master string `yaml:"master"`
+	// Addrs are sentinels' host:port (more are discovered from them).
+	Addrs []string `yaml:"addrs"`
+	// Username and Password authenticate with the sentinels themselves
+	// (requirepass or an ACL user in sentinel.conf); empty: none.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+}
+
+// Failover reports whether the shard's primary changes by itself (a
+// Sentinel master).
+func (c Config) Failover() bool { return c.Sentinel != nil }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9_-]{1,32}$`)
 
@@ -74,6 +97,12 @@ func Validate(shards []Config) error {
 			return configErr(where+".name", "%q: duplicate shard name", s.Name)
 		}
 		seen[s.Name] = true
+		if s.Sentinel != nil {
+			if err := s.Sentinel.validate(where, s, addrs); err != nil {
+				return err
+			}
+			continue
+		}
 		nodes := append([]Node{s.Primary}, s.Replicas...)
 		for j, n := range nodes {
 			field := where + ".primary"
@@ -91,6 +120,36 @@ func Validate(shards []Config) error {
 	}
 	return nil
 }
+
+// validate checks a Sentinel shard: a master name, sentinels' addresses,
+// no fixed addresses, and a master no other shard names (two shards on one
+// master would share windows).
+func (sn *Sentinel) validate(where string, s Config, masters map[string]string) error {
+	field := where + ".sentinel"
+	switch {
+	case s.Primary.Addr != "" || len(s.Replicas) > 0:
+		return configErr(field, "a shard names a Sentinel master or fixed addresses (primary.addr, replicas), not both")
+	case !masterRE.MatchString(sn.Master):
+		return configErr(field+".master", "%q: want the master's name in the sentinels' configuration (1 to 64 of [A-Za-z0-9_.-])", sn.Master)
+	case len(sn.Addrs) == 0:
+		return configErr(field+".addrs", "no sentinels: want one or more host:port (three or more in production)")
+	case s.Primary.DB < 0:
+		return configErr(where+".primary.db", "%d: must be >= 0", s.Primary.DB)
+	}
+	for j, a := range sn.Addrs {
+		if err := (Node{Addr: a}).validate(); err != nil {
+			return configErr(fmt.Sprintf("%s.addrs[%d]", field, j), "%v", err)
+		}
+	}
+	k := "sentinel:" + sn.Master + "/" + strconv.Itoa(s.Primary.DB)
+	if other, dup := masters[k]; dup {
+		return configErr(field+".master", "%q is already %s", sn.Master, other)
+	}
+	masters[k] = field
+	return nil
+}
+
+var masterRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 
 func (n Node) validate() error {
 	host, port, err := net.SplitHostPort(n.Addr)

@@ -8,7 +8,9 @@
 // A shard is one Redis primary (every write: reservations, accounting
 // events, leases) and zero or more replicas (reads: edges read windows they
 // believe full, in case a notice that they have room was lost; replicas are
-// also what a failover promotes). The map comes from configuration and is static:
+// also what a failover promotes), or a master that Redis Sentinel watches
+// (its primary and replicas are then whatever the sentinels say, and follow
+// a failover: Config.Sentinel). The map comes from configuration and is static:
 // a shard that is down stays the owner of its keys, and operations on it fail
 // until it is back. Rehashing its keys onto another shard would hand every
 // affected client a fresh window, which is the silent counter reset that

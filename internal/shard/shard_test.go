@@ -87,6 +87,10 @@ func TestPickMovesFewKeys(t *testing.T) {
 func TestValidate(t *testing.T) {
 	ok := shard.Config{Name: "a", Primary: shard.Node{Addr: "127.0.0.1:6379"}, Replicas: []shard.Node{{Addr: "127.0.0.1:6380"}}}
 	require.NoError(t, shard.Validate([]shard.Config{ok}))
+	sentinel := shard.Sentinel{Master: "m", Addrs: []string{"127.0.0.1:26379", "127.0.0.1:26380"}}
+	// Sentinel shards share sentinels, and a fixed shard may sit beside them.
+	require.NoError(t, shard.Validate([]shard.Config{ok, {Name: "b", Sentinel: &sentinel},
+		{Name: "c", Sentinel: &shard.Sentinel{Master: "n", Addrs: sentinel.Addrs}}}))
 	cases := map[string]struct {
 		shards []shard.Config
 		want   string
@@ -100,6 +104,13 @@ func TestValidate(t *testing.T) {
 		"negative db":    {[]shard.Config{{Name: "a", Primary: shard.Node{Addr: "h:1", DB: -1}}}, "db -1"},
 		"shared node": {[]shard.Config{ok, {Name: "b", Primary: shard.Node{Addr: "127.0.0.1:6380"}}},
 			"shards[1].primary: 127.0.0.1:6380 is already shards[0].replicas[0]"},
+		"sentinel and addresses": {[]shard.Config{{Name: "a", Primary: ok.Primary, Sentinel: &sentinel}}, "not both"},
+		"sentinel, no master":    {[]shard.Config{{Name: "a", Sentinel: &shard.Sentinel{Addrs: sentinel.Addrs}}}, "shards[0].sentinel.master"},
+		"sentinel, no addrs":     {[]shard.Config{{Name: "a", Sentinel: &shard.Sentinel{Master: "m"}}}, "no sentinels"},
+		"sentinel, bad addr": {[]shard.Config{{Name: "a", Sentinel: &shard.Sentinel{Master: "m", Addrs: []string{"h"}}}},
+			"shards[0].sentinel.addrs[0]"},
+		"one master, two shards": {[]shard.Config{{Name: "a", Sentinel: &sentinel}, {Name: "b", Sentinel: &sentinel}},
+			"shards[1].sentinel.master: \"m\" is already shards[0].sentinel"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

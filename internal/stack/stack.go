@@ -509,3 +509,74 @@ func WaitHTTP(ctx context.Context, url string, exited <-chan struct{}) error {
 	}
 	return last
 }
+
+// SentinelShard starts a shard whose primary Redis Sentinel watches and
+// fails over: a primary (named master in the sentinels' configuration),
+// replicas of it, and sentinels sentinels (quorum: a majority) that
+// consider the primary down after down without an answer. procs holds the
+// primary, the replicas, then the sentinels.
+func (s *Stack) SentinelShard(ctx context.Context, name string, replicas, sentinels int, down time.Duration) (shard.Config, []*Proc, error) {
+	p, err := s.Redis(ctx, name+"-primary", "")
+	if err != nil {
+		return shard.Config{}, nil, err
+	}
+	procs := []*Proc{p}
+	for j := range replicas {
+		r, err := s.Redis(ctx, fmt.Sprintf("%s-replica%d", name, j), p.Addr)
+		if err != nil {
+			return shard.Config{}, nil, err
+		}
+		procs = append(procs, r)
+	}
+	sc := shard.Config{Name: name, Sentinel: &shard.Sentinel{Master: name}}
+	host, port, _ := net.SplitHostPort(p.Addr)
+	for j := range sentinels {
+		addr := FreeAddr()
+		_, sport, _ := net.SplitHostPort(addr)
+		dir := filepath.Join(s.Dir, fmt.Sprintf("%s-sentinel%d", name, j))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return shard.Config{}, nil, err
+		}
+		// Sentinel rewrites its configuration file as it learns.
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("port %s\nbind 127.0.0.1\ndir %s\n"+
+			"sentinel monitor %s %s %s %d\n"+
+			"sentinel down-after-milliseconds %s %d\n"+
+			"sentinel failover-timeout %s 10000\n"+
+			"sentinel parallel-syncs %s %d\n",
+			sport, dir, name, host, port, sentinels/2+1, name, down.Milliseconds(), name, name, max(1, replicas))
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			return shard.Config{}, nil, err
+		}
+		sp, err := s.Start(ctx, fmt.Sprintf("%s-sentinel%d", name, j), "redis-sentinel", conf)
+		if err != nil {
+			return shard.Config{}, nil, err
+		}
+		sp.Addr = addr
+		procs = append(procs, sp)
+		sc.Sentinel.Addrs = append(sc.Sentinel.Addrs, addr)
+	}
+	// A failover needs the sentinels to know each other and the replicas
+	// (they learn it from the primary within a few seconds).
+	for _, sp := range procs[1+replicas:] {
+		_, sport, _ := net.SplitHostPort(sp.Addr)
+		for _, want := range []string{fmt.Sprintf("num-other-sentinels\n%d\n", sentinels-1), fmt.Sprintf("num-slaves\n%d\n", replicas)} {
+			if err := waitRedis(ctx, sp.Name, sport, "SENTINEL master "+name, want); err != nil {
+				return shard.Config{}, nil, err
+			}
+		}
+	}
+	return sc, procs, nil
+}
+
+// SentinelPrimary is the address the sentinel at addr names as master's
+// primary ("" when it cannot say).
+func SentinelPrimary(ctx context.Context, addr, master string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	out, err := exec.CommandContext(ctx, "redis-cli", "-p", port, "SENTINEL", "get-master-addr-by-name", master).Output()
+	f := strings.Fields(string(out))
+	if err != nil || len(f) != 2 {
+		return ""
+	}
+	return net.JoinHostPort(f[0], f[1])
+}

@@ -1,0 +1,79 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/internal/redistest"
+	"github.com/tallyhq/tally/internal/shard"
+)
+
+// A Sentinel shard: every reservation the store answers is on a replica
+// first (WAIT), so that the replica Sentinel promotes when the primary dies
+// holds every unit an edge was told it reserved, and the store follows the
+// promotion with nothing edited (scripts loaded again on the new primary).
+// A replica that does not confirm in time costs the reservations their
+// durability, not their answer: they are counted, and the store stops
+// waiting for a second.
+func TestSentinelShard(t *testing.T) {
+	p, r := redistest.StartPair(t)
+	sentinels := p.StartSentinels(t, "s0", 1, 1, 300*time.Millisecond)
+	keys, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
+	require.NoError(t, err)
+	store := newStore(t, []shard.Config{{Name: "s0", Sentinel: &shard.Sentinel{Master: "s0", Addrs: sentinels}}}, keys,
+		redisstore.Options{})
+	ctx := context.Background()
+	take := func(k limiter.Key, want int64) (limiter.Grant, error) {
+		tctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		return store.Take(tctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: 1000, Need: 1, Want: want,
+			Producer: "edge-a"})
+	}
+	k := keys.Key("api", "h:sentinel")
+	var reserved int64
+	for range 20 {
+		g, err := take(k, 7)
+		require.NoError(t, err)
+		reserved += g.Granted
+	}
+	require.Zero(t, store.Unreplicated(), "the replica confirmed every reservation")
+
+	// A frozen replica: the reservation is answered (within the WAIT's
+	// bound), counted as unconfirmed, and the next ones do not wait.
+	r.Pause()
+	began := time.Now()
+	g, err := take(k, 1)
+	require.NoError(t, err)
+	reserved += g.Granted
+	g, err = take(k, 1)
+	require.NoError(t, err)
+	reserved += g.Granted
+	require.Less(t, time.Since(began), 500*time.Millisecond, "reservations held up by a frozen replica")
+	require.EqualValues(t, 2, store.Unreplicated())
+	r.Resume()
+	r.WaitSynced(p)
+
+	// The primary dies; Sentinel promotes the replica, which holds every
+	// reservation the store answered.
+	p.Stop()
+	deadline := time.Now().Add(30 * time.Second)
+	for redistest.SentinelPrimary(sentinels[0], "s0") != r.Addr {
+		require.True(t, time.Now().Before(deadline), "the replica was not promoted in 30 s")
+		time.Sleep(20 * time.Millisecond)
+	}
+	for {
+		g, err = take(k, 1)
+		if err == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no reservation on the promoted replica: %v", err)
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, reserved+g.Granted, g.Used, "the promoted replica lost reservations the store answered")
+	require.Positive(t, store.ScriptReloads(), "the take script loaded again on the new primary")
+}

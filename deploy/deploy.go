@@ -11,6 +11,16 @@ import _ "embed"
 //go:embed nats/tally.conf
 var NATSConfig []byte
 
+// NATSClusterConfig is nats/cluster.conf: tally.conf (which must sit
+// beside it, as ./tally.conf) in a cluster whose routes authenticate with
+// the password in NATSRoutePasswordEnv.
+//
+//go:embed nats/cluster.conf
+var NATSClusterConfig []byte
+
+// NATSRoutePasswordEnv holds the password of NATSClusterConfig's routes.
+const NATSRoutePasswordEnv = "TALLY_NATS_ROUTE_PASSWORD"
+
 // NATSPasswordEnv is the environment variable that holds the password of
 // a NATS user of NATSConfig.
 func NATSPasswordEnv(user string) string {

@@ -95,6 +95,16 @@ func TestSentinelShards(t *testing.T) {
 	require.ErrorContains(t, err, "not both")
 }
 
+// nats.url may name every server of a cluster; each must be a URL.
+func TestNATSClusterURL(t *testing.T) {
+	src := strings.Replace(good, "url: nats://127.0.0.1:4222", "url: nats://10.0.0.1:4222,nats://10.0.0.2:4222", 1)
+	f, err := Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	require.Equal(t, "nats://10.0.0.1:4222,nats://10.0.0.2:4222", f.NATS.URL)
+	_, err = Parse([]byte(strings.Replace(src, ",nats://10.0.0.2:4222", ",10.0.0.2", 1)), withSecret)
+	require.ErrorContains(t, err, "nats.url")
+}
+
 // The decision API beyond loopback needs its token; with it (and the key
 // secret) the file loads, and the tokens come from the environment only.
 func TestAPIsBeyondLoopbackNeedTokens(t *testing.T) {

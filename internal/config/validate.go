@@ -99,8 +99,10 @@ func (f *File) validate() error {
 	if err := f.Redis.validate(f.StoreOptions()); err != nil {
 		return err
 	}
-	if u, err := url.Parse(f.NATS.URL); err != nil || u.Host == "" {
-		return fieldErr("nats.url", "%q: want nats://host:port", f.NATS.URL)
+	for _, one := range strings.Split(f.NATS.URL, ",") { // a cluster's servers
+		if u, err := url.Parse(strings.TrimSpace(one)); err != nil || u.Host == "" {
+			return fieldErr("nats.url", "%q: want nats://host:port, or several separated by commas", f.NATS.URL)
+		}
 	}
 	if err := f.NATS.Streams.Validate(); err != nil {
 		return setting.In("nats.streams", err)

@@ -48,15 +48,17 @@ var routes = []config.Route{
 // cluster is the deployment every scenario runs against: started once, each
 // scenario with keys of its own and an edge of its own.
 type cluster struct {
-	stack    *stack.Stack
-	redis    []*stack.Proc // per shard: the primary, then its replica
-	nats     *stack.Proc
-	acc      *stack.Proc
-	accounts int // accountants started, for their names
-	cfg      *config.File
-	cfgPath  string
-	upstream string // the API's address
-	streams  events.Streams
+	stack *stack.Stack
+	redis []*stack.Proc // per shard: the primary, then its replica
+	nats  *stack.Proc   // the NATS server, or the first of a cluster's
+	// natsServers are every NATS server.
+	natsServers []*stack.Proc
+	acc         *stack.Proc
+	accounts    int // accountants started, for their names
+	cfg         *config.File
+	cfgPath     string
+	upstream    string // the API's address
+	streams     events.Streams
 	// identities are every identity the load sent, for the scan that no
 	// process wrote one down.
 	identities []string
@@ -73,18 +75,33 @@ type cluster struct {
 }
 
 // newCluster starts the deployment: two shards of fixed addresses, a
-// primary and a replica each; everything is stopped when t ends.
+// primary and a replica each, and one NATS server; everything is stopped
+// when t ends.
 func newCluster(t *testing.T) *cluster {
-	return newClusterOf(t, func(ctx context.Context, s *stack.Stack) ([]shard.Config, []*stack.Proc, error) {
-		// The primaries fsync every write, so that one killed and restarted
-		// has lost nothing it acknowledged.
-		return s.ShardsWith(ctx, 2, 1, stack.RedisOptions{Durable: true})
-	})
+	return newClusterOf(t, clusterOptions{shards: fixedShards(2)})
 }
 
-// newClusterOf starts the deployment on the shards shards starts. The
-// stack's directory (logs, data) is kept when t fails.
-func newClusterOf(t *testing.T, shards func(context.Context, *stack.Stack) ([]shard.Config, []*stack.Proc, error)) *cluster {
+// fixedShards starts n shards of fixed addresses, a primary and a replica
+// each. The primaries fsync every write, so that one killed and restarted
+// has lost nothing it acknowledged.
+func fixedShards(n int) func(context.Context, *stack.Stack) ([]shard.Config, []*stack.Proc, error) {
+	return func(ctx context.Context, s *stack.Stack) ([]shard.Config, []*stack.Proc, error) {
+		return s.ShardsWith(ctx, n, 1, stack.RedisOptions{Durable: true})
+	}
+}
+
+// clusterOptions say what a deployment runs on.
+type clusterOptions struct {
+	// shards starts the Redis shards.
+	shards func(context.Context, *stack.Stack) ([]shard.Config, []*stack.Proc, error)
+	// natsServers: 0 or 1 runs one NATS server; more, a cluster of them
+	// whose streams have three replicas.
+	natsServers int
+}
+
+// newClusterOf starts the deployment o describes. The stack's directory
+// (logs, data) is kept when t fails.
+func newClusterOf(t *testing.T, o clusterOptions) *cluster {
 	dir, err := os.MkdirTemp("", "tally-faults-")
 	require.NoError(t, err)
 	c := &cluster{stack: stack.New(dir, bin)}
@@ -97,15 +114,24 @@ func newClusterOf(t *testing.T, shards func(context.Context, *stack.Stack) ([]sh
 		_ = os.RemoveAll(dir)
 	})
 	ctx := context.Background()
-	configs, procs, err := shards(ctx, c.stack)
+	configs, procs, err := o.shards(ctx, c.stack)
 	require.NoError(t, err)
 	c.redis = procs
-	c.nats, err = c.stack.NATS(ctx)
-	require.NoError(t, err)
+	c.cfg = &config.File{KeyPrefix: "tally", Redis: config.Redis{Shards: configs}}
+	if o.natsServers > 1 {
+		c.natsServers, err = c.stack.NATSCluster(ctx, o.natsServers)
+		require.NoError(t, err)
+		c.nats = c.natsServers[0]
+		c.cfg.NATS.URL = stack.URLs(c.natsServers)
+		c.cfg.NATS.Streams.Replicas = 3
+	} else {
+		c.nats, err = c.stack.NATS(ctx)
+		require.NoError(t, err)
+		c.natsServers = []*stack.Proc{c.nats}
+		c.cfg.NATS.URL = c.nats.Addr
+	}
 	c.upstream = startUpstream(t)
 
-	c.cfg = &config.File{KeyPrefix: "tally", Redis: config.Redis{Shards: configs}}
-	c.cfg.NATS.URL = c.nats.Addr
 	c.cfg.Policies = []config.Policy{far, exact, tight, loose}
 	c.cfg.Routes = routes
 	c.cfg.Accountant.AdminListen = stack.FreeAddr()
@@ -127,7 +153,7 @@ func newClusterOf(t *testing.T, shards func(context.Context, *stack.Stack) ([]sh
 		c.rdb = append(c.rdb, r)
 	}
 	// The suite's own connection outlives NATS restarts.
-	c.nc, err = nats.Connect(c.nats.Addr, append(c.stack.NATSOptions("operator"), nats.MaxReconnects(-1),
+	c.nc, err = nats.Connect(c.cfg.NATS.URL, append(c.stack.NATSOptions("operator"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond))...)
 	require.NoError(t, err)
 	t.Cleanup(c.nc.Close)

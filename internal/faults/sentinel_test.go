@@ -33,10 +33,10 @@ func TestSentinelFailover(t *testing.T) {
 	if _, err := exec.LookPath("redis-sentinel"); err != nil {
 		t.Fatal("redis-sentinel not found on PATH: run `make test` (it installs Debian's redis-sentinel) or `apt-get install redis-sentinel`")
 	}
-	c := newClusterOf(t, func(ctx context.Context, s *stack.Stack) ([]shard.Config, []*stack.Proc, error) {
+	c := newClusterOf(t, clusterOptions{shards: func(ctx context.Context, s *stack.Stack) ([]shard.Config, []*stack.Proc, error) {
 		sc, procs, err := s.SentinelShard(ctx, "s0", 2, 3, sentinelDown)
 		return []shard.Config{sc}, procs, err
-	})
+	}})
 	sentinels := c.cfg.Redis.Shards[0].Sentinel.Addrs
 	old := c.redis[0]
 	r := c.start(t, nil)

@@ -318,6 +318,73 @@ func (s *Stack) NATS(ctx context.Context) (*Proc, error) {
 	return p, p.ready(ctx)
 }
 
+// NATSCluster starts n NATS servers in one cluster (deploy/nats/cluster.conf:
+// the shipped users and permissions, routes that authenticate), named
+// nats-0 … nats-<n-1> (each Proc's Name is its server name), each with its
+// JetStream store in the stack's directory, and returns once every one
+// reports JetStream healthy. URLs joins their client URLs, as nats.url
+// takes them. Restart brings a server back with its store.
+func (s *Stack) NATSCluster(ctx context.Context, n int) ([]*Proc, error) {
+	for name, body := range map[string][]byte{"tally.conf": deploy.NATSConfig, "nats-cluster.conf": deploy.NATSClusterConfig} {
+		if err := os.WriteFile(filepath.Join(s.Dir, name), body, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	routePassword := randomHex(16)
+	clusterAddrs := make([]string, n)
+	for i := range clusterAddrs {
+		clusterAddrs[i] = FreeAddr()
+	}
+	var procs []*Proc
+	for i := range n {
+		addr, mon := FreeAddr(), FreeAddr()
+		_, port, _ := net.SplitHostPort(addr)
+		_, mport, _ := net.SplitHostPort(mon)
+		var routes []string
+		for j, a := range clusterAddrs {
+			if j != i {
+				routes = append(routes, "nats://route:"+routePassword+"@"+a)
+			}
+		}
+		name := fmt.Sprintf("nats-%d", i)
+		p := &Proc{Name: name, bin: filepath.Join(s.Bin, "nats-server"), log: filepath.Join(s.Dir, name+".log"),
+			args: []string{"-c", filepath.Join(s.Dir, "nats-cluster.conf"), "-n", name, "-a", "127.0.0.1", "-p", port,
+				"-m", mport, "-js", "-sd", filepath.Join(s.Dir, "jetstream-"+strconv.Itoa(i)),
+				"--cluster", "nats://" + clusterAddrs[i], "--routes", strings.Join(routes, ",")},
+			env: []string{deploy.NATSRoutePasswordEnv + "=" + routePassword}}
+		for _, u := range deploy.NATSUsers {
+			p.env = append(p.env, deploy.NATSPasswordEnv(u)+"="+s.passwords[u])
+		}
+		if err := s.add(p); err != nil {
+			return nil, err
+		}
+		p.Addr, p.AdminAddr = "nats://"+addr, mon
+		p.ready = func(ctx context.Context) error {
+			if err := WaitTCP(ctx, addr); err != nil {
+				return err
+			}
+			// Healthy: JetStream is up and current with the cluster.
+			return WaitHTTP(ctx, "http://"+mon+"/healthz", p.done())
+		}
+		procs = append(procs, p)
+	}
+	for _, p := range procs {
+		if err := p.ready(ctx); err != nil {
+			return nil, fmt.Errorf("%s: %w", p.Name, err)
+		}
+	}
+	return procs, nil
+}
+
+// URLs joins the client URLs of procs with commas (nats.url).
+func URLs(procs []*Proc) string {
+	urls := make([]string, len(procs))
+	for i, p := range procs {
+		urls[i] = p.Addr
+	}
+	return strings.Join(urls, ",")
+}
+
 // WriteConfig writes f as YAML to <Dir>/<name>.yaml and returns its path.
 func (s *Stack) WriteConfig(name string, f *config.File) (string, error) {
 	b, err := yaml.Marshal(f)

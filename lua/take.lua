@@ -36,6 +36,14 @@
 --            none). Those whose seq is beyond applied (below) count as used:
 --            a reservation never takes room the edge has already admitted
 --            requests into
+-- ARGV[10] -> moving to: "" (none), or, when the caller asks the key's
+--            previous shard while shards are added or removed, the name of
+--            the shard that owns the key now (1 to 32 of [a-z0-9_-]). A
+--            live window here is served here until it resets; with none,
+--            the key is marked moved (field "m": the new owner's name, for
+--            the window's length plus grace) and the call fails MOVED
+--            below, as every later call here fails while the mark lasts:
+--            from then on the key's windows open on the new owner only
 --
 -- Returns: {granted, used, reset_at, start, opened, applied, mine}
 --   granted   units reserved: 0, or from need to want (as much as is left)
@@ -48,6 +56,8 @@
 --   mine      every unit reserved for the holder in this window so far, this
 --             call's included (0 when no window is live)
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
+--         "TALLYMOVED <shard>": the key has moved to that shard (no live
+--         window here); nothing is reserved here.
 local now = arg_int(1, 0, MAX_MS)
 if now == nil then return redis.error_reply("ERR tally: invalid now") end
 local len = arg_int(2, 1000, 1000000000000)
@@ -69,6 +79,10 @@ if not valid_producer(producer) or (holder ~= producer and string.sub(holder, 1,
   return redis.error_reply("ERR tally: invalid producer")
 end
 local mine_field = "g:" .. holder
+local moving = ARGV[10] or ""
+if #moving > 32 or not string.match(moving, "^[a-z0-9_-]*$") then
+  return redis.error_reply("ERR tally: invalid moving")
+end
 local owedArg = ARGV[9]
 if type(owedArg) ~= "string" or #owedArg > 64 * 28 or (#owedArg > 0 and (not string.match(owedArg, "^[%d:,]+$")
     or string.sub(owedArg, 1, 1) == "," or string.sub(owedArg, -1) == "," or string.find(owedArg, ",,", 1, true))) then
@@ -97,7 +111,7 @@ if #owedPairs > 0 then
 end
 -- One read: the window, and what it holds for the holder and the producer.
 local held_field = "c:" .. producer
-local f = redis.call("HMGET", KEYS[1], "u", "s", "r", "p", mine_field, held_field)
+local f = redis.call("HMGET", KEYS[1], "u", "s", "r", "p", mine_field, held_field, "m")
 local w = nil
 if tonumber(f[3]) ~= nil and tonumber(f[2]) ~= nil then
   w = { u = tonumber(f[1]) or 0, s = tonumber(f[2]), r = tonumber(f[3]), p = tonumber(f[4]) or 0 }
@@ -105,6 +119,18 @@ end
 local mine, held = tonumber(f[5]) or 0, tonumber(f[6]) or 0
 local opened = 0
 if w == nil or w.r <= now then
+  -- No live window: a key that moved opens its windows on its new owner.
+  if f[7] then
+    return redis.error_reply("TALLYMOVED " .. f[7])
+  end
+  if moving ~= "" then
+    if need > 0 then
+      redis.call("DEL", KEYS[1])
+      redis.call("HSET", KEYS[1], "m", moving)
+      redis.call("PEXPIRE", KEYS[1], len + grace)
+    end
+    return redis.error_reply("TALLYMOVED " .. moving)
+  end
   if need == 0 then
     return { 0, 0, 0, 0, 0, applied, 0 }
   end

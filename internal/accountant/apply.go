@@ -127,7 +127,7 @@ func (w *worker) convert(it *item) error {
 		if err != nil {
 			return err
 		}
-		if got := w.a.store.ShardOf(op.Key); got != w.shard {
+		if got := w.a.store.ShardOf(op.Key); !w.a.store.Holds(w.shard, op.Key) {
 			return fmt.Errorf("%w: event %d: key of shard %s on shard %s's subject", events.ErrInvalidEvent,
 				k+1, w.a.store.ShardName(got), w.name)
 		}

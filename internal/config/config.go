@@ -81,6 +81,11 @@ type Redis struct {
 	// deletes applied events from the stream.
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
+	// Placement names the shards keys are placed on (default: every
+	// shard); PreviousPlacement, while shards are added or removed, the
+	// placement before (docs/operations.md, Resharding).
+	Placement         []string `yaml:"placement,omitempty"`
+	PreviousPlacement []string `yaml:"previous_placement,omitempty"`
 	// TLS secures every connection to every node.
 	TLS TLS `yaml:"tls"`
 }
@@ -551,6 +556,7 @@ func (f *File) StoreOptions() redisstore.Options {
 		Grace: f.Redis.Grace, SkewTolerance: f.Redis.SkewTolerance, ReadPolicy: f.Redis.ReadPolicy,
 		DialTimeout: f.Redis.Timeout, ReadTimeout: f.Redis.Timeout, WriteTimeout: f.Redis.Timeout,
 		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout, TLS: f.redisTLS,
+		Placement: f.Redis.Placement, PreviousPlacement: f.Redis.PreviousPlacement,
 		// Ample for a stream that keeps events up to its max age.
 		ProducerTTL: max(25*time.Hour, f.NATS.Streams.WithDefaults().Accounting.MaxAge+time.Hour),
 	}

@@ -122,6 +122,19 @@ func (f *File) validate() error {
 // validate places the store's verdict on the file's fields: the three
 // timeouts the store has are one setting here.
 func (r Redis) validate(o redisstore.Options) error {
+	names := map[string]bool{}
+	for _, s := range r.Shards {
+		names[s.Name] = true
+	}
+	for field, list := range map[string][]string{"redis.placement": r.Placement, "redis.previous_placement": r.PreviousPlacement} {
+		seen := map[string]bool{}
+		for _, n := range list {
+			if !names[n] || seen[n] {
+				return fieldErr(field, "%q: want names of shards in redis.shards, each once", n)
+			}
+			seen[n] = true
+		}
+	}
 	err := o.Validate()
 	var e *setting.Error
 	if errors.As(err, &e) {

@@ -15,7 +15,7 @@ func (c *Core) borrow(v Verdict, e *entry, cost int64) (Verdict, bool) {
 	if units <= 0 || len(e.debts) >= limiter.MaxOwed {
 		return v, false
 	}
-	seq := c.d.Ledger.Record(e.shard, limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
+	seq := c.d.Ledger.Record(e.at(), limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
 		ResetAt: e.reset, Start: v.Now, Time: c.d.Clock.Now(), RequestID: v.RequestID()})
 	if seq == 0 {
 		return v, false
@@ -53,7 +53,7 @@ func (c *Core) fallback(v Verdict, e *entry, cost int64) (Verdict, error) {
 		}
 	}
 	// Nothing known: admit, and charge by the request's start.
-	if seq := c.d.Ledger.Record(e.shard, limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: cost, Start: v.Now,
+	if seq := c.d.Ledger.Record(e.at(), limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: cost, Start: v.Now,
 		Time: c.d.Clock.Now(), RequestID: v.RequestID()}); seq != 0 {
 		v.ChargeSeq = seq
 	}
@@ -64,7 +64,7 @@ func (c *Core) fallback(v Verdict, e *entry, cost int64) (Verdict, error) {
 
 // allow fills an allowed verdict from e. Callers hold e.mu.
 func (c *Core) allow(v Verdict, e *entry, path Path) Verdict {
-	v.Path, v.Decided, v.Reset = path, true, e.reset
+	v.Path, v.Decided, v.Reset, v.Shard = path, true, e.reset, e.at()
 	v.N = e.served
 	e.served++
 	c.counted(e, path, 1)
@@ -74,7 +74,7 @@ func (c *Core) allow(v Verdict, e *entry, path Path) Verdict {
 
 // deny fills a denied verdict from e. Callers hold e.mu.
 func (c *Core) deny(v Verdict, e *entry, path Path) Verdict {
-	v.Path, v.Decided, v.Reset = path, true, e.reset
+	v.Path, v.Decided, v.Reset, v.Shard = path, true, e.reset, e.at()
 	c.counted(e, path, 0)
 	// Denied: room < cost, so Remaining is below the cost and never the
 	// limit.

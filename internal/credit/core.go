@@ -101,8 +101,9 @@ func (c *Core) entry(dg limiter.Digest, p limiter.Policy) *entry {
 	return c.table.get(dg, func() *entry {
 		k := c.d.Keys.KeyOf(dg)
 		num := c.gen.Add(1)
-		return &entry{key: k, shard: c.d.Reserver.ShardOf(k), policy: p, holder: HolderOf(c.d.Producer, num), holderNum: num,
-			counts: c.countsOf(p.Name)}
+		e := &entry{key: k, policy: p, holder: HolderOf(c.d.Producer, num), holderNum: num, counts: c.countsOf(p.Name)}
+		e.shard.Store(int32(c.d.Reserver.ShardOf(k)))
+		return e
 	}, c.evicted)
 }
 
@@ -112,7 +113,7 @@ func (c *Core) entry(dg limiter.Digest, p limiter.Policy) *entry {
 // nothing of the window, and it fails closed.
 func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (Verdict, error) {
 	e := c.entry(dg, p)
-	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum,
+	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.at(), Now: now, Producer: c.d.Producer, ReqNum: reqNum,
 		HolderNum: e.holderNum}
 	mode := p.Mode.OrDefault()
 	var deadline time.Time // real time: set when the request first has to wait
@@ -166,7 +167,7 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 			c.startTake(e, cost, now)
 		}
 		ch := e.refill
-		if c.suspected(e.shard, now) || !c.wait(ctx, e, ch, deadline) {
+		if c.suspected(e.at(), now) || !c.wait(ctx, e, ch, deadline) {
 			return c.fallback(v, e, cost)
 		}
 		path = PathReserve
@@ -191,7 +192,7 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 		return Verdict{}, false
 	}
 	e.deniedSince, e.lastCost = true, cost
-	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum,
+	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.at(), Now: now, Producer: c.d.Producer, ReqNum: reqNum,
 		HolderNum: e.holderNum}
 	return c.deny(v, e, PathCache), true
 }
@@ -205,7 +206,7 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 // slow or down, follows FailOpen. It reserves nothing.
 func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, now time.Time, reqNum uint64) (Verdict, error) {
 	e := c.entry(dg, p)
-	v := Verdict{Policy: p, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum, HolderNum: e.holderNum}
+	v := Verdict{Policy: p, Key: e.key, Shard: e.at(), Now: now, Producer: c.d.Producer, ReqNum: reqNum, HolderNum: e.holderNum}
 	e.lastUseNano.Store(now.UnixNano())
 	e.lock()
 	defer e.mu.Unlock()
@@ -215,7 +216,7 @@ func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, no
 	}
 	path := PathCredit
 	if !e.live(now) {
-		if c.suspected(e.shard, now) {
+		if c.suspected(e.at(), now) {
 			return c.lookFailed(v, e)
 		}
 		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: c.d.Producer, Holder: e.holder}
@@ -226,14 +227,15 @@ func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, no
 		e.lock()
 		c.stats.rechecks.Add(1)
 		if err != nil {
-			c.primaryFailed(e.shard, err, c.d.Clock.Now())
+			c.primaryFailed(e.at(), err, c.d.Clock.Now())
 			if !e.live(now) { // another request may have learnt it meanwhile
 				return c.lookFailed(v, e)
 			}
 		} else {
-			c.takeOK(e.shard)
+			c.takeOK(e.at())
 			if g.Live && !e.live(now) {
 				e.reset, e.start, e.used = g.ResetAt, g.Start, g.Used
+				e.shard.Store(int32(g.Shard))
 				e.count(g)
 			}
 		}
@@ -276,13 +278,13 @@ func (c *Core) wait(ctx context.Context, e *entry, ch chan struct{}, deadline ti
 // made by the request itself. Callers hold e.mu; it is released during the
 // call.
 func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, now, deadline time.Time) (Verdict, error) {
-	if c.suspected(e.shard, now) {
+	if c.suspected(e.at(), now) {
 		// One request at a time finds out whether the primary is back; the
 		// others do not wait for it.
-		if !c.probing[e.shard].CompareAndSwap(false, true) {
+		if !c.probing[e.at()].CompareAndSwap(false, true) {
 			return c.fallback(v, e, cost)
 		}
-		defer c.probing[e.shard].Store(false)
+		defer c.probing[e.at()].Store(false)
 	}
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
 		Holder: e.holder, Owed: e.owed()}
@@ -322,7 +324,7 @@ func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs,
 		c.takeFailed(e, err)
 		return g, false, err
 	}
-	c.takeOK(e.shard)
+	c.takeOK(e.at())
 	return g, c.grant(e, g, now), nil
 }
 
@@ -348,7 +350,7 @@ func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 			c.takeFailed(e, err)
 		} else {
 			e.failed = time.Time{}
-			c.takeOK(e.shard)
+			c.takeOK(e.at())
 			if c.grant(e, g, now) {
 				c.publishFull(e)
 			}
@@ -377,7 +379,7 @@ func (c *Core) want(e *entry, need int64) int64 {
 // reserve ahead would sit unused, and go back by an event. Callers hold
 // e.mu.
 func (c *Core) prefetch(e *entry, cost int64, now time.Time) {
-	if e.refill != nil || e.full || e.rate == 0 || c.suspected(e.shard, now) {
+	if e.refill != nil || e.full || e.rate == 0 || c.suspected(e.at(), now) {
 		return
 	}
 	soon := e.rate * c.cfg.Horizon.Seconds() / 2 // units the key is expected to ask for within half the horizon
@@ -396,6 +398,7 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 		e.expire()
 		e.reset, e.start = g.ResetAt, g.Start
 	}
+	e.shard.Store(int32(g.Shard)) // where the window is: it moves with a new window only
 	e.used, e.doubtful = g.Used, false
 	e.credit += g.Granted
 	e.count(g)
@@ -444,7 +447,7 @@ func (c *Core) takeFailed(e *entry, err error) {
 	now := c.d.Clock.Now()
 	e.failed = now
 	e.lost = now // it may have been made all the same
-	c.primaryFailed(e.shard, err, now)
+	c.primaryFailed(e.at(), err, now)
 }
 
 // primaryFailed counts a call to shard's primary that failed: after
@@ -491,7 +494,7 @@ func (c *Core) reconcile(e *entry, now time.Time) {
 	e.credit += extra
 	c.stats.recovered.Add(uint64(extra))
 	c.d.Log.Info("a reservation whose answer was lost was made: its units are this edge's credit again",
-		"shard", c.d.Reserver.ShardName(e.shard), "units", extra)
+		"shard", c.d.Reserver.ShardName(e.at()), "units", extra)
 	if e.exact() {
 		c.release(e, now)
 	}
@@ -522,6 +525,7 @@ func (c *Core) resolveLost(ctx context.Context, lost []*entry, now time.Time) {
 		if g.Live && e.inflight == 0 {
 			if e.reset.IsZero() { // the lost reservation opened the window
 				e.reset, e.start, e.used = g.ResetAt, g.Start, g.Used
+				e.shard.Store(int32(g.Shard))
 			}
 			if g.ResetAt.Equal(e.reset) {
 				e.count(g)

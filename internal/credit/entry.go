@@ -13,9 +13,12 @@ import (
 // full (doc.go has its states). It is guarded by mu; nothing holds mu
 // during I/O.
 type entry struct {
-	mu     sync.Mutex
-	key    limiter.Key
-	shard  int
+	mu  sync.Mutex
+	key limiter.Key
+	// shard holds the window: the key's owner, or its previous owner
+	// while shards are added or removed (limiter.Grant.Shard). Read
+	// without mu (at); set under it.
+	shard  atomic.Int32
 	policy limiter.Policy
 
 	// reset and start name the window this knowledge is about (zero: none).
@@ -95,6 +98,9 @@ type debt struct {
 	seq   uint64
 	units int64
 }
+
+// at is the shard that holds e's window.
+func (e *entry) at() int { return int(e.shard.Load()) }
 
 // lock takes e.mu to change e: the sweep looks at e again next time.
 func (e *entry) lock() {

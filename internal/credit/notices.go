@@ -50,7 +50,7 @@ func (c *Core) publishFull(e *entry) {
 	c.stats.noticesUp.Add(1)
 	// What the window counts once this edge's charges in flight are
 	// applied: an overdraft makes it more than the limit.
-	c.d.Notifier.Notify(e.shard, Notice{Full: true, Key: e.key.Digest(), ResetAt: e.reset, Used: e.used + e.debtUnits()})
+	c.d.Notifier.Notify(e.at(), Notice{Full: true, Key: e.key.Digest(), ResetAt: e.reset, Used: e.used + e.debtUnits()})
 }
 
 // Learn takes into this edge's entry of a window what a refund or release
@@ -139,7 +139,7 @@ func (c *Core) finish(ctx context.Context, v Verdict, status int, back int64, no
 // request's start.
 func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) Verdict {
 	e := c.entry(dg, p)
-	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.shard, Now: now, Producer: c.d.Producer, ReqNum: reqNum,
+	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.at(), Now: now, Producer: c.d.Producer, ReqNum: reqNum,
 		HolderNum: e.holderNum}
 	e.lastUseNano.Store(now.UnixNano())
 	e.lock()
@@ -148,7 +148,7 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	if !e.reset.IsZero() && !now.Before(e.reset) {
 		e.expire()
 	}
-	if !e.live(now) && !c.suspected(e.shard, now) {
+	if !e.live(now) && !c.suspected(e.at(), now) {
 		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: 1, Want: min(cost, p.Limit), Producer: c.d.Producer,
 			Holder: e.holder, Owed: e.owed()}
 		if _, full, err := c.takeWaiting(ctx, e, args, now, time.Now().Add(c.cfg.RedisBudget)); err == nil {
@@ -198,7 +198,7 @@ func (c *Core) overdraw(v Verdict, units int64, now time.Time) {
 // number (0: dropped). When it is e's window, e remembers it as owed, and a
 // window it fills is full for every edge. Callers hold e.mu.
 func (c *Core) overdrawLocked(e *entry, v Verdict, units int64, reset, now time.Time) uint64 {
-	seq := c.d.Ledger.Record(e.shard, limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
+	seq := c.d.Ledger.Record(e.at(), limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
 		ResetAt: reset, Start: v.Now, Time: now, RequestID: v.RequestID(), TraceParent: v.TraceParent})
 	if seq == 0 || reset.IsZero() || !reset.Equal(e.reset) || !e.live(now) {
 		return seq

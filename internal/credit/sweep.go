@@ -31,7 +31,7 @@ func (c *Core) releaseUnits(e *entry, units int64, now time.Time) {
 		return
 	}
 	ev := limiter.Entry{Kind: limiter.Release, Key: e.key, Policy: e.policy, Units: units, ResetAt: e.reset, Start: e.start, Time: now}
-	if c.d.Ledger.Record(e.shard, ev) != 0 {
+	if c.d.Ledger.Record(e.at(), ev) != 0 {
 		c.stats.released.Add(uint64(units))
 		e.used -= units
 		e.credit -= units
@@ -67,7 +67,7 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 		if e.credit > 0 && quiet && e.refill == nil {
 			c.release(e, now)
 		}
-		if !e.lost.IsZero() && e.inflight == 0 && !c.suspected(e.shard, now) {
+		if !e.lost.IsZero() && e.inflight == 0 && !c.suspected(e.at(), now) {
 			lost = append(lost, e)
 		}
 		switch {

@@ -68,6 +68,10 @@ type Grant struct {
 	// this call's included: more than the holder knows it was given means
 	// a reservation whose answer it never got was made after all.
 	Mine int64
+	// Shard is the shard that holds the window (the Reserver's numbering):
+	// the key's owner, or, while shards are added or removed, its previous
+	// owner until the window there resets.
+	Shard int
 }
 
 func (a TakeArgs) Validate(k Key) error {

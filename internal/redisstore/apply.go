@@ -73,7 +73,7 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, re
 	for j := range evs {
 		e := &evs[j]
 		err := e.Validate()
-		if err == nil && s.ShardOf(e.Key) != i {
+		if err == nil && !s.Holds(i, e.Key) {
 			err = fmt.Errorf("%w: event %d of %q: key of shard %s applied on shard %s", limiter.ErrInvalidArgument,
 				e.Seq, e.Producer, s.shards[s.ShardOf(e.Key)].name, n.name)
 		}

@@ -28,7 +28,18 @@ func (s *Store) Finish(ctx context.Context, k limiter.Key, now time.Time, a limi
 	if !a.ResetAt.IsZero() {
 		reset = ms(a.ResetAt)
 	}
-	n := s.shards[s.ShardOf(k)]
+	i := s.ShardOf(k)
+	if j, moving := s.previousOwner(k); moving && reset != 0 {
+		// The window the response showed may be on the previous owner.
+		w, err := parseCheck(s.run(ctx, s.shards[j].primary, checkScript, true, []string{k.String()}, ms(now)))
+		if err != nil {
+			return limiter.FinishResult{}, fmt.Errorf("limiter: finish on shard %s: %w", s.shards[j].name, err)
+		}
+		if w.Live && w.ResetAt.Equal(a.ResetAt) {
+			i = j
+		}
+	}
+	n := s.shards[i]
 	keys := []string{k.String(), s.keys.FinishKey(k.Digest(), a.Holder, reset), s.producerKey(a.Producer)}
 	v, err := s.run(ctx, n.primary, finishScript, false, keys, ms(now), reset, a.N, a.Status, a.Units, a.Producer,
 		a.ChargeSeq, ms(a.Start), a.Window.Milliseconds(), s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(),

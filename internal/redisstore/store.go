@@ -80,6 +80,13 @@ type Options struct {
 	// script holds its Redis node while it runs, and reservations on the
 	// request path wait behind it. Default 128 (a couple of milliseconds).
 	ScriptEvents int
+	// Placement names the shards keys are placed on (default: every
+	// shard); a shard not named is reachable for what it still holds.
+	// PreviousPlacement, while shards are added or removed, is the
+	// placement before: a key whose owner changed keeps a live window on
+	// its previous owner until that window resets, and then opens its
+	// windows on its new owner (docs/operations.md, Resharding).
+	Placement, PreviousPlacement []string
 }
 
 // ErrInvalidOptions is wrapped by Options.Validate's errors.
@@ -156,12 +163,16 @@ func (o Options) Validate() error {
 // Store runs the window scripts on the shards: checks on replicas, opens,
 // charges and refunds on primaries. It is safe for concurrent use.
 type Store struct {
-	opts      Options
-	keys      *limiter.KeySpace
-	m         *shard.Map
-	shards    []*shardNodes
-	producers sync.Map // producer id → its key (string)
-	reloads   atomic.Uint64
+	opts   Options
+	keys   *limiter.KeySpace
+	shards []*shardNodes
+	byName map[string]int
+	// m places keys (placed: its indexes into shards); prev, while keys
+	// move, is the placement before (nil: none).
+	m, prev           *shard.Map
+	placed, prevPlace []int
+	producers         sync.Map // producer id → its key (string)
+	reloads           atomic.Uint64
 	// unreplicated counts reservations a primary that fails over by itself
 	// made without the replicas confirming them in time.
 	unreplicated atomic.Uint64
@@ -191,10 +202,18 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	names := make([]string, len(shards))
-	s := &Store{opts: opts, keys: keys}
+	s := &Store{opts: opts, keys: keys, byName: make(map[string]int, len(shards))}
 	for i, sc := range shards {
-		names[i] = sc.Name
+		s.byName[sc.Name] = i
+	}
+	var err error
+	if s.m, s.placed, err = s.placement("placement", opts.Placement, true); err != nil {
+		return nil, err
+	}
+	if s.prev, s.prevPlace, err = s.placement("previous_placement", opts.PreviousPlacement, false); err != nil {
+		return nil, err
+	}
+	for _, sc := range shards {
 		n := &shardNodes{name: sc.Name, wait: opts.WaitReplicas, failover: sc.Failover()}
 		replicas := len(sc.Replicas)
 		if sc.Failover() {
@@ -224,8 +243,31 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 		}
 		s.shards = append(s.shards, n)
 	}
-	s.m = shard.NewMap(names)
 	return s, nil
+}
+
+// placement is the map over names (every shard when names is empty and
+// all is set; nil otherwise) and its indexes into s.shards.
+func (s *Store) placement(field string, names []string, all bool) (*shard.Map, []int, error) {
+	if len(names) == 0 {
+		if !all {
+			return nil, nil, nil
+		}
+		names = make([]string, len(s.byName))
+		for name, i := range s.byName {
+			names[i] = name
+		}
+	}
+	idx := make([]int, len(names))
+	seen := map[string]bool{}
+	for j, name := range names {
+		i, ok := s.byName[name]
+		if !ok || seen[name] {
+			return nil, nil, setting.Errorf(ErrInvalidOptions, field, "%q: want names of configured shards, each once", name)
+		}
+		seen[name], idx[j] = true, i
+	}
+	return shard.NewMap(names), idx, nil
 }
 
 func (o *Options) client(n shard.Node, retries int) *redis.Options {
@@ -298,14 +340,50 @@ func (s *Store) Shards() int { return len(s.shards) }
 func (s *Store) ShardName(i int) string { return s.shards[i].name }
 
 // ShardOf is the index of the shard that owns k.
-func (s *Store) ShardOf(k limiter.Key) int { return s.m.Pick(k.Hash()) }
+func (s *Store) ShardOf(k limiter.Key) int { return s.placed[s.m.Pick(k.Hash())] }
+
+// previousOwner is k's owner before the move in progress, when it is not
+// its owner now.
+func (s *Store) previousOwner(k limiter.Key) (int, bool) {
+	if s.prev == nil {
+		return 0, false
+	}
+	j := s.prevPlace[s.prev.Pick(k.Hash())]
+	return j, j != s.ShardOf(k)
+}
+
+// Holds reports whether shard i may hold k's windows: its owner, or its
+// previous owner while keys move. Accounting events of k are applied there
+// only.
+func (s *Store) Holds(i int, k limiter.Key) bool {
+	j, moving := s.previousOwner(k)
+	return i == s.ShardOf(k) || (moving && i == j)
+}
+
+// movedTo is the shard a take's TALLYMOVED error names.
+func movedTo(err error) (string, bool) {
+	if err == nil || !redis.HasErrorPrefix(err, "TALLYMOVED") {
+		return "", false
+	}
+	return strings.TrimSpace(strings.TrimPrefix(err.Error(), "TALLYMOVED")), true
+}
 
 // Check reads k's live window from a replica of its shard at the store
 // clock's now. A window whose reset_at is not after now reads as not live,
 // whatever the replica still holds. A replica that fails with a connection error is marked down and
 // the next one is tried; when none is up, the read policy applies.
 func (s *Store) Check(ctx context.Context, k limiter.Key) (limiter.Window, error) {
-	n := s.shards[s.ShardOf(k)]
+	if j, moving := s.previousOwner(k); moving {
+		// A live window on the previous owner is the key's until it resets.
+		if w, err := s.checkOn(ctx, j, k); err != nil || w.Live {
+			return w, err
+		}
+	}
+	return s.checkOn(ctx, s.ShardOf(k), k)
+}
+
+func (s *Store) checkOn(ctx context.Context, i int, k limiter.Key) (limiter.Window, error) {
+	n := s.shards[i]
 	now := s.opts.Clock.Now()
 	keys, arg := []string{k.String()}, ms(now)
 	var buf [8]int

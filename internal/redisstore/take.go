@@ -27,7 +27,12 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 	if holder == "" {
 		holder = a.Producer
 	}
-	n := s.shards[s.ShardOf(k)]
+	i, moving := s.ShardOf(k), ""
+	if j, ok := s.previousOwner(k); ok {
+		// The key moves: its previous owner serves a live window it holds,
+		// or marks the key moved (lua/take.lua).
+		i, moving = j, s.shards[i].name
+	}
 	var owed []byte
 	for i, o := range a.Owed {
 		if i > 0 {
@@ -37,15 +42,31 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 		owed = append(owed, ':')
 		owed = strconv.AppendInt(owed, o.Units, 10)
 	}
-	v, err := n.takes.do(ctx, []string{k.String(), s.producerKey(a.Producer)}, []any{ms(now), a.Window.Milliseconds(),
-		a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder, a.Producer, string(owed)})
+	keys := []string{k.String(), s.producerKey(a.Producer)}
+	var v []int64
+	var err error
+	for attempt := 0; ; attempt++ {
+		v, err = s.shards[i].takes.do(ctx, keys, []any{ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want,
+			s.opts.Grace.Milliseconds(), holder, a.Producer, string(owed), moving})
+		to, moved := movedTo(err)
+		if !moved || attempt > 0 {
+			break
+		}
+		j, ok := s.byName[to]
+		if !ok {
+			return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: the key moved to shard %q, which is not configured",
+				s.shards[i].name, to)
+		}
+		i, moving = j, ""
+	}
+	n := s.shards[i]
 	if err != nil {
 		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
 	}
 	if len(v) != 7 {
 		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v)
 	}
-	g := limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6]}
+	g := limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6], Shard: i}
 	if v[2] != 0 {
 		g.Live, g.ResetAt, g.Start = true, fromMS(v[2]), fromMS(v[3])
 	}

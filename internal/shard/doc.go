@@ -22,7 +22,9 @@
 // names. A key goes to the shard whose name scores highest for it. Adding a
 // shard moves only the keys the new shard now wins, about 1/(n+1) of them,
 // and removing one moves only that shard's keys; the order of shards in the
-// configuration does not matter. The key's 64-bit hash is taken from Tally's
+// configuration does not matter. While keys move (a placement and the
+// previous one, redisstore.Options), a moving key keeps the live window
+// its previous owner holds until it resets. The key's 64-bit hash is taken from Tally's
 // keyed key digest, so a client cannot steer which shard it lands on.
 //
 // # Replica selection

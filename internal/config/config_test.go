@@ -95,6 +95,19 @@ func TestSentinelShards(t *testing.T) {
 	require.ErrorContains(t, err, "not both")
 }
 
+// A move between shards names shards of redis.shards, each once.
+func TestPlacement(t *testing.T) {
+	src := strings.Replace(good, "nats:\n", "  placement: [s0]\n  previous_placement: [s0]\nnats:\n", 1)
+	f, err := Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	require.Equal(t, []string{"s0"}, f.StoreOptions().PreviousPlacement)
+	for _, bad := range []string{"placement: [s9]", "placement: [s0, s0]", "previous_placement: [s1]"} {
+		src := strings.Replace(good, "nats:\n", "  "+bad+"\nnats:\n", 1)
+		_, err := Parse([]byte(src), withSecret)
+		require.ErrorContains(t, err, "want names of shards in redis.shards", bad)
+	}
+}
+
 // nats.url may name every server of a cluster; each must be a URL.
 func TestNATSClusterURL(t *testing.T) {
 	src := strings.Replace(good, "url: nats://127.0.0.1:4222", "url: nats://10.0.0.1:4222,nats://10.0.0.2:4222", 1)

@@ -2,7 +2,10 @@ package events
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -64,9 +67,22 @@ func (c BatcherConfig) WithDefaults() BatcherConfig {
 type BatcherStats struct {
 	Published uint64 // decisions in messages JetStream acknowledged
 	Messages  uint64 // those messages
-	Dropped   uint64 // decisions dropped: buffer full, publish failed, or unsent at Close
+	Dropped   uint64 // decisions dropped: buffer full, publish failed for retryFor, or unsent at Close
 	Queued    int    // decisions waiting now
+	Retrying  int    // messages waiting to be published again
 }
+
+// A message JetStream did not take (no stream leader during an election,
+// NATS unreachable, a timeout) is published again, with the same message id
+// (the decisions stream drops a repeat within its duplicate window), until
+// retryFor has passed; at most Buffer decisions wait so at once (besides
+// the Buffer queued), and beyond them a failed message is dropped and
+// counted.
+const (
+	retryFor      = 30 * time.Second
+	retryFirst    = 100 * time.Millisecond
+	retryMostWait = 2 * time.Second
+)
 
 // Batcher publishes decisions to the decisions stream in CloudEvents JSON
 // batches. Add never blocks; a background loop encodes and publishes.
@@ -82,6 +98,16 @@ type Batcher struct {
 	stop   chan struct{}
 	done   chan struct{}
 	closed atomic.Bool
+	// id and msgs name each message (Nats-Msg-Id): id.<n>.
+	id   string
+	msgs atomic.Uint64
+	// busy counts the goroutines that wait for a message's ack or publish
+	// it again; retrying those publishing again, and retried the decisions
+	// in them. abandon, cancelled by Close when its context ends, stops
+	// them.
+	busy, retrying, retried atomic.Int64
+	abandon        context.Context
+	abandonAll     context.CancelFunc
 
 	published, messages, dropped atomic.Uint64
 }
@@ -89,8 +115,13 @@ type Batcher struct {
 // NewBatcher starts a batcher publishing on nc to subject.
 func NewBatcher(nc *nats.Conn, subject string, cfg BatcherConfig) (*Batcher, error) {
 	cfg = cfg.WithDefaults()
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("events: batcher: %w", err)
+	}
 	b := &Batcher{cfg: cfg, subject: subject, queue: make(chan Decision, cfg.Buffer), free: make(chan []byte, 8),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), id: hex.EncodeToString(id[:])}
+	b.abandon, b.abandonAll = context.WithCancel(context.Background())
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(cfg.MaxInFlight),
 		jetstream.WithPublishAsyncTimeout(5*time.Second),
@@ -136,20 +167,25 @@ func (b *Batcher) run() {
 		}
 		body := append(buf, ']')
 		count := uint64(n)
-		fut, err := b.js.PublishMsgAsync(DecisionsMsg(b.subject, body))
+		msg := DecisionsMsg(b.subject, body)
+		msg.Header.Set(jetstream.MsgIDHeader, b.id+"."+strconv.FormatUint(b.msgs.Add(1), 10))
+		fut, err := b.js.PublishMsgAsync(msg)
 		if err != nil {
-			b.dropped.Add(count)
-			reuse(body)
+			b.retry(msg, count) // it keeps the body
 		} else {
+			b.busy.Add(1)
 			go func() {
+				defer b.busy.Add(-1)
 				select {
 				case <-fut.Ok():
 					b.published.Add(count)
 					b.messages.Add(1)
+					reuse(body)
 				case <-fut.Err():
+					b.retry(msg, count)
+				case <-b.abandon.Done():
 					b.dropped.Add(count)
 				}
-				reuse(body)
 			}()
 		}
 		n = 0
@@ -191,9 +227,50 @@ func (b *Batcher) run() {
 	}
 }
 
+// retry publishes msg (count decisions) again until JetStream takes it,
+// retryFor passes or Close abandons it; it drops msg at once when Buffer
+// decisions are being published again already.
+func (b *Batcher) retry(msg *nats.Msg, count uint64) {
+	if b.retried.Add(int64(count)) > int64(b.cfg.Buffer) {
+		b.retried.Add(-int64(count))
+		b.dropped.Add(count)
+		return
+	}
+	b.retrying.Add(1)
+	b.busy.Add(1)
+	go func() {
+		defer b.busy.Add(-1)
+		defer b.retrying.Add(-1)
+		defer b.retried.Add(-int64(count))
+		wait, deadline := retryFirst, time.Now().Add(retryFor)
+		for {
+			select {
+			case <-b.abandon.Done():
+				b.dropped.Add(count)
+				return
+			case <-time.After(wait):
+			}
+			ctx, cancel := context.WithTimeout(b.abandon, retryMostWait)
+			_, err := b.js.PublishMsg(ctx, msg)
+			cancel()
+			if err == nil {
+				b.published.Add(count)
+				b.messages.Add(1)
+				return
+			}
+			if time.Now().After(deadline) {
+				b.dropped.Add(count)
+				return
+			}
+			wait = min(2*wait, retryMostWait)
+		}
+	}()
+}
+
 // Stats returns the batcher's counters.
 func (b *Batcher) Stats() BatcherStats {
-	return BatcherStats{Published: b.published.Load(), Messages: b.messages.Load(), Dropped: b.dropped.Load(), Queued: len(b.queue)}
+	return BatcherStats{Published: b.published.Load(), Messages: b.messages.Load(), Dropped: b.dropped.Load(), Queued: len(b.queue),
+		Retrying: int(b.retrying.Load())}
 }
 
 // Close stops accepting decisions, publishes what is queued and waits for
@@ -208,14 +285,29 @@ func (b *Batcher) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	// Whatever happens, nothing outlives Close: what still waits is
+	// abandoned (dropped, counted).
+	defer func() {
+		b.abandonAll()
+		for b.busy.Load() > 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
 	if n := b.js.PublishAsyncPending(); n > 0 && b.js.Conn().IsClosed() {
 		// Nothing can confirm them any more: do not wait for ctx.
 		return fmt.Errorf("events: %d decision messages unconfirmed at close: the NATS connection is closed", n)
 	}
 	select {
 	case <-b.js.PublishAsyncComplete():
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("events: decisions unconfirmed at close: %w", ctx.Err())
 	}
+	for b.busy.Load() > 0 { // acks being counted, messages being published again
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("events: %d decision messages still being published again at close: %w", b.retrying.Load(), ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
 }

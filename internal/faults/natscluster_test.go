@@ -41,6 +41,8 @@ func TestNATSClusterLeaderKilled(t *testing.T) {
 		"decision records: %v published, %v dropped", leader.Name, elected.Round(time.Millisecond), downFor,
 		r.edge[`tally_edge_decision_records_total{outcome="published"}`],
 		r.edge[`tally_edge_decision_records_total{outcome="dropped"}`])
+	require.Zero(t, r.edge[`tally_edge_decision_records_total{outcome="dropped"}`],
+		"decision records dropped: those JetStream could not take during the election are published again")
 	require.Empty(t, r.verify(t), "dead letters")
 	for _, tg := range r.l.targets {
 		require.LessOrEqual(t, tg.charged(), tg.policy.Limit, "%s allowed past its limit", tg.identity)

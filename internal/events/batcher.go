@@ -106,8 +106,8 @@ type Batcher struct {
 	// in them. abandon, cancelled by Close when its context ends, stops
 	// them.
 	busy, retrying, retried atomic.Int64
-	abandon        context.Context
-	abandonAll     context.CancelFunc
+	abandon                 context.Context
+	abandonAll              context.CancelFunc
 
 	published, messages, dropped atomic.Uint64
 }

@@ -258,7 +258,7 @@ func (b *Batcher) retry(msg *nats.Msg, count uint64) {
 				b.messages.Add(1)
 				return
 			}
-			if time.Now().After(deadline) {
+			if time.Now().After(deadline) || b.js.Conn().IsClosed() {
 				b.dropped.Add(count)
 				return
 			}
@@ -293,9 +293,12 @@ func (b *Batcher) Close(ctx context.Context) error {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	if n := b.js.PublishAsyncPending(); n > 0 && b.js.Conn().IsClosed() {
-		// Nothing can confirm them any more: do not wait for ctx.
-		return fmt.Errorf("events: %d decision messages unconfirmed at close: the NATS connection is closed", n)
+	if b.js.Conn().IsClosed() {
+		// Nothing can publish or confirm them any more: do not wait for ctx.
+		if n := b.js.PublishAsyncPending() + int(b.retrying.Load()); n > 0 {
+			return fmt.Errorf("events: %d decision messages unconfirmed at close: the NATS connection is closed", n)
+		}
+		return nil
 	}
 	select {
 	case <-b.js.PublishAsyncComplete():

@@ -296,6 +296,13 @@ func freePort(t testing.TB) int {
 // them) and the other sentinels. It returns their addresses.
 func (s *Server) StartSentinels(t testing.TB, master string, n, replicas int, down time.Duration) []string {
 	t.Helper()
+	return s.StartSentinelsWith(t, master, n, replicas, down, "")
+}
+
+// StartSentinelsWith is StartSentinels with sentinels that require
+// password (requirepass; "" none).
+func (s *Server) StartSentinelsWith(t testing.TB, master string, n, replicas int, down time.Duration, password string) []string {
+	t.Helper()
 	bin, err := exec.LookPath("redis-sentinel")
 	if err != nil {
 		t.Fatal("redis-sentinel not found on PATH: run `make test` (it installs Debian's redis-sentinel) or `apt-get install redis-sentinel`")
@@ -309,6 +316,9 @@ func (s *Server) StartSentinels(t testing.TB, master string, n, replicas int, do
 			"sentinel monitor %s 127.0.0.1 %d %d\nsentinel down-after-milliseconds %s %d\n"+
 			"sentinel failover-timeout %s 10000\n", port, dir, filepath.Join(dir, "sentinel.log"),
 			master, s.Port, n/2+1, master, down.Milliseconds(), master)
+		if password != "" {
+			body += fmt.Sprintf("requirepass %s\nsentinel sentinel-pass %s\n", password, password)
+		}
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -323,7 +333,7 @@ func (s *Server) StartSentinels(t testing.TB, master string, n, replicas int, do
 		addrs = append(addrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	}
 	for _, a := range addrs {
-		c := redis.NewSentinelClient(&redis.Options{Addr: a, DisableIdentity: true, MaxRetries: -1})
+		c := redis.NewSentinelClient(&redis.Options{Addr: a, DisableIdentity: true, MaxRetries: -1, Password: password})
 		ok := false
 		for range 500 {
 			m, err := c.Master(context.Background(), master).Result()

@@ -52,8 +52,9 @@ type pipeline struct {
 	acc      *accountant.Accountant
 	stopAcc  func()
 	// accConfig, when set, changes the configuration of the accountants
-	// started after it was.
+	// started after it was; storeOpts the stores made after it was.
 	accConfig func(*accountant.Config)
+	storeOpts redisstore.Options
 	// js is the test's own JetStream connection (as the operator).
 	js jetstream.JetStream
 }
@@ -110,7 +111,9 @@ func (pl *pipeline) startAccountant(streams ...events.Streams) {
 }
 
 func (pl *pipeline) newStore() *redisstore.Store {
-	st, err := redisstore.NewStore(pl.shards, pl.keys, redisstore.Options{WaitTimeout: 200 * time.Millisecond})
+	o := pl.storeOpts
+	o.WaitTimeout = 200 * time.Millisecond
+	st, err := redisstore.NewStore(pl.shards, pl.keys, o)
 	require.NoError(pl.t, err)
 	pl.t.Cleanup(func() { _ = st.Close() })
 	return st

@@ -20,9 +20,8 @@ import (
 // A shard added while clients are served: one edge still places keys on
 // s0 only, the other by the new placement with the old one as previous.
 // A hot key that moves to s1, hit from both edges over several windows,
-// never gets more than its limit in any window; its first window stays on
-// s0 until it resets, every later one is on s1, and what the edges
-// reserved and did not use goes back to the shard that holds it.
+// never gets more than its limit in any window, nor two windows at once;
+// once only the new placement asks, its windows open on s1.
 func TestReshardingUnderLoad(t *testing.T) {
 	pl := newPipeline(t)
 	s1 := redistest.Start(t)
@@ -81,8 +80,12 @@ func TestReshardingUnderLoad(t *testing.T) {
 		require.GreaterOrEqual(t, resets[i]-resets[i-1], int64(2), "two windows live at once: %v", perWindow)
 	}
 
-	// The key's window is on s1 now, and s0 holds only the mark that it
-	// moved.
+	// While edges on the old placement open its windows on s0, the key
+	// stays there (whichever reaches s0 first after a reset decides);
+	// once only edges on the new placement ask, its next window opens on
+	// s1, and s0 holds only the mark that it moved.
+	time.Sleep(time.Until(time.Unix(resets[len(resets)-1], 0).Add(100 * time.Millisecond)))
+	require.Equal(t, 200, get(t, after.proxy.URL, token).StatusCode)
 	ctx := context.Background()
 	fields, err := pl.primary.Client().HKeys(ctx, k.String()).Result()
 	require.NoError(t, err)
@@ -90,4 +93,5 @@ func TestReshardingUnderLoad(t *testing.T) {
 	g, err := during.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: 2 * time.Second, Limit: limit, Producer: "test"})
 	require.NoError(t, err)
 	require.Equal(t, 1, g.Shard)
+	require.True(t, g.Live)
 }

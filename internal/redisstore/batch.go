@@ -65,12 +65,9 @@ type takeQueue struct {
 	pauseUntil atomic.Int64 // Unix ns
 }
 
-// waitPause is how long takes go without WAIT after one fell short; and
-// takeWait bounds a WAIT after takes, well within a request's RedisBudget.
-const (
-	waitPause = time.Second
-	takeWait  = 20 * time.Millisecond
-)
+// waitPause is how long takes go without WAIT after one fell short (each
+// WAIT is bounded by Options.ReservationWait).
+const waitPause = time.Second
 
 func newTakeQueue(s *Store, c *redis.Client) *takeQueue {
 	q := &takeQueue{s: s, c: c, calls: make(chan *takeCall, queueLen), stop: make(chan struct{})}
@@ -195,7 +192,7 @@ func (q *takeQueue) exec(ctx context.Context, calls []*takeCall) {
 	}
 	var wait *redis.Cmd
 	if q.waiting() {
-		wait = pipe.Do(ctx, "WAIT", q.wait, takeWait.Milliseconds())
+		wait = pipe.Do(ctx, "WAIT", q.wait, q.s.opts.ReservationWait.Milliseconds())
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, c := range calls {

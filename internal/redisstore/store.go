@@ -73,6 +73,9 @@ type Options struct {
 	WaitReplicas int
 	// WaitTimeout bounds that wait. Default 100ms.
 	WaitTimeout time.Duration
+	// ReservationWait bounds the wait for a replica after reservations on
+	// a Sentinel shard (well within a request's budget). Default 20ms.
+	ReservationWait time.Duration
 	// TLS, when set, is used for every connection to every node (CA,
 	// client certificate, server name).
 	TLS *tls.Config
@@ -118,6 +121,9 @@ func (o Options) WithDefaults() Options {
 	if o.WaitTimeout == 0 {
 		o.WaitTimeout = 100 * time.Millisecond
 	}
+	if o.ReservationWait == 0 {
+		o.ReservationWait = 20 * time.Millisecond
+	}
 	if o.ScriptEvents == 0 {
 		o.ScriptEvents = 128
 	}
@@ -154,6 +160,8 @@ func (o Options) Validate() error {
 		return bad("wait_replicas", "%d: want -1 (never), 0 (default) or a number of replicas", d.WaitReplicas)
 	case d.WaitTimeout < 0 || d.WaitTimeout > time.Minute:
 		return bad("wait_timeout", "%v: want a duration up to 1m (0: the default)", d.WaitTimeout)
+	case d.ReservationWait < time.Millisecond || d.ReservationWait > 10*time.Second:
+		return bad("reservation_wait", "%v: want 1ms to 10s (0: the default)", d.ReservationWait)
 	case d.ScriptEvents < 0 || d.ScriptEvents > limiter.MaxApply:
 		return bad("script_events", "%d: want 1 to %d (0: the default)", d.ScriptEvents, limiter.MaxApply)
 	}

@@ -1,8 +1,12 @@
 package config
 
 import (
+	"os"
 	"os/exec"
+	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // The example in deploy/ stays valid.
@@ -25,5 +29,48 @@ func TestAlertRules(t *testing.T) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("promtool %v: %v\n%s", args, err, out)
 		}
+	}
+}
+
+// Every alert leads somewhere: its runbook_url names the row of
+// docs/operations.md that says what to do, and that row is there.
+func TestAlertsHaveRunbooks(t *testing.T) {
+	const base = "https://github.com/tallyhq/tally/blob/main/docs/operations.md#"
+	b, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	ops, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			url := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(url, base)
+			if !ok || anchor != strings.ToLower(r.Alert) {
+				t.Errorf("%s: runbook_url %q, want %s%s", r.Alert, url, base, strings.ToLower(r.Alert))
+				continue
+			}
+			if !strings.Contains(string(ops), `<a id="`+anchor+`"></a>`+"`"+r.Alert+"`") {
+				t.Errorf("%s: docs/operations.md has no runbook row with the anchor %q", r.Alert, anchor)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no alert rules read")
 	}
 }

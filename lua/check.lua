@@ -8,8 +8,11 @@
 --   {0}                      no live window: none stored, or its reset_at has
 --                            passed (a replica keeps expired keys, and a
 --                            lagging replica keeps closed windows)
---   {1, used, reset_at, start}
---                            the live window; reset_at and start in ms
+--   {1, used, reset_at, start, expired}
+--                            the live window; reset_at and start in ms;
+--                            expired: the units of frozen shares
+--                            (hold.lua) whose expiry has passed, which the
+--                            next reservation short of room takes back
 -- Errors: "ERR tally: invalid now" when ARGV[1] is not 0..1e14.
 if type(ARGV[1]) ~= "string" or #ARGV[1] > 15 or not string.match(ARGV[1], "^%d+$") then
   return redis.error_reply("ERR tally: invalid now")
@@ -22,4 +25,14 @@ local r = tonumber(f[3])
 if r == nil or s == nil or r <= now then
   return { 0 }
 end
-return { 1, tonumber(f[1]) or 0, r, s }
+local expired = 0
+local all = redis.call("HGETALL", KEYS[1])
+for i = 1, #all, 2 do
+  if string.sub(all[i], 1, 2) == "z:" then
+    local fr, ex = string.match(all[i + 1], "^(%d+):(%d+):")
+    if fr ~= nil and tonumber(ex) < now then
+      expired = expired + tonumber(fr)
+    end
+  end
+end
+return { 1, tonumber(f[1]) or 0, r, s, expired }

@@ -30,6 +30,8 @@ var (
 	// Finish finishes a decision-API request once, giving a 304's charge
 	// back.
 	Finish = withWindow("finish.lua")
+	// Hold records the share of an edge's credit it will not spend.
+	Hold = withWindow("hold.lua")
 )
 
 func read(name string) string {

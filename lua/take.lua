@@ -45,6 +45,10 @@
 --            below, as every later call here fails while the mark lasts:
 --            from then on the key's windows open on the new owner only
 --
+-- A reservation that finds too little room first takes back the frozen
+-- shares (hold.lua's "z:<holder>" fields) whose expiry has passed: the
+-- credit of edges that stopped reporting, which they will not spend.
+--
 -- Returns: {granted, used, reset_at, start, opened, applied, mine}
 --   granted   units reserved: 0, or from need to want (as much as is left)
 --   used      the window's units after the call, every reservation included
@@ -150,6 +154,34 @@ if need == 0 then
 end
 local granted = 0
 local room = limit - w.u - owed
+if room < need and opened == 0 then
+  -- Short of room: the frozen shares of edges that stopped reporting
+  -- (hold.lua) come back first. An edge never spends a share once it has
+  -- expired unreported, so the units were never admitted.
+  local all = redis.call("HGETALL", KEYS[1])
+  local back = 0
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == "z:" then
+      local fr, ex, pr = string.match(all[i + 1], "^(%d+):(%d+):(.+)$")
+      if fr ~= nil and tonumber(ex) < now then
+        fr = tonumber(fr)
+        back = back + fr
+        local cf = "c:" .. pr
+        local c = math.max(0, (tonumber(redis.call("HGET", KEYS[1], cf)) or 0) - fr)
+        redis.call("HSET", KEYS[1], cf, num(c))
+        if cf == held_field then
+          held = c
+        end
+        redis.call("HDEL", KEYS[1], all[i])
+      end
+    end
+  end
+  if back > 0 then
+    w.u = math.max(0, w.u - back)
+    redis.call("HSET", KEYS[1], "u", num(w.u))
+    room = limit - w.u - owed
+  end
+end
 if room >= need then
   granted = math.min(want, room)
   w.u = w.u + granted

@@ -14,6 +14,9 @@
 --       refunds and releases gave back. A producer never gives back more
 --       than it holds: no one can refund another producer's charges
 --   g:<holder>    every unit ever reserved for one holder (take.lua)
+--   z:<holder>    the units of its credit a holder will not spend, until
+--       when, and its producer (hold.lua); taken back by take.lua once
+--       expired
 --
 -- The hash expires at r + grace; expiry is garbage collection only, every
 -- read compares r with the caller's clock.

@@ -11,7 +11,7 @@ func (c *Core) borrow(v Verdict, e *entry, cost int64) (Verdict, bool) {
 	if e.room() < cost {
 		return v, false
 	}
-	units := cost - e.credit // > 0: callers use credit when it suffices
+	units := cost - e.free() // > 0: callers use credit when it suffices
 	if units <= 0 || len(e.debts) >= limiter.MaxOwed {
 		return v, false
 	}
@@ -20,7 +20,7 @@ func (c *Core) borrow(v Verdict, e *entry, cost int64) (Verdict, bool) {
 	if seq == 0 {
 		return v, false
 	}
-	e.credit = 0
+	e.credit = e.frozen
 	e.debts = append(e.debts, debt{seq: seq, units: units})
 	e.admitted += cost
 	v.ChargeSeq = seq

@@ -123,9 +123,20 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	defer e.mu.Unlock()
 	e.adopt(p)
 	path := PathCredit // PathReserve once the request has waited for a reservation
+	unfroze := false
 	for {
 		if !e.reset.IsZero() && !now.Before(e.reset) {
 			e.expire()
+		}
+		if !unfroze && e.frozen > 0 && e.credit >= cost && e.free() < cost && e.live(now) && !e.holding {
+			// Credit frozen for a dead edge's sake: a report lowers it,
+			// once per request.
+			unfroze = true
+			if deadline.IsZero() {
+				deadline = time.Now().Add(c.cfg.RedisBudget)
+			}
+			c.holdNow(ctx, e, 0, now, deadline)
+			continue
 		}
 		if mode != limiter.ModeExact && e.spendable(cost) {
 			e.credit -= cost
@@ -171,7 +182,7 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 			return c.fallback(v, e, cost)
 		}
 		path = PathReserve
-		if !e.failed.IsZero() && e.credit < cost && !e.full {
+		if !e.failed.IsZero() && e.free() < cost && !e.full {
 			return c.fallback(v, e, cost)
 		}
 	}
@@ -241,7 +252,7 @@ func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, no
 		}
 		path = PathReserve
 	}
-	if e.room() < 0 {
+	if e.room()+e.frozen < 0 { // past the limit, frozen credit or not
 		return c.deny(v, e, path), nil
 	}
 	return c.allow(v, e, path), nil
@@ -331,7 +342,7 @@ func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs,
 // startTake starts a reservation for e in the background; e.refill is
 // closed when its result is in. Callers hold e.mu.
 func (c *Core) startTake(e *entry, cost int64, now time.Time) {
-	need := max(1, cost-e.credit)
+	need := max(1, cost-e.free())
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
 		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed()}
 	ch := make(chan struct{})
@@ -417,7 +428,7 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	// while admissions over credit (mode async) were on their way may hold
 	// room they took already (spendable). In mode exact the credit is the
 	// request's own reservation, about to be spent by it.
-	if surplus := e.credit - max(0, e.room()); surplus > 0 && !e.start.IsZero() && !e.exact() {
+	if surplus := e.free() - max(0, e.room()); surplus > 0 && !e.start.IsZero() && !e.exact() {
 		c.releaseUnits(e, surplus, now)
 	}
 	if g.Granted == 0 || g.Used >= e.policy.Limit {

@@ -31,6 +31,14 @@ type entry struct {
 	// full: no reservation is possible; requests without credit are denied
 	// from memory until the reset, a room notice, or a read that finds room.
 	full bool
+	// frozen is the credit this edge will not spend until a report lowers
+	// it (hold.go): the share other edges may take back once its report
+	// expires, were this edge to die. held is the share the window holds
+	// for e as far as e knows (frozen ≥ held); holding is set while a
+	// report is in flight; heldAt is when the last one was recorded.
+	frozen, held int64
+	holding      bool
+	heldAt       time.Time
 	// doubtful: used was raised by a notice (or a refund applied here)
 	// while the edge owed charges (debts). The count may hold some of them
 	// already, and room then counts them twice: a request that would be
@@ -123,7 +131,8 @@ func (e *entry) quiet(until int64) {
 // settled reports whether the sweep has nothing to do for e until its
 // window resets or the key is to be forgotten. Callers hold e.mu.
 func (e *entry) settled() bool {
-	return e.credit == 0 && !e.full && !e.deniedSince && e.inflight == 0 && e.refill == nil && e.lost.IsZero() && len(e.debts) == 0
+	return e.credit == 0 && !e.full && !e.deniedSince && e.inflight == 0 && e.refill == nil && e.lost.IsZero() && len(e.debts) == 0 &&
+		e.held == 0 && e.frozen == 0 && !e.holding
 }
 
 func (e *entry) exact() bool { return e.policy.Mode.OrDefault() == limiter.ModeExact }
@@ -143,6 +152,7 @@ func (e *entry) live(now time.Time) bool { return !e.reset.IsZero() && now.Befor
 // expire forgets the window: it has reset.
 func (e *entry) expire() {
 	e.reset, e.start, e.used, e.credit, e.full, e.doubtful = time.Time{}, time.Time{}, 0, 0, false, false
+	e.frozen, e.held = 0, 0 // the share went with the window
 	e.served = 0
 	e.debts = e.debts[:0]
 	e.deniedSince = false
@@ -169,8 +179,12 @@ func (e *entry) debtUnits() int64 {
 
 // room is what e knows is left in its window for requests of this edge:
 // the limit, less every unit the count shows and what the edge owes, plus
-// the credit the edge holds (counted in used, but this edge's to spend).
-func (e *entry) room() int64 { return e.policy.Limit - e.used - e.debtUnits() + e.credit }
+// the credit the edge holds and may spend (counted in used, but this
+// edge's to spend; frozen credit is not, until a report lowers it).
+func (e *entry) room() int64 { return e.policy.Limit - e.used - e.debtUnits() + e.credit - e.frozen }
+
+// free is the credit e may spend now.
+func (e *entry) free() int64 { return e.credit - e.frozen }
 
 // spendable reports whether cost units of e's credit may be spent. Credit
 // is reserved on the primary, so as long as the window holds no more than
@@ -180,7 +194,7 @@ func (e *entry) room() int64 { return e.policy.Limit - e.used - e.debtUnits() + 
 // a reservation made while they grew may hold room those admissions took
 // already: credit is spent only while what the edge knows of the window
 // leaves room for it (what is left unspent is given back).
-func (e *entry) spendable(cost int64) bool { return e.credit >= cost && e.room() >= cost }
+func (e *entry) spendable(cost int64) bool { return e.free() >= cost && e.room() >= cost }
 
 // owed lists the debts for a reservation (limiter.TakeArgs.Owed): what
 // the primary has not applied of them counts as used.

@@ -21,6 +21,12 @@ type fakeWindow struct {
 	used         int64
 	start, reset time.Time
 	mine         map[string]int64
+	frozen       map[string]fakeShare // hold.lua's shares, by holder
+}
+
+type fakeShare struct {
+	units  int64
+	expiry time.Time
 }
 
 type fakeRedis struct {
@@ -28,6 +34,11 @@ type fakeRedis struct {
 	windows map[limiter.Digest]*fakeWindow
 	applied uint64 // the producer's events applied, in order
 	calls   int    // Take and Check calls answered or failed
+	holds   int    // Hold calls
+	// clock, when set, is what Check compares shares' expiry with (the
+	// store's clock).
+	clock     limiter.Clock
+	takenBack int64 // frozen units taken back
 	// down fails every call; lose makes a reservation and then fails (its
 	// answer lost); slow, when set, holds every Take until it is closed.
 	down, lose bool
@@ -94,6 +105,16 @@ func (f *fakeRedis) take(k limiter.Key, now time.Time, a limiter.TakeArgs) limit
 	if len(a.Owed) > 0 { // take.lua reads the producer's hash only then
 		g.Applied = f.applied
 	}
+	if room := a.Limit - w.used - owed; a.Need > 0 && room < a.Need {
+		// Expired shares come back first.
+		for h, sh := range w.frozen {
+			if sh.expiry.Before(now) {
+				w.used = max(0, w.used-sh.units)
+				delete(w.frozen, h)
+				f.takenBack += sh.units
+			}
+		}
+	}
 	if room := a.Limit - w.used - owed; a.Need > 0 && room >= a.Need {
 		g.Granted = min(a.Want, room)
 		w.used += g.Granted
@@ -101,6 +122,38 @@ func (f *fakeRedis) take(k limiter.Key, now time.Time, a limiter.TakeArgs) limit
 	}
 	g.Used, g.Mine = w.used, w.mine[a.Holder]
 	return g
+}
+
+// Hold is hold.lua's.
+func (f *fakeRedis) Hold(_ context.Context, _ int, hs []limiter.Hold) ([]limiter.HoldResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.holds++
+	if f.down {
+		return nil, errDown
+	}
+	out := make([]limiter.HoldResult, len(hs))
+	for i, h := range hs {
+		w := f.windows[h.Key.Digest()]
+		if w == nil || !w.reset.Equal(h.ResetAt) {
+			out[i] = limiter.HoldResult{Outcome: limiter.HoldGone}
+			continue
+		}
+		if have := w.frozen[h.Holder].units; have != h.Expected {
+			out[i] = limiter.HoldResult{Outcome: limiter.HoldMismatch, Have: have}
+			continue
+		}
+		if w.frozen == nil {
+			w.frozen = map[string]fakeShare{}
+		}
+		if h.Frozen == 0 {
+			delete(w.frozen, h.Holder)
+		} else {
+			w.frozen[h.Holder] = fakeShare{units: h.Frozen, expiry: h.Expiry}
+		}
+		out[i] = limiter.HoldResult{Outcome: limiter.Held, Have: h.Frozen}
+	}
+	return out, nil
 }
 
 func (f *fakeRedis) Check(_ context.Context, k limiter.Key) (limiter.Window, error) {
@@ -114,7 +167,13 @@ func (f *fakeRedis) Check(_ context.Context, k limiter.Key) (limiter.Window, err
 	if w == nil {
 		return limiter.Window{}, nil
 	}
-	return limiter.Window{Live: true, Used: w.used, Start: w.start, ResetAt: w.reset}, nil
+	var expired int64
+	for _, sh := range w.frozen {
+		if f.clock != nil && sh.expiry.Before(f.clock.Now()) {
+			expired += sh.units
+		}
+	}
+	return limiter.Window{Live: true, Used: w.used, Start: w.start, ResetAt: w.reset, Expired: expired}, nil
 }
 
 func (f *fakeRedis) Finish(_ context.Context, k limiter.Key, _ time.Time, a limiter.FinishArgs) (limiter.FinishResult, error) {

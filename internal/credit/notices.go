@@ -158,16 +158,16 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 			c.reconcile(e, now)
 		}
 	}
-	if e.live(now) && e.credit >= cost {
+	if e.live(now) && e.free() >= cost {
 		e.credit -= cost
 		e.admitted += cost
 		return c.allow(v, e, PathCredit)
 	}
 	units := cost
 	if e.live(now) {
-		units -= e.credit
-		e.admitted += e.credit
-		e.credit = 0
+		units -= e.free()
+		e.admitted += e.free()
+		e.credit = e.frozen
 	}
 	v.ChargeSeq = c.overdrawLocked(e, v, units, e.reset, now)
 	if !e.live(now) {

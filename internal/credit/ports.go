@@ -20,6 +20,10 @@ type Reserver interface {
 	Check(ctx context.Context, k limiter.Key) (limiter.Window, error)
 	// Finish finishes a decision-API request once (lua/finish.lua).
 	Finish(ctx context.Context, k limiter.Key, now time.Time, a limiter.FinishArgs) (limiter.FinishResult, error)
+	// Hold records on shard i the shares of credit this edge will not
+	// spend (lua/hold.lua), each answered in order; an error: none is
+	// known to be recorded.
+	Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.HoldResult, error)
 	// ShardOf is the shard of k; Shards how many there are; ShardName one's
 	// name, for logs.
 	ShardOf(k limiter.Key) int

@@ -19,6 +19,7 @@ type counters struct {
 	rechecks                             atomic.Uint64
 	noticesIn, noticesUp, noticesRefused atomic.Uint64
 	unavailable                          atomic.Uint64
+	frozen, takenBack, holdErrors        atomic.Uint64
 }
 
 // Stats is what the core did since it started, read at once (the metrics
@@ -48,6 +49,10 @@ type Stats struct {
 	// Unavailable are requests refused because Redis could not be reached
 	// and the edge fails closed.
 	Unavailable uint64
+	// Holds are reports of frozen credit made (hold.go); HoldErrors those
+	// that failed; TakenBack units of this edge's frozen credit another
+	// edge took back while its reports did not arrive.
+	Holds, HoldErrors, TakenBack uint64
 	// Keys are the keys remembered; Evicted those forgotten to bound
 	// memory.
 	Keys    int64
@@ -62,7 +67,8 @@ func (c *Core) Stats() Stats {
 		TakeErrors: c.stats.takeErrors.Load(), Recovered: c.stats.recovered.Load(), Released: c.stats.released.Load(),
 		Absorbed: c.stats.absorbed.Load(), Rechecks: c.stats.rechecks.Load(), NoticesIn: c.stats.noticesIn.Load(),
 		NoticesSent: c.stats.noticesUp.Load(), NoticesRefused: c.stats.noticesRefused.Load(),
-		Unavailable: c.stats.unavailable.Load(), Keys: max(0, c.table.size.Load()), Evicted: c.table.evicted.Load()}
+		Unavailable: c.stats.unavailable.Load(), Holds: c.stats.frozen.Load(), HoldErrors: c.stats.holdErrors.Load(),
+		TakenBack: c.stats.takenBack.Load(), Keys: max(0, c.table.size.Load()), Evicted: c.table.evicted.Load()}
 	for p := range s.Decisions {
 		s.Decisions[p] = [2]uint64{c.stats.byPath[p][0].Load(), c.stats.byPath[p][1].Load()}
 	}

@@ -22,7 +22,7 @@ func (c *Core) release(e *entry, now time.Time) {
 // releaseUnits gives units of e's credit back to its window. Callers hold
 // e.mu.
 func (c *Core) releaseUnits(e *entry, units int64, now time.Time) {
-	units = min(units, e.credit)
+	units = min(units, e.free()) // frozen units go back by a report first
 	if units <= 0 {
 		return
 	}
@@ -50,6 +50,7 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 	idle := now.Add(-c.cfg.IdleRelease).UnixNano()
 	forget := now.Add(-forgetAfter).UnixNano()
 	var recheck, lost []*entry
+	var holds []pendingHold
 	c.table.eachDue(now.UnixNano(), func(e *entry) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -65,7 +66,10 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 			quiet = quiet && now.UnixNano()-last > int64(3e9/e.rate)
 		}
 		if e.credit > 0 && quiet && e.refill == nil {
-			c.release(e, now)
+			c.release(e, now) // what is frozen goes back after the report below
+		}
+		if target, due := c.holdTarget(e, quiet, now); due {
+			holds = append(holds, pendingHold{e: e, h: c.startHold(e, target, now)})
 		}
 		if !e.lost.IsZero() && e.inflight == 0 && !c.suspected(e.at(), now) {
 			lost = append(lost, e)
@@ -100,6 +104,7 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 			e.quiet(until.UnixNano())
 		}
 	})
+	c.reportHolds(ctx, holds)
 	c.resolveLost(ctx, lost, now)
 	for _, e := range recheck {
 		if ctx.Err() != nil {
@@ -122,6 +127,11 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 				e.full = false
 			}
 		}
+		if w.Live && w.ResetAt.Equal(e.reset) && w.Expired > 0 && e.full && e.refill == nil {
+			// Credit frozen by an edge that stopped reporting (hold.go):
+			// a reservation takes it back.
+			c.startTake(e, max(1, e.lastCost), now)
+		}
 		e.mu.Unlock()
 	}
 }
@@ -139,6 +149,17 @@ func (c *Core) ReleaseAll(ctx context.Context, now time.Time) {
 		e.mu.Unlock()
 	})
 	c.resolveLost(ctx, lost, now)
+	// Frozen credit is unfrozen first, so that all of it goes back; what a
+	// failed report leaves frozen, others take back once it expires.
+	var holds []pendingHold
+	c.table.each(func(e *entry) {
+		e.mu.Lock()
+		if e.held > 0 && !e.holding && e.live(now) {
+			holds = append(holds, pendingHold{e: e, h: c.startHold(e, 0, now)})
+		}
+		e.mu.Unlock()
+	})
+	c.reportHolds(ctx, holds)
 	c.table.each(func(e *entry) {
 		e.mu.Lock()
 		c.release(e, now)

@@ -15,6 +15,9 @@ type Window struct {
 	// stored in Redis next to the count and never derived from a TTL, so
 	// every read of one window reports the same ResetAt.
 	Start, ResetAt time.Time
+	// Expired are units of frozen shares whose holders stopped reporting
+	// (lua/hold.lua): the next reservation short of room takes them back.
+	Expired int64
 }
 
 // Decision is the answer for one request, and everything its response

@@ -96,3 +96,39 @@ func (a TakeArgs) Validate(k Key) error {
 	}
 	return validWindow(a.Window)
 }
+
+// Hold reports the share of a holder's credit in a window that it will not
+// spend until a later Hold lowers it (lua/hold.lua): once Expiry has passed
+// unreported, a reservation short of room takes the share back.
+type Hold struct {
+	Key      Key
+	ResetAt  time.Time // the window
+	Holder   string
+	Producer string
+	// Expected is the share the holder last saw recorded (0: none); the
+	// call changes nothing unless the window holds exactly that.
+	Expected int64
+	// Frozen is the share from now; Expiry when it may be taken back.
+	Frozen int64
+	Expiry time.Time
+}
+
+// HoldOutcome is what a Hold did.
+type HoldOutcome int
+
+const (
+	// Held: the share is now Frozen.
+	Held HoldOutcome = iota
+	// HoldMismatch: the window holds HoldResult.Have for the holder, not
+	// Expected (a share taken back, or a report whose answer was lost);
+	// nothing changed.
+	HoldMismatch
+	// HoldGone: the window reset (or is another); nothing changed.
+	HoldGone
+)
+
+// HoldResult is the answer to one Hold.
+type HoldResult struct {
+	Outcome HoldOutcome
+	Have    int64
+}

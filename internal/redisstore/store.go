@@ -512,8 +512,8 @@ func parseCheck(cmd *redis.Cmd) (limiter.Window, error) {
 	switch {
 	case len(v) == 1 && v[0] == 0:
 		return limiter.Window{}, nil
-	case len(v) == 4 && v[0] == 1:
-		return limiter.Window{Live: true, Used: v[1], ResetAt: fromMS(v[2]), Start: fromMS(v[3])}, nil
+	case len(v) == 5 && v[0] == 1:
+		return limiter.Window{Live: true, Used: v[1], ResetAt: fromMS(v[2]), Start: fromMS(v[3]), Expired: v[4]}, nil
 	}
 	return limiter.Window{}, fmt.Errorf("unexpected check reply %v", v)
 }

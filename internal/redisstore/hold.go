@@ -1,0 +1,64 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/lua"
+)
+
+var holdScript = redis.NewScript(lua.Hold)
+
+// Hold records, on shard i's primary, the shares of credit holders will
+// not spend (lua/hold.lua), in one pipeline; on a shard that fails over by
+// itself, only once a replica has them (a share lowered on a primary that
+// dies before its replica saw it would come back higher, and could be taken
+// back after the holder spent it). An error means none is known to be
+// recorded: the caller keeps what it froze.
+func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.HoldResult, error) {
+	n := s.shards[i]
+	out := make([]limiter.HoldResult, len(hs))
+	for attempt := 0; ; attempt++ {
+		pipe := n.primary.Pipeline()
+		cmds := make([]*redis.Cmd, len(hs))
+		for j, h := range hs {
+			cmds[j] = pipe.EvalSha(ctx, holdScript.Hash(), []string{h.Key.String()}, ms(s.opts.Clock.Now()), ms(h.ResetAt),
+				h.Holder, h.Producer, h.Expected, h.Frozen, ms(h.Expiry))
+		}
+		var wait *redis.Cmd
+		if n.failover && n.wait > 0 {
+			wait = pipe.Do(ctx, "WAIT", n.wait, s.opts.ReservationWait.Milliseconds())
+		}
+		_, _ = pipe.Exec(ctx)
+		for j, c := range cmds {
+			v, err := c.Int64Slice()
+			if noScript(err) && attempt == 0 {
+				if err := s.reload(ctx, n.primary, holdScript); err != nil {
+					return nil, fmt.Errorf("limiter: hold on shard %s: %w", n.name, err)
+				}
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("limiter: hold on shard %s: %w", n.name, scriptErr(err))
+			}
+			if len(v) != 2 {
+				return nil, fmt.Errorf("limiter: hold on shard %s: unexpected reply %v", n.name, v)
+			}
+			out[j] = limiter.HoldResult{Outcome: limiter.HoldOutcome(v[0]), Have: v[1]}
+			if j == len(cmds)-1 {
+				if wait != nil {
+					if r, err := wait.Int64(); err != nil || r < int64(n.wait) {
+						return nil, fmt.Errorf("limiter: hold on shard %s: no replica confirmed it", n.name)
+					}
+				}
+				return out, nil
+			}
+		}
+		if len(cmds) == 0 {
+			return out, nil
+		}
+	}
+}

@@ -45,11 +45,18 @@
 --            below, as every later call here fails while the mark lasts:
 --            from then on the key's windows open on the new owner only
 --
+-- ARGV[11] -> keep: "" (freeze nothing), or the units of what this call
+--            reserves the caller leaves free; the rest is added to its
+--            frozen share (hold.lua's "z:<holder>") when the window holds
+--            exactly ARGV[12] for it, until ARGV[13] (ms)
+-- ARGV[12] -> share: the holder's frozen share as the caller last saw it
+-- ARGV[13] -> share expiry, ms
+--
 -- A reservation that finds too little room first takes back the frozen
 -- shares (hold.lua's "z:<holder>" fields) whose expiry has passed: the
 -- credit of edges that stopped reporting, which they will not spend.
 --
--- Returns: {granted, used, reset_at, start, opened, applied, mine}
+-- Returns: {granted, used, reset_at, start, opened, applied, mine, frozen}
 --   granted   units reserved: 0, or from need to want (as much as is left)
 --   used      the window's units after the call, every reservation included
 --   reset_at, start  the window, ms; both 0 when need is 0 and none is live
@@ -59,6 +66,8 @@
 --             the producer's hash is not read: 0)
 --   mine      every unit reserved for the holder in this window so far, this
 --             call's included (0 when no window is live)
+--   frozen    the holder's frozen share after the call, when keep was given
+--             and the share was as the caller saw it; else -1
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
 --         "TALLYMOVED <shard>": the key has moved to that shard (no live
 --         window here); nothing is reserved here.
@@ -91,6 +100,15 @@ local owedArg = ARGV[9]
 if type(owedArg) ~= "string" or #owedArg > 64 * 28 or (#owedArg > 0 and (not string.match(owedArg, "^[%d:,]+$")
     or string.sub(owedArg, 1, 1) == "," or string.sub(owedArg, -1) == "," or string.find(owedArg, ",,", 1, true))) then
   return redis.error_reply("ERR tally: invalid owed")
+end
+local keep, share, shareExpiry = nil, 0, 0
+if ARGV[11] ~= nil and ARGV[11] ~= "" then
+  keep = arg_int(11, 0, MAX_UNITS)
+  share = arg_int(12, 0, MAX_UNITS)
+  shareExpiry = arg_int(13, 0, MAX_MS)
+  if keep == nil or share == nil or shareExpiry == nil then
+    return redis.error_reply("ERR tally: invalid freeze")
+  end
 end
 local owedPairs = {}
 for tok in string.gmatch(owedArg, "[^,]+") do
@@ -136,7 +154,7 @@ if w == nil or w.r <= now then
     return redis.error_reply("TALLYMOVED " .. moving)
   end
   if need == 0 then
-    return { 0, 0, 0, 0, 0, applied, 0 }
+    return { 0, 0, 0, 0, 0, applied, 0, -1 }
   end
   local p = now - grace
   if w ~= nil then
@@ -150,7 +168,7 @@ if w == nil or w.r <= now then
   opened, owed, mine, held = 1, 0, 0, 0
 end
 if need == 0 then
-  return { 0, w.u, w.r, w.s, 0, applied, mine }
+  return { 0, w.u, w.r, w.s, 0, applied, mine, -1 }
 end
 local granted = 0
 local room = limit - w.u - owed
@@ -196,4 +214,20 @@ if opened == 1 then
 elseif granted > 0 then
   redis.call("HSET", KEYS[1], "u", num(w.u), mine_field, num(mine), held_field, num(held))
 end
-return { granted, w.u, w.r, w.s, opened, applied, mine }
+-- What the caller will not spend yet, frozen in the same call.
+local frozen = -1
+if keep ~= nil and granted > 0 then
+  local zf = "z:" .. holder
+  local cur = redis.call("HGET", KEYS[1], zf)
+  local have = 0
+  if cur then
+    have = tonumber(string.match(cur, "^(%d+):")) or 0
+  end
+  if have == share then
+    frozen = have + math.max(0, granted - keep)
+    if frozen > have then
+      redis.call("HSET", KEYS[1], zf, num(frozen) .. ":" .. num(shareExpiry) .. ":" .. producer)
+    end
+  end
+end
+return { granted, w.u, w.r, w.s, opened, applied, mine, frozen }

@@ -345,6 +345,7 @@ func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	need := max(1, cost-e.free())
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
 		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed()}
+	c.freezeIn(e, &args, now)
 	ch := make(chan struct{})
 	e.refill = ch
 	e.inflight++
@@ -412,6 +413,10 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	e.shard.Store(int32(g.Shard)) // where the window is: it moves with a new window only
 	e.used, e.doubtful = g.Used, false
 	e.credit += g.Granted
+	if g.Frozen > 0 && g.Frozen >= e.held { // the reservation froze part of itself (hold.go)
+		e.frozen += g.Frozen - e.held
+		e.held, e.heldAt = g.Frozen, now
+	}
 	e.count(g)
 	e.known += g.Granted
 	e.settle(g.Applied)

@@ -184,7 +184,7 @@ func (e *entry) debtUnits() int64 {
 func (e *entry) room() int64 { return e.policy.Limit - e.used - e.debtUnits() + e.credit - e.frozen }
 
 // free is the credit e may spend now.
-func (e *entry) free() int64 { return e.credit - e.frozen }
+func (e *entry) free() int64 { return max(0, e.credit-e.frozen) }
 
 // spendable reports whether cost units of e's credit may be spent. Credit
 // is reserved on the primary, so as long as the window holds no more than

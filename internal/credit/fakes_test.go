@@ -115,10 +115,18 @@ func (f *fakeRedis) take(k limiter.Key, now time.Time, a limiter.TakeArgs) limit
 			}
 		}
 	}
+	g.Frozen = -1
 	if room := a.Limit - w.used - owed; a.Need > 0 && room >= a.Need {
 		g.Granted = min(a.Want, room)
 		w.used += g.Granted
 		w.mine[a.Holder] += g.Granted
+		if have := w.frozen[a.Holder].units; a.Freeze && have == a.Share {
+			g.Frozen = have + max(0, g.Granted-a.Keep)
+			if w.frozen == nil {
+				w.frozen = map[string]fakeShare{}
+			}
+			w.frozen[a.Holder] = fakeShare{units: g.Frozen, expiry: a.ShareExpiry}
+		}
 	}
 	g.Used, g.Mine = w.used, w.mine[a.Holder]
 	return g

@@ -36,6 +36,22 @@ func (e *entry) allowance() int64 {
 	return max(1, e.lastCost) + int64(math.Ceil(e.rate*holdAllowance.Seconds()))
 }
 
+// freezeIn asks a reservation for e to freeze, in the same call, what of
+// it e will not spend within its allowance: credit just reserved is never
+// left unreported for a sweep's time. Callers hold e.mu.
+func (c *Core) freezeIn(e *entry, a *limiter.TakeArgs, now time.Time) {
+	// A report in flight may change the share first: the freeze then
+	// does not happen (its answer says so), and the next sweep reports.
+	if e.exact() {
+		return
+	}
+	keep := max(0, e.allowance()-e.free())
+	if a.Want-keep < max(holdMin, e.policy.Limit/100) {
+		return
+	}
+	a.Freeze, a.Keep, a.Share, a.ShareExpiry = true, keep, e.held, now.Add(holdTTL)
+}
+
 type pendingHold struct {
 	e *entry
 	h limiter.Hold

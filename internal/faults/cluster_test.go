@@ -35,6 +35,8 @@ var (
 	// loose: mode async, which may let a window go over its limit when
 	// several edges admit from what they know.
 	loose = config.Policy{Name: "loose", Limit: 30, Window: time.Hour, Mode: limiter.ModeAsync}
+	// hot: a key busy enough for an edge to hold seconds of it as credit.
+	hot = config.Policy{Name: "hot", Limit: 20_000, Window: time.Hour}
 )
 
 // routes: path prefix → policy and cost; /heavy costs 3 units of far.
@@ -43,6 +45,8 @@ var routes = []config.Route{
 	{Path: "/tight", Policy: tight.Name},
 	{Path: "/heavy", Policy: far.Name, Cost: 3},
 	{Path: "/async", Policy: loose.Name},
+	{Path: "/hot", Policy: hot.Name},
+	{Path: "/hotx", Policy: hot.Name, Cost: 100},
 }
 
 // cluster is the deployment every scenario runs against: started once, each
@@ -132,7 +136,7 @@ func newClusterOf(t *testing.T, o clusterOptions) *cluster {
 	}
 	c.upstream = startUpstream(t)
 
-	c.cfg.Policies = []config.Policy{far, exact, tight, loose}
+	c.cfg.Policies = []config.Policy{far, exact, tight, loose, hot}
 	c.cfg.Routes = routes
 	c.cfg.Accountant.AdminListen = stack.FreeAddr()
 	c.cfgPath, err = c.stack.WriteConfig("tally", c.cfg)

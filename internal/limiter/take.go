@@ -31,6 +31,13 @@ type TakeArgs struct {
 	// used, so that a reservation never takes room the caller already
 	// admitted requests into.
 	Owed []Owed
+	// Freeze, when set, records in the same call the part of what is
+	// reserved the caller will not spend yet (lua/hold.lua's share): all of
+	// it but Keep units, added to the share when the window holds exactly
+	// Share for the holder, until ShareExpiry (Grant.Frozen).
+	Freeze      bool
+	Keep, Share int64
+	ShareExpiry time.Time
 }
 
 // Owed is one charge an edge sent as an accounting event: its sequence and
@@ -68,6 +75,9 @@ type Grant struct {
 	// this call's included: more than the holder knows it was given means
 	// a reservation whose answer it never got was made after all.
 	Mine int64
+	// Frozen is the holder's share after the call when TakeArgs.Freeze was
+	// set and the window held TakeArgs.Share; -1 otherwise (nothing frozen).
+	Frozen int64
 	// Shard is the shard that holds the window (the Reserver's numbering):
 	// the key's owner, or, while shards are added or removed, its previous
 	// owner until the window there resets.
@@ -88,6 +98,8 @@ func (a TakeArgs) Validate(k Key) error {
 		return fmt.Errorf("%w: take: %d owed charges: at most %d", ErrInvalidArgument, len(a.Owed), MaxOwed)
 	case a.Holder != "" && (!validID(a.Holder, MaxHolderLen) || (a.Holder != a.Producer && !strings.HasPrefix(a.Holder, a.Producer+"."))):
 		return fmt.Errorf("%w: take: holder %q of producer %q", ErrInvalidArgument, truncate(a.Holder, 70), a.Producer)
+	case a.Freeze && (a.Keep < 0 || a.Keep > MaxLimit || a.Share < 0 || a.Share > MaxLimit):
+		return fmt.Errorf("%w: take: keep %d, share %d", ErrInvalidArgument, a.Keep, a.Share)
 	}
 	for _, o := range a.Owed {
 		if o.Seq < 1 || o.Seq > MaxSeq || o.Units < 1 || o.Units > MaxLimit {

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,6 +60,21 @@ func TestFrozenSharesComeBack(t *testing.T) {
 	require.EqualValues(t, 100, held, "what edge-a can still give back")
 	// The holder learns it from its next report.
 	require.Equal(t, limiter.HoldResult{Outcome: limiter.HoldMismatch, Have: 0}, hold(500, 400, g.ResetAt))
+
+	// A reservation freezes what its caller will not spend, in the same
+	// call, over the share the caller saw; not over another.
+	g, err = e.store.Take(ctx, k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 1000, Need: 100, Want: 100,
+		Producer: "edge-b", Holder: "edge-b.1", Freeze: true, Keep: 30, Share: 0, ShareExpiry: e.clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.EqualValues(t, 70, g.Frozen)
+	g, err = e.store.Take(ctx, k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 1000, Need: 100, Want: 100,
+		Producer: "edge-b", Holder: "edge-b.1", Freeze: true, Keep: 30, Share: 0, ShareExpiry: e.clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.EqualValues(t, 100, g.Granted)
+	require.EqualValues(t, -1, g.Frozen, "the share was 70, not 0")
+	share, err := e.primary.Client().HGet(ctx, k.String(), "z:edge-b.1").Result()
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(share, "70:"), share)
 
 	// Bad arguments write nothing.
 	_, err = e.store.Hold(ctx, 0, []limiter.Hold{{Key: k, ResetAt: g.ResetAt, Holder: "edge-b.1", Producer: "edge-a", Frozen: 1,

@@ -46,8 +46,12 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 	var v []int64
 	var err error
 	for attempt := 0; ; attempt++ {
-		v, err = s.shards[i].takes.do(ctx, keys, []any{ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want,
-			s.opts.Grace.Milliseconds(), holder, a.Producer, string(owed), moving})
+		args := []any{ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder,
+			a.Producer, string(owed), moving}
+		if a.Freeze {
+			args = append(args, a.Keep, a.Share, ms(a.ShareExpiry))
+		}
+		v, err = s.shards[i].takes.do(ctx, keys, args)
 		to, moved := movedTo(err)
 		if !moved || attempt > 0 {
 			break
@@ -63,10 +67,10 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 	if err != nil {
 		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
 	}
-	if len(v) != 7 {
+	if len(v) != 8 {
 		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v)
 	}
-	g := limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6], Shard: i}
+	g := limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6], Frozen: v[7], Shard: i}
 	if v[2] != 0 {
 		g.Live, g.ResetAt, g.Start = true, fromMS(v[2]), fromMS(v[3])
 	}

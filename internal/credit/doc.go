@@ -18,9 +18,12 @@
 //	debts   (mode async) units admitted over credit and charged by events
 //	        the primary may not have applied yet
 //	full    no reservation is possible
+//	frozen  credit the edge will not spend until a report lowers it: the
+//	        share of a busy key's credit other edges take back if this
+//	        edge dies (hold.go)
 //
-// and the room it knows of: room = limit − used − debts + credit. A
-// request of cost c is admitted from credit iff credit ≥ c and room ≥ c
+// and the room it knows of: room = limit − used − debts + credit − frozen.
+// A request of cost c is admitted from credit iff credit − frozen ≥ c and room ≥ c
 // (credit is reserved, but credit reserved while debts were on their way
 // may be room the debts took: spendable). A reservation (lua/take.lua)
 // never takes a window past its limit and counts the edge's unapplied

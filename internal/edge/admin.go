@@ -88,6 +88,8 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	takes := counter("tally_edge_reservations", "Reservations made on the primaries.")
 	takeErrors := counter("tally_edge_reservation_errors", "Reservations that failed (the edge decided without them).")
 	recovered := counter("tally_edge_recovered_units", "Units of reservations whose answer was lost (the primary made them after the edge stopped waiting), taken back into credit.")
+	holds := counter("tally_edge_frozen_reports", "Reports of the credit this edge will not spend (frozen shares), by outcome.")
+	takenBack := counter("tally_edge_credit_taken_back_units", "Units of this edge's frozen credit another edge took back while its reports did not arrive.")
 	released := counter("tally_edge_released_units", "Reserved units given back unused.")
 	absorbed := counter("tally_edge_refunds_absorbed", "304 refunds taken back into the edge's own credit (no event).")
 	notices := counter("tally_edge_notices", "Notices of full windows sent, notices received, and notices refused (not signed with the deployment's secret, or replayed).")
@@ -139,6 +141,9 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		o.ObserveInt64(takes, u(d.Takes))
 		o.ObserveInt64(takeErrors, u(d.TakeErrors))
 		o.ObserveInt64(recovered, u(d.Recovered))
+		o.ObserveInt64(holds, u(d.Holds-d.HoldErrors), attr("outcome", "answered"))
+		o.ObserveInt64(holds, u(d.HoldErrors), attr("outcome", "failed"))
+		o.ObserveInt64(takenBack, u(d.TakenBack))
 		o.ObserveInt64(released, u(d.Released))
 		o.ObserveInt64(absorbed, u(d.Absorbed))
 		o.ObserveInt64(notices, u(d.NoticesSent), attr("direction", "sent"))
@@ -176,7 +181,7 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		return nil
 	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices, finishes,
 		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, unreplicated,
-		accessLog)
+		accessLog, holds, takenBack)
 	return err
 }
 

@@ -129,13 +129,14 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 			e.expire()
 		}
 		if !unfroze && e.frozen > 0 && e.credit >= cost && e.free() < cost && e.live(now) && !e.holding {
-			// Credit frozen for a dead edge's sake: a report lowers it,
-			// once per request.
+			// Credit frozen for a dead edge's sake: a report lowers it
+			// (to what the sweep would leave free, this request's cost
+			// more), once per request.
 			unfroze = true
 			if deadline.IsZero() {
 				deadline = time.Now().Add(c.cfg.RedisBudget)
 			}
-			c.holdNow(ctx, e, 0, now, deadline)
+			c.holdNow(ctx, e, max(0, e.credit-e.allowance()-cost), now, deadline)
 			continue
 		}
 		if mode != limiter.ModeExact && e.spendable(cost) {

@@ -95,10 +95,11 @@ func TestDeadEdgesCreditComesBack(t *testing.T) {
 	require.LessOrEqual(t, allowed.Load(), hot.Limit, "allowed past the limit")
 	require.GreaterOrEqual(t, stranded, int64(0))
 	// A's free credit: about a second of the key's rate as A estimated it
-	// (bursts make that more than the average), and a reservation made in
-	// its last quarter second that could not freeze part of itself.
+	// (its estimate follows bursts, and runs above the average), up to
+	// half as much again between two reports. Before credit was frozen,
+	// all of it stayed: the share and more.
 	require.Less(t, stranded, share, "less came back than stayed stranded")
-	require.LessOrEqual(t, float64(stranded), 3*rate, "more stranded than a few seconds of A's rate")
+	require.LessOrEqual(t, float64(stranded), 4*rate, "more stranded than a few seconds of A's rate")
 }
 
 // frozenShare is the units the window of k records as frozen by its

@@ -108,24 +108,9 @@ type Options struct {
 	Outbox        outbox.Config
 	Decisions     DecisionsConfig
 	Credit        credit.Config
-	Policies      map[string]limiter.Policy
-	Routes        []Route
-	// DefaultPolicy applies to paths no route matches; empty passes them
-	// through unlimited (global policies still apply).
-	DefaultPolicy string
-	// GlobalPolicies hold every proxied request beside its route's
-	// policies: e.g. a limit per client address that a client rotating
-	// its tokens cannot escape.
-	GlobalPolicies []string
-	// AddressKeyed names the policies whose windows are keyed by the
-	// client's address (Identifier.Address) even when the request carries
-	// an identity header.
-	AddressKeyed map[string]bool
-	// Tiers and Overrides give policies other limits for a client's plan
-	// and for one identity (Limits).
-	Tiers     map[string]Tiers
-	Overrides map[string][]Override
-	Identity  Identifier
+	// Limits are the terms the edge starts with (SetLimits changes them).
+	Limits
+	Identity Identifier
 	// DenyOnRedisError answers 503 when Redis cannot be reached in time and
 	// the edge knows nothing of the window; otherwise such requests are
 	// allowed (fail open) and charged once Redis is back.
@@ -236,7 +221,7 @@ func New(o Options) (*Server, error) {
 		ready: newReadiness(o.Store.Shards())}
 	_ = s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)) // validated above
 	s.gatewayIdentity = gatewayIdentifier(o)
-	if err := s.SetLimits(o.Limits()); err != nil {
+	if err := s.SetLimits(o.Limits); err != nil {
 		return nil, fmt.Errorf("edge: %w", err)
 	}
 	if o.Descriptors != nil {

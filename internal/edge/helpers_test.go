@@ -136,8 +136,8 @@ func (pl *pipeline) edge(mut func(*edge.Options)) *edgeUnderTest {
 	u, _ := url.Parse(pl.upstream.URL)
 	st := pl.newStore()
 	o := edge.Options{
-		Store: st, Keys: pl.keys, NATS: nc, Policies: pl.policies,
-		DefaultPolicy: "core", Identity: edge.Identifier{Header: "Authorization", IPv4Prefix: 32, IPv6Prefix: 64},
+		Store: st, Keys: pl.keys, NATS: nc, Limits: edge.Limits{Policies: pl.policies, DefaultPolicy: "core"},
+		Identity: edge.Identifier{Header: "Authorization", IPv4Prefix: 32, IPv6Prefix: 64},
 		Upstream: u, Log: quiet,
 		Outbox: outbox.Config{PublishTimeout: 200 * time.Millisecond},
 		Credit: credit.Config{Recheck: 200 * time.Millisecond, RedisBudget: 200 * time.Millisecond},

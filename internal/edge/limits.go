@@ -20,23 +20,25 @@ import (
 // Limits are the terms an edge holds requests to, which it can take anew
 // while it runs.
 type Limits struct {
-	Policies       map[string]limiter.Policy
-	Routes         []Route
-	DefaultPolicy  string
+	Policies map[string]limiter.Policy
+	Routes   []Route
+	// DefaultPolicy applies to paths no route matches; empty passes them
+	// through unlimited (global policies still apply).
+	DefaultPolicy string
+	// GlobalPolicies hold every proxied request beside its route's
+	// policies: e.g. a limit per client address that a client rotating
+	// its tokens cannot escape.
 	GlobalPolicies []string
-	AddressKeyed   map[string]bool
+	// AddressKeyed names the policies whose windows are keyed by the
+	// client's address (Identifier.Address) even when the request carries
+	// an identity header.
+	AddressKeyed map[string]bool
 	// Tiers give a policy other limits by the client's plan, named by a
 	// header (in proxy mode believed only from trusted proxies) or the
 	// decision API's "tier".
 	Tiers map[string]Tiers
 	// Overrides give one identity of a policy another limit.
 	Overrides map[string][]Override
-}
-
-// Limits are the terms o starts with.
-func (o Options) Limits() Limits {
-	return Limits{Policies: o.Policies, Routes: o.Routes, DefaultPolicy: o.DefaultPolicy, GlobalPolicies: o.GlobalPolicies,
-		AddressKeyed: o.AddressKeyed, Tiers: o.Tiers, Overrides: o.Overrides}
 }
 
 // Route holds the requests it matches to policies: by path prefix, and,

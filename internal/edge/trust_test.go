@@ -293,7 +293,7 @@ func TestEdgeNotReadyUntilItReachedEveryPrimary(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	nc, _ := pl.nats.ConnectAs("edge")
-	srv, err := edge.New(edge.Options{Store: st, Keys: pl.keys, NATS: nc, Policies: pl.policies, Log: quiet})
+	srv, err := edge.New(edge.Options{Store: st, Keys: pl.keys, NATS: nc, Limits: edge.Limits{Policies: pl.policies}, Log: quiet})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
 	"github.com/tallyhq/tally/internal/stack"
 )
@@ -48,7 +49,7 @@ func TestSentinelFailover(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		for {
-			if p := stack.SentinelPrimary(ctx, sentinels[0], "s0"); p != "" && p != old.Addr {
+			if p := redistest.SentinelPrimary(sentinels[0], "s0"); p != "" && p != old.Addr {
 				promoted = time.Since(killed)
 				break
 			}

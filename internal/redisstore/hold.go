@@ -20,7 +20,9 @@ var holdScript = redis.NewScript(lua.Hold)
 // recorded: the caller keeps what it froze.
 func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.HoldResult, error) {
 	n := s.shards[i]
-	out := make([]limiter.HoldResult, len(hs))
+	if len(hs) == 0 {
+		return nil, nil
+	}
 	for attempt := 0; ; attempt++ {
 		pipe := n.primary.Pipeline()
 		cmds := make([]*redis.Cmd, len(hs))
@@ -33,14 +35,17 @@ func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.H
 			wait = pipe.Do(ctx, "WAIT", n.wait, s.opts.ReservationWait.Milliseconds())
 		}
 		_, _ = pipe.Exec(ctx)
+		// A node without the script answers every call of the pipeline
+		// NOSCRIPT, having run none: load it and send them again.
+		if noScript(cmds[0].Err()) && attempt == 0 {
+			if err := s.reload(ctx, n.primary, holdScript); err != nil {
+				return nil, fmt.Errorf("limiter: hold on shard %s: %w", n.name, err)
+			}
+			continue
+		}
+		out := make([]limiter.HoldResult, len(hs))
 		for j, c := range cmds {
 			v, err := c.Int64Slice()
-			if noScript(err) && attempt == 0 {
-				if err := s.reload(ctx, n.primary, holdScript); err != nil {
-					return nil, fmt.Errorf("limiter: hold on shard %s: %w", n.name, err)
-				}
-				break
-			}
 			if err != nil {
 				return nil, fmt.Errorf("limiter: hold on shard %s: %w", n.name, scriptErr(err))
 			}
@@ -48,17 +53,12 @@ func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.H
 				return nil, fmt.Errorf("limiter: hold on shard %s: unexpected reply %v", n.name, v)
 			}
 			out[j] = limiter.HoldResult{Outcome: limiter.HoldOutcome(v[0]), Have: v[1]}
-			if j == len(cmds)-1 {
-				if wait != nil {
-					if r, err := wait.Int64(); err != nil || r < int64(n.wait) {
-						return nil, fmt.Errorf("limiter: hold on shard %s: no replica confirmed it", n.name)
-					}
-				}
-				return out, nil
+		}
+		if wait != nil {
+			if r, err := wait.Int64(); err != nil || r < int64(n.wait) {
+				return nil, fmt.Errorf("limiter: hold on shard %s: no replica confirmed it", n.name)
 			}
 		}
-		if len(cmds) == 0 {
-			return out, nil
-		}
+		return out, nil
 	}
 }

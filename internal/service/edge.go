@@ -149,7 +149,6 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 		host, _ := os.Hostname()
 		source = "edge-checker/" + host
 	}
-	l := cfg.Limits()
 	id := cfg.Edge.Identity
 	chargeAtEnd := map[string]bool{}
 	for _, d := range cfg.Edge.RLS.ChargeAtEnd {
@@ -158,8 +157,7 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 	return edge.Options{
 		Store: store, Keys: keys, NATS: nc, DecisionsNATS: dnc, Streams: cfg.NATS.Streams,
 		Outbox: cfg.Edge.Outbox, Decisions: cfg.Edge.Decisions, Credit: cfg.Edge.Credit,
-		Policies: l.Policies, Routes: l.Routes, DefaultPolicy: l.DefaultPolicy, GlobalPolicies: l.GlobalPolicies,
-		AddressKeyed: l.AddressKeyed, Tiers: l.Tiers, Overrides: l.Overrides,
+		Limits:           cfg.Limits(),
 		Identity:         edge.Identifier{Header: id.Header, Trusted: id.Trusted(), IPv4Prefix: id.IPv4Prefix, IPv6Prefix: id.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
 		Upstream:         upstream, Source: source, Pprof: cfg.Edge.Pprof, Log: log,

@@ -635,15 +635,3 @@ func (s *Stack) SentinelShard(ctx context.Context, name string, replicas, sentin
 	}
 	return sc, procs, nil
 }
-
-// SentinelPrimary is the address the sentinel at addr names as master's
-// primary ("" when it cannot say).
-func SentinelPrimary(ctx context.Context, addr, master string) string {
-	_, port, _ := net.SplitHostPort(addr)
-	out, err := exec.CommandContext(ctx, "redis-cli", "-p", port, "SENTINEL", "get-master-addr-by-name", master).Output()
-	f := strings.Fields(string(out))
-	if err != nil || len(f) != 2 {
-		return ""
-	}
-	return net.JoinHostPort(f[0], f[1])
-}

@@ -95,7 +95,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			"check": {lua.Check, []string{k.String()}, []string{now}},
 			"take": {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000", "edge-1.7", "edge-1", "3:1,4:2",
 				"s1", "0", "0", now}},
-			"hold": {lua.Hold, []string{k.String()}, []string{now, r, "edge-a.1", "edge-a", "0", "5", now}},
+			"hold":  {lua.Hold, []string{k.String()}, []string{now, r, "edge-a.1", "edge-a", "0", "5", now}},
 			"apply": {lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "2", r, now, "60000", "1", "0", "0")},
 			"lease": {lua.Lease, []string{"tally:lease:s0"}, []string{"hold", "acc-1", "1000"}},
 			"finish": {lua.Finish, []string{k.String(), fk, pk}, []string{now, r, "0", "304", "1", "edge-a", "0", now, "60000",
@@ -111,7 +111,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			"take/7":   {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é", "edge-2.7", "edge-10.7"},
 			"take/8":   badProducer,
 			"take/9":   {"x", "1:", ":1", "1:0", "0:1", ",1:1", "1:1,", "1:1,,2:2", "1:1;2:2", strings.Repeat("1:1,", 64) + "1:1"},
-			"take/10":  {"S1", "a b", "{x}", strings.Repeat("a", 33), "é"}, // moving to: "" is none
+			"take/10":  {"S1", "a b", "{x}", strings.Repeat("a", 33), "é"},            // moving to: "" is none
 			"take/11":  {"-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"}, // keep: "" freezes nothing
 			"hold/3":   {"", " 1", "a b", "{x}", strings.Repeat("a", 101), "é", "edge-b.1"},
 			"hold/4":   badProducer,

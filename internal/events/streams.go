@@ -251,9 +251,13 @@ func EnsureStreams(ctx context.Context, js jetstream.StreamManager, s Streams, s
 func ensureStream(ctx context.Context, js jetstream.StreamManager, want jetstream.StreamConfig, keep func(string) bool) error {
 	st, err := js.Stream(ctx, want.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		// Another process may create it first; an identical create succeeds.
-		_, err = js.CreateOrUpdateStream(ctx, want)
-		return err
+		// Another process may create it first: an identical create
+		// succeeds, and a different one is refused as a name in use —
+		// then the stream is read again and brought to want.
+		if _, err = js.CreateStream(ctx, want); !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return err
+		}
+		st, err = js.Stream(ctx, want.Name)
 	}
 	if err != nil {
 		return err

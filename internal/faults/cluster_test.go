@@ -7,10 +7,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"testing"
 	"time"
-
-	"github.com/tallyhq/tally/internal/redisstore"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,6 +20,7 @@ import (
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	tallymetrics "github.com/tallyhq/tally/internal/metrics"
+	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/shard"
 	"github.com/tallyhq/tally/internal/stack"
 )
@@ -241,15 +241,23 @@ func (c *cluster) startEdge(t *testing.T, name string, mut func(*config.File)) *
 }
 
 // targets are a scenario's keys: most far from their limits (cost 1, and
-// a few of cost 3), some in mode exact, a few with a small limit.
+// a few of cost 3), some in mode exact, a few with a small limit. Each
+// kind has at least n keys and at least one on every shard (the key
+// secret is new each run, so where a key lands is not known in advance).
 func (c *cluster) targets(scenario string) []*target {
 	var out []*target
 	add := func(n int, kind, path string, p config.Policy, cost int64) {
-		for i := range n {
+		onShard := make([]bool, c.store.Shards())
+		for i := 0; i < n || slices.Contains(onShard, false); i++ {
+			if i > n+200 {
+				panic(fmt.Sprintf("faults: no %s key on one of the shards in %d tries", kind, i))
+			}
 			id := fmt.Sprintf("%s/%s-%d", scenario, kind, i)
 			// The edge keys an identity from a header as docs/keys.md says.
-			out = append(out, &target{identity: id, path: path + "/items", policy: p.Limiter(), cost: cost,
-				key: c.keys.Key(p.Name, limiter.HeaderIdentity("Authorization", id))})
+			tg := &target{identity: id, path: path + "/items", policy: p.Limiter(), cost: cost,
+				key: c.keys.Key(p.Name, limiter.HeaderIdentity("Authorization", id))}
+			onShard[c.store.ShardOf(tg.key)] = true
+			out = append(out, tg)
 			c.identities = append(c.identities, id)
 		}
 	}

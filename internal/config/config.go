@@ -8,7 +8,6 @@
 package config
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -21,7 +20,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/credit"
@@ -322,31 +320,26 @@ func (f *File) Reload() (*File, error) {
 	return Load(f.path, f.env)
 }
 
-// Parse is Load on bytes. Errors wrap ErrInvalid and say "line N: field".
+// Parse is Load on bytes. It returns the first of the problems Check
+// finds, in the order the file is checked: errors wrap ErrInvalid and say
+// "line N: field".
 func Parse(b []byte, env func(string) string) (*File, error) {
-	var f File
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalid, strings.TrimPrefix(err.Error(), "yaml: "))
+	f, root, ps := read(b, env)
+	if len(ps) == 0 {
+		return f, nil
 	}
-	var root yaml.Node
-	_ = yaml.Unmarshal(b, &root)
-	if err := f.applyEnv(env); err != nil {
+	var de decodeError
+	var se *setting.Error
+	switch err := ps[0]; {
+	case errors.As(err, &de):
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, strings.TrimPrefix(de.err.Error(), "yaml: "))
+	case !errors.As(err, &se):
 		return nil, err
 	}
-	f.withDefaults()
-	if err := f.validate(); err != nil {
-		var se *setting.Error
-		if !errors.As(err, &se) {
-			return nil, err
-		}
-		if line := lineOf(&root, se.Field); line > 0 {
-			return nil, fmt.Errorf("%w: line %d: %s: %s", ErrInvalid, line, se.Field, se.Msg)
-		}
-		return nil, fmt.Errorf("%w: %s: %s", ErrInvalid, se.Field, se.Msg)
+	if line := lineOf(root, se.Field); line > 0 {
+		return nil, fmt.Errorf("%w: line %d: %s: %s", ErrInvalid, line, se.Field, se.Msg)
 	}
-	return &f, nil
+	return nil, fmt.Errorf("%w: %s: %s", ErrInvalid, se.Field, se.Msg)
 }
 
 // Environment variables read by Load.
@@ -373,13 +366,15 @@ const (
 	EnvSentinelPassword = "TALLY_SENTINEL_PASSWORD"
 )
 
-func (f *File) applyEnv(env func(string) string) error {
+// applyEnv overrides f's settings from env; a secret that cannot be used
+// is recorded in ps.
+func (f *File) applyEnv(ps *problems, env func(string) string) {
 	if env == nil {
 		env = func(string) string { return "" }
 	}
 	var err error
 	if f.KeySecret, err = ParseSecret(env(EnvKeySecret)); err != nil {
-		return err
+		ps.add(err)
 	}
 	f.APIToken, f.AdminToken = env(EnvAPIToken), env(EnvAdminToken)
 	f.NATS.User, f.NATS.Password = env(EnvNATSUser), env(EnvNATSPassword)
@@ -426,7 +421,6 @@ func (f *File) applyEnv(env func(string) string) error {
 			}
 		}
 	}
-	return nil
 }
 
 func ptrs(ns []shard.Node) []*shard.Node {
@@ -466,40 +460,44 @@ func (t TLS) Config() (*tls.Config, error) {
 	return c, nil
 }
 
-func (n NATS) options() ([]nats.Option, error) {
+// options are the connection options n sets; what cannot be used is
+// recorded in ps.
+func (n NATS) options(ps *problems) []nats.Option {
 	var opts []nats.Option
 	tc, err := n.TLS.Config()
 	if err != nil {
-		return nil, fmt.Errorf("tls: %w", err)
+		ps.field("nats", "tls: %v", err)
 	}
 	if tc != nil {
 		opts = append(opts, nats.Secure(tc))
 	}
 	switch {
 	case n.CredentialsFile != "" && n.NKeyFile != "":
-		return nil, errors.New("credentials_file and nkey_file: set one")
+		ps.field("nats", "credentials_file and nkey_file: set one")
 	case n.CredentialsFile != "":
 		if _, err := os.Stat(n.CredentialsFile); err != nil {
-			return nil, fmt.Errorf("credentials_file: %w", err)
+			ps.field("nats", "credentials_file: %v", err)
+		} else {
+			opts = append(opts, nats.UserCredentials(n.CredentialsFile))
 		}
-		opts = append(opts, nats.UserCredentials(n.CredentialsFile))
 	case n.NKeyFile != "":
-		o, err := nats.NkeyOptionFromSeed(n.NKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("nkey_file: %w", err)
+		if o, err := nats.NkeyOptionFromSeed(n.NKeyFile); err != nil {
+			ps.field("nats", "nkey_file: %v", err)
+		} else {
+			opts = append(opts, o)
 		}
-		opts = append(opts, o)
 	}
 	if n.User != "" {
 		opts = append(opts, nats.UserInfo(n.User, n.Password))
 	}
 	if n.InboxPrefix != "" {
 		if !validPrefixTokens(n.InboxPrefix) {
-			return nil, fmt.Errorf("inbox_prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", n.InboxPrefix)
+			ps.field("nats", "inbox_prefix %q: want tokens of [A-Za-z0-9_-] separated by dots", n.InboxPrefix)
+		} else {
+			opts = append(opts, nats.CustomInboxPrefix(n.InboxPrefix))
 		}
-		opts = append(opts, nats.CustomInboxPrefix(n.InboxPrefix))
 	}
-	return opts, nil
+	return opts
 }
 
 // NATSOptions are the connection options the file sets: TLS and

@@ -87,207 +87,240 @@ func (e *Edge) timeouts() []timeout {
 		{"shutdown_timeout", &e.ShutdownTimeout, 15 * time.Second}}
 }
 
+// problems collects what is wrong with a file, in the order it is checked:
+// each a *setting.Error naming its field, or an error of the file as a
+// whole (the environment's).
+type problems []error
+
+// add records err, if any.
+func (ps *problems) add(err error) {
+	if err != nil {
+		*ps = append(*ps, err)
+	}
+}
+
+// in records a section's error with its field placed under the section's
+// path (setting.In).
+func (ps *problems) in(prefix string, err error) {
+	if err != nil {
+		ps.add(setting.In(prefix, err))
+	}
+}
+
+// field records that the setting at path cannot be used.
+func (ps *problems) field(path, format string, args ...any) {
+	ps.add(fieldErr(path, format, args...))
+}
+
 // validate checks every field once, after withDefaults: the file's own
-// fields here, each component's section by its Validate.
-func (f *File) validate() error {
-	if _, err := limiter.NewKeySpace(f.KeyPrefix, f.KeySecret); err != nil {
-		return fieldErr("key_prefix", "%v", err)
+// fields here, each component's section by its Validate (which reports its
+// first error). A bad item does not stop the check: every problem is
+// recorded in ps, and a check that depends on an item already found bad is
+// skipped rather than reported twice.
+func (f *File) validate(ps *problems) {
+	secret := f.KeySecret
+	if secret == nil { // the secret's own problem is the environment's (applyEnv): judge the prefix alone
+		secret = make([]byte, limiter.MinSecretLen)
 	}
-	if err := shard.Validate(f.Redis.Shards); err != nil {
-		return setting.In("redis", err)
+	if _, err := limiter.NewKeySpace(f.KeyPrefix, secret); err != nil {
+		ps.field("key_prefix", "%v", err)
 	}
-	if err := f.Redis.validate(f.StoreOptions()); err != nil {
-		return err
-	}
+	ps.in("redis", shard.Validate(f.Redis.Shards))
+	f.Redis.validate(ps, f.StoreOptions())
 	for _, one := range strings.Split(f.NATS.URL, ",") { // a cluster's servers
 		if u, err := url.Parse(strings.TrimSpace(one)); err != nil || u.Host == "" {
-			return fieldErr("nats.url", "%q: want nats://host:port, or several separated by commas", f.NATS.URL)
+			ps.field("nats.url", "%q: want nats://host:port, or several separated by commas", f.NATS.URL)
+			break
 		}
 	}
-	if err := f.NATS.Streams.Validate(); err != nil {
-		return setting.In("nats.streams", err)
-	}
-	if err := f.validatePolicies(); err != nil {
-		return err
-	}
-	if err := f.validateSecurity(); err != nil {
-		return err
-	}
-	if err := f.Accountant.Validate(); err != nil {
-		return setting.In("accountant", err)
-	}
-	return f.validateEdge()
+	ps.in("nats.streams", f.NATS.Streams.Validate())
+	f.validatePolicies(ps)
+	f.validateSecurity(ps)
+	ps.in("accountant", f.Accountant.Validate())
+	f.validateEdge(ps)
 }
 
 // validate places the store's verdict on the file's fields: the three
 // timeouts the store has are one setting here.
-func (r Redis) validate(o redisstore.Options) error {
+func (r Redis) validate(ps *problems, o redisstore.Options) {
 	names := map[string]bool{}
 	for _, s := range r.Shards {
 		names[s.Name] = true
 	}
-	for field, list := range map[string][]string{"redis.placement": r.Placement, "redis.previous_placement": r.PreviousPlacement} {
+	for _, l := range []struct {
+		field string
+		names []string
+	}{{"redis.placement", r.Placement}, {"redis.previous_placement", r.PreviousPlacement}} {
 		seen := map[string]bool{}
-		for _, n := range list {
+		for _, n := range l.names {
 			if !names[n] || seen[n] {
-				return fieldErr(field, "%q: want names of shards in redis.shards, each once", n)
+				ps.field(l.field, "%q: want names of shards in redis.shards, each once", n)
 			}
 			seen[n] = true
 		}
 	}
 	err := o.Validate()
 	var e *setting.Error
-	if errors.As(err, &e) {
-		switch e.Field {
-		case "dial_timeout", "read_timeout", "write_timeout":
-			return fieldErr("redis.timeout", "%s", e.Msg)
-		}
-		return setting.In("redis", err)
+	switch {
+	case !errors.As(err, &e):
+		ps.add(err)
+	case e.Field == "dial_timeout" || e.Field == "read_timeout" || e.Field == "write_timeout":
+		ps.field("redis.timeout", "%s", e.Msg)
+	default:
+		ps.in("redis", err)
 	}
-	return err
 }
 
-func (f *File) validatePolicies() error {
-	seen := map[string]bool{}
+// validatePolicies checks the policies, then the routes and the edge's
+// default and global policies that name them.
+func (f *File) validatePolicies(ps *problems) {
+	named := map[string]bool{} // every policy's name, valid or not
+	// usable are the policies a route's cost can be judged against: valid,
+	// and named once.
+	usable := map[string]bool{}
 	for i, p := range f.Policies {
 		path := fmt.Sprintf("policies[%d]", i)
-		if err := p.Limiter().Validate(); err != nil {
-			return setting.In(path, err)
-		}
-		if seen[p.Name] {
-			return fieldErr(path+".name", "duplicate policy %q", p.Name)
+		err := p.Limiter().Validate()
+		ps.in(path, err)
+		usable[p.Name] = err == nil && !named[p.Name]
+		if named[p.Name] {
+			ps.field(path+".name", "duplicate policy %q", p.Name)
 		}
 		if p.Key != "" && p.Key != KeyIdentity && p.Key != KeyAddress {
-			return fieldErr(path+".key", "%q: want identity or address", p.Key)
+			ps.field(path+".key", "%q: want identity or address", p.Key)
 		}
-		if err := p.validateTerms(path); err != nil {
-			return err
-		}
-		seen[p.Name] = true
+		p.validateTerms(ps, path)
+		named[p.Name] = true
 	}
+	f.validateRoutes(ps, usable)
+	if d := f.Edge.DefaultPolicy; d != "" && !named[d] {
+		ps.field("edge.default_policy", "unknown policy %q", d)
+	}
+	for i, name := range f.Edge.GlobalPolicies {
+		if !named[name] {
+			ps.field(fmt.Sprintf("edge.global_policies[%d]", i), "unknown policy %q", name)
+		}
+	}
+	if len(f.Policies) == 0 && (f.Edge.Listen != "" || f.Edge.APIListen != "" || f.Edge.ForwardAuth.Listen != "") {
+		ps.field("policies", "the edge needs at least one policy (the rate-limit service, edge.rls, needs none)")
+	}
+}
+
+// validateRoutes checks each route: its path, methods and host, that no
+// other route is the same, and its policies (their cost against those in
+// usable).
+func (f *File) validateRoutes(ps *problems, usable map[string]bool) {
 	byName := f.PolicyMap()
 	paths := map[string]bool{}
 	for i, r := range f.Routes {
 		path := fmt.Sprintf("routes[%d]", i)
+		before := len(*ps)
 		if !strings.HasPrefix(r.Path, "/") {
-			return fieldErr(path+".path", "%q: want a path starting with /", r.Path)
+			ps.field(path+".path", "%q: want a path starting with /", r.Path)
 		}
 		methods := make([]string, len(r.Methods))
 		for j, m := range r.Methods {
 			if !validToken(m) {
-				return fieldErr(fmt.Sprintf("%s.methods[%d]", path, j), "%q: want a method (GET, POST, …)", m)
+				ps.field(fmt.Sprintf("%s.methods[%d]", path, j), "%q: want a method (GET, POST, …)", m)
 			}
 			methods[j] = strings.ToUpper(m)
 		}
 		sort.Strings(methods)
 		if h := r.Host; h != "" && !validHost(h) {
-			return fieldErr(path+".host", "%q: want a host name, or *. and a domain", h)
+			ps.field(path+".host", "%q: want a host name, or *. and a domain", h)
 		}
-		if key := pathpkg.Clean(r.Path) + " " + strings.Join(methods, ",") + " " + strings.ToLower(r.Host); paths[key] {
-			return fieldErr(path+".path", "duplicate route %q (same methods and host)", r.Path)
-		} else {
+		if len(*ps) == before { // only a well-formed route is compared with the others
+			key := pathpkg.Clean(r.Path) + " " + strings.Join(methods, ",") + " " + strings.ToLower(r.Host)
+			if paths[key] {
+				ps.field(path+".path", "duplicate route %q (same methods and host)", r.Path)
+			}
 			paths[key] = true
 		}
 		field := path + ".policy"
 		switch {
 		case r.Policy != "" && len(r.Policies) > 0:
-			return fieldErr(path, "set policy or policies, not both")
+			ps.field(path, "set policy or policies, not both")
+			continue
 		case len(r.Policies) > 0:
 			field = path + ".policies"
 		case r.Policy == "":
-			return fieldErr(field, "missing: the route's policy")
+			ps.field(field, "missing: the route's policy")
+			continue
 		}
+		costBad := false
 		for _, name := range r.Names() {
 			p, ok := byName[name]
-			if !ok {
-				return fieldErr(field, "unknown policy %q (known: %s)", name, strings.Join(sortedKeys(byName), ", "))
-			}
-			if r.Cost < 0 || r.Cost > p.Limit {
-				return fieldErr(path+".cost", "%d: want 1 to the limit of policy %q (%d)", r.Cost, name, p.Limit)
+			switch {
+			case !ok:
+				ps.field(field, "unknown policy %q (known: %s)", name, strings.Join(sortedKeys(byName), ", "))
+			case usable[name] && !costBad && (r.Cost < 0 || r.Cost > p.Limit):
+				ps.field(path+".cost", "%d: want 1 to the limit of policy %q (%d)", r.Cost, name, p.Limit)
+				costBad = true
 			}
 		}
 	}
-	if d := f.Edge.DefaultPolicy; d != "" && !seen[d] {
-		return fieldErr("edge.default_policy", "unknown policy %q", d)
-	}
-	for i, name := range f.Edge.GlobalPolicies {
-		if !seen[name] {
-			return fieldErr(fmt.Sprintf("edge.global_policies[%d]", i), "unknown policy %q", name)
-		}
-	}
-	if len(f.Policies) == 0 && (f.Edge.Listen != "" || f.Edge.APIListen != "" || f.Edge.ForwardAuth.Listen != "") {
-		return fieldErr("policies", "the edge needs at least one policy (the rate-limit service, edge.rls, needs none)")
-	}
-	return nil
 }
 
-func (f *File) validateEdge() error {
+func (f *File) validateEdge(ps *problems) {
 	e := &f.Edge
 	if e.Listen != "" {
 		u, err := url.Parse(e.Upstream)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fieldErr("edge.upstream", "%q: proxy mode (edge.listen) needs an http(s) upstream URL", e.Upstream)
+			ps.field("edge.upstream", "%q: proxy mode (edge.listen) needs an http(s) upstream URL", e.Upstream)
 		}
 	}
 	if e.OnRedisError != "allow" && e.OnRedisError != "deny" {
-		return fieldErr("edge.on_redis_error", "%q: want allow or deny", e.OnRedisError)
+		ps.field("edge.on_redis_error", "%q: want allow or deny", e.OnRedisError)
 	}
 	if e.MaxHeaderBytes < 1024 || e.MaxHeaderBytes > 1<<20 {
-		return fieldErr("edge.max_header_bytes", "%d: want 1024 to 1048576", e.MaxHeaderBytes)
+		ps.field("edge.max_header_bytes", "%d: want 1024 to 1048576", e.MaxHeaderBytes)
 	}
+	badTimeout := map[string]bool{}
 	for _, d := range e.timeouts() {
 		if *d.v < 100*time.Millisecond || *d.v > time.Hour {
-			return fieldErr("edge."+d.field, "%v: want 100ms to 1h", *d.v)
+			ps.field("edge."+d.field, "%v: want 100ms to 1h", *d.v)
+			badTimeout[d.field] = true
 		}
 	}
-	if e.ReadHeaderTimeout > e.ReadTimeout {
-		return fieldErr("edge.read_header_timeout", "%v: want at most read_timeout (%v)", e.ReadHeaderTimeout, e.ReadTimeout)
+	if !badTimeout["read_header_timeout"] && !badTimeout["read_timeout"] && e.ReadHeaderTimeout > e.ReadTimeout {
+		ps.field("edge.read_header_timeout", "%v: want at most read_timeout (%v)", e.ReadHeaderTimeout, e.ReadTimeout)
 	}
 	id := &e.Identity
 	if id.IPv4Prefix < 8 || id.IPv4Prefix > 32 {
-		return fieldErr("edge.identity.ipv4_prefix", "%d: want 8 to 32", id.IPv4Prefix)
+		ps.field("edge.identity.ipv4_prefix", "%d: want 8 to 32", id.IPv4Prefix)
 	}
 	if id.IPv6Prefix < 16 || id.IPv6Prefix > 128 {
-		return fieldErr("edge.identity.ipv6_prefix", "%d: want 16 to 128", id.IPv6Prefix)
+		ps.field("edge.identity.ipv6_prefix", "%d: want 16 to 128", id.IPv6Prefix)
 	}
 	for i, c := range id.TrustedProxies {
 		if _, err := parsePrefix(c); err != nil {
-			return fieldErr(fmt.Sprintf("edge.identity.trusted_proxies[%d]", i), "%q: want an address or CIDR", c)
+			ps.field(fmt.Sprintf("edge.identity.trusted_proxies[%d]", i), "%q: want an address or CIDR", c)
 		}
 	}
-	if err := f.validateRLS(); err != nil {
-		return err
-	}
-	if err := f.validateForwardAuth(); err != nil {
-		return err
-	}
-	for _, sec := range []struct {
-		path string
-		err  error
-	}{{"edge.outbox", e.Outbox.Validate()}, {"edge.credit", e.Credit.Validate()}, {"edge.decisions", e.Decisions.Validate()}} {
-		if sec.err != nil {
-			return setting.In(sec.path, sec.err)
-		}
-	}
-	return nil
+	f.validateRLS(ps)
+	f.validateForwardAuth(ps)
+	ps.in("edge.outbox", e.Outbox.Validate())
+	ps.in("edge.credit", e.Credit.Validate())
+	ps.in("edge.decisions", e.Decisions.Validate())
 }
 
 // validateTerms checks a policy's tiers and overrides.
-func (p Policy) validateTerms(path string) error {
+func (p Policy) validateTerms(ps *problems, path string) {
 	limitOK := func(v int64) bool { return v >= max(1, p.Cost) && v <= limiter.MaxLimit }
 	if t := p.Tiers; t != nil {
 		if !validToken(t.Header) {
-			return fieldErr(path+".tiers.header", "%q: want a header name (X-Plan)", t.Header)
+			ps.field(path+".tiers.header", "%q: want a header name (X-Plan)", t.Header)
 		}
 		if len(t.Limits) == 0 {
-			return fieldErr(path+".tiers.limits", "empty: give each plan its limit")
+			ps.field(path+".tiers.limits", "empty: give each plan its limit")
 		}
 		for _, plan := range sortedKeys(t.Limits) {
 			if plan == "" || len(plan) > 256 {
-				return fieldErr(path+".tiers.limits", "a plan's name: want 1 to 256 bytes")
+				ps.field(path+".tiers.limits", "a plan's name: want 1 to 256 bytes")
+				continue
 			}
 			if v := t.Limits[plan]; !limitOK(v) {
-				return fieldErr(path+".tiers.limits."+plan, "%d: want %d to %d", v, max(1, p.Cost), limiter.MaxLimit)
+				ps.field(path+".tiers.limits."+plan, "%d: want %d to %d", v, max(1, p.Cost), limiter.MaxLimit)
 			}
 		}
 	}
@@ -296,15 +329,15 @@ func (p Policy) validateTerms(path string) error {
 		f := fmt.Sprintf("%s.overrides[%d]", path, i)
 		switch {
 		case o.Identity == "" || len(o.Identity) > 4096:
-			return fieldErr(f+".identity", "want 1 to 4096 bytes")
+			ps.field(f+".identity", "want 1 to 4096 bytes")
 		case seen[o.Identity]:
-			return fieldErr(f+".identity", "given twice")
-		case !limitOK(o.Limit):
-			return fieldErr(f+".limit", "%d: want %d to %d", o.Limit, max(1, p.Cost), limiter.MaxLimit)
+			ps.field(f+".identity", "given twice")
+		}
+		if !limitOK(o.Limit) {
+			ps.field(f+".limit", "%d: want %d to %d", o.Limit, max(1, p.Cost), limiter.MaxLimit)
 		}
 		seen[o.Identity] = true
 	}
-	return nil
 }
 
 // validToken reports whether s is an HTTP token (a method, a header name).
@@ -338,23 +371,22 @@ func validHost(h string) bool {
 }
 
 // validateForwardAuth checks the forward-auth listener's settings.
-func (f *File) validateForwardAuth() error {
+func (f *File) validateForwardAuth(ps *problems) {
 	fa := &f.Edge.ForwardAuth
 	if fa.Listen == "" {
 		if len(fa.Gateways) > 0 || fa.LogListen != "" {
-			return fieldErr("edge.forward_auth.listen", "empty: set it to answer the gateways")
+			ps.field("edge.forward_auth.listen", "empty: set it to answer the gateways")
 		}
-		return nil
+		return
 	}
 	if len(fa.Gateways) == 0 {
-		return fieldErr("edge.forward_auth.gateways", "empty: name the gateways' addresses (only their requests are believed)")
+		ps.field("edge.forward_auth.gateways", "empty: name the gateways' addresses (only their requests are believed)")
 	}
 	for i, g := range fa.Gateways {
 		if _, err := parsePrefix(g); err != nil {
-			return fieldErr(fmt.Sprintf("edge.forward_auth.gateways[%d]", i), "%q: want an address or CIDR", g)
+			ps.field(fmt.Sprintf("edge.forward_auth.gateways[%d]", i), "%q: want an address or CIDR", g)
 		}
 	}
-	return nil
 }
 
 // Gateways are edge.forward_auth.gateways as prefixes.
@@ -369,36 +401,41 @@ func (f *File) Gateways() []netip.Prefix {
 }
 
 // validateRLS checks the rate-limit service's settings and reads its rules.
-func (f *File) validateRLS() error {
+func (f *File) validateRLS(ps *problems) {
 	r := &f.Edge.RLS
 	if r.Listen == "" {
 		if r.Config != "" {
-			return fieldErr("edge.rls.listen", "empty: set it to serve the rules of edge.rls.config")
+			ps.field("edge.rls.listen", "empty: set it to serve the rules of edge.rls.config")
 		}
-		return nil
+		return
 	}
+	modeOK := true
 	switch r.Mode {
 	case "", limiter.ModeAuto, limiter.ModeExact, limiter.ModeAsync:
 	default:
-		return fieldErr("edge.rls.mode", "%q: want auto, exact or async", r.Mode)
+		ps.field("edge.rls.mode", "%q: want auto, exact or async", r.Mode)
+		modeOK = false
 	}
 	if r.Config == "" {
-		return fieldErr("edge.rls.config", "empty: name the directory of envoyproxy/ratelimit configuration files")
+		ps.field("edge.rls.config", "empty: name the directory of envoyproxy/ratelimit configuration files")
 	}
 	for i, d := range r.ChargeAtEnd {
 		if d == "" {
-			return fieldErr(fmt.Sprintf("edge.rls.charge_at_end[%d]", i), "empty: name a domain")
+			ps.field(fmt.Sprintf("edge.rls.charge_at_end[%d]", i), "empty: name a domain")
 		}
 	}
+	if r.Config == "" {
+		return
+	}
 	c, err := descriptors.LoadDir(r.Config, descriptors.Options{MergeDomains: r.MergeDomains})
-	if err == nil {
+	if err == nil && modeOK { // the rules are judged in the mode they run in
 		err = edge.ValidDescriptors(c, r.Mode)
 	}
 	if err != nil {
-		return fieldErr("edge.rls.config", "%v", err)
+		ps.field("edge.rls.config", "%v", err)
+		return
 	}
 	f.descriptors = c
-	return nil
 }
 
 // Descriptors are the rate-limit service's rules as read when the file was
@@ -412,32 +449,27 @@ func (f *File) SetDescriptors(c *descriptors.Config) { f.descriptors = c }
 // validateSecurity refuses what would expose Tally or its data: a decision
 // API whose request ids cannot be signed, APIs reachable beyond loopback
 // without a token, TLS settings that cannot be loaded.
-func (f *File) validateSecurity() error {
+func (f *File) validateSecurity(ps *problems) {
 	e := &f.Edge
-	if e.APIListen != "" {
-		if f.APIToken == "" && !Loopback(e.APIListen) {
-			return fieldErr("edge.api_listen", "%q is reachable beyond loopback: set %s, the bearer token the API then requires",
-				e.APIListen, EnvAPIToken)
-		}
+	if e.APIListen != "" && f.APIToken == "" && !Loopback(e.APIListen) {
+		ps.field("edge.api_listen", "%q is reachable beyond loopback: set %s, the bearer token the API then requires",
+			e.APIListen, EnvAPIToken)
 	}
 	if e.RLS.Listen != "" && f.APIToken == "" && !Loopback(e.RLS.Listen) {
-		return fieldErr("edge.rls.listen", "%q is reachable beyond loopback: set %s, the bearer token the rate-limit service then requires "+
+		ps.field("edge.rls.listen", "%q is reachable beyond loopback: set %s, the bearer token the rate-limit service then requires "+
 			"(Envoy sends it as initial_metadata: authorization: Bearer <token>)", e.RLS.Listen, EnvAPIToken)
 	}
 	for _, l := range []struct{ field, addr string }{{"edge.admin_listen", e.AdminListen}, {"accountant.admin_listen", f.Accountant.AdminListen}} {
 		if l.addr != "" && f.AdminToken == "" && !Loopback(l.addr) {
-			return fieldErr(l.field, "%q is reachable beyond loopback: set %s, the bearer token /metrics then requires",
+			ps.field(l.field, "%q is reachable beyond loopback: set %s, the bearer token /metrics then requires",
 				l.addr, EnvAdminToken)
 		}
 	}
 	var err error
 	if f.redisTLS, err = f.Redis.TLS.Config(); err != nil {
-		return fieldErr("redis.tls", "%v", err)
+		ps.field("redis.tls", "%v", err)
 	}
-	if f.natsOpts, err = f.NATS.options(); err != nil {
-		return fieldErr("nats", "%v", err)
-	}
-	return nil
+	f.natsOpts = f.NATS.options(ps)
 }
 
 // Loopback reports whether a listen address (host:port) accepts

@@ -58,6 +58,14 @@ type Decision struct {
 	// Shadow marks a decision of a limit in shadow mode: Allowed says what
 	// the limit decided, and the request was let through whatever it said.
 	Shadow bool
+	// Until is a denial's Retry-After as a time when backoff made it later
+	// than the window's reset, a block's end, or (an operator's record)
+	// when a temporary limit lifts itself. Strikes counts the requests the
+	// client sent before the Retry-After it was given, in a row. Note says
+	// who took an operator's action, and why.
+	Until   time.Time
+	Strikes int
+	Note    string
 	// Domain and Rule are set on decisions of Envoy's rate-limit service:
 	// the request's domain and the full key of the descriptor rule that
 	// limited it (envoyproxy/ratelimit's name for it: the domain and each
@@ -113,6 +121,15 @@ func AppendDecision(b []byte, d *Decision) []byte {
 	}
 	if d.Shadow {
 		b = append(appendField(b, "shadow"), "true"...)
+	}
+	if !d.Until.IsZero() {
+		b = appendTimeField(b, "until", d.Until)
+	}
+	if d.Strikes > 0 {
+		b = appendIntField(b, "strikes", int64(d.Strikes))
+	}
+	if d.Note != "" {
+		b = appendStringField(b, "note", d.Note)
 	}
 	if d.Rule != "" {
 		b = appendStringField(b, "domain", d.Domain)

@@ -59,11 +59,35 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 		require.NoError(t, err)
 		return schema.Validate(v)
 	}
+	// Progressive backoff, a block, and operators' actions.
+	backedOff := denied
+	backedOff.Until, backedOff.Strikes = reset.Add(time.Minute), 2
+	backoff := backedOff
+	backoff.Path = "backoff"
+	blocked := edge
+	blocked.Allowed, blocked.Path, blocked.Limit, blocked.Used, blocked.ResetAt = false, "blocked", 0, 0, time.Time{}
+	blocked.Until = at.Add(time.Hour)
+	reset0 := events.Decision{Time: at, Source: "tally/cli", Edge: "operator", Seq: 1, Shard: "s0", Key: dg,
+		Policy: "core", Limit: 100, WindowSeconds: 60, Allowed: true, Path: "operator", Outcome: "reset", Note: "ops: a stuck client"}
+	limitSet := reset0
+	limitSet.Outcome, limitSet.Limit, limitSet.Allowed, limitSet.Until = "limit_set", 0, false, at.Add(time.Hour)
+	limitCleared := reset0
+	limitCleared.Outcome = "limit_cleared"
 	for name, d := range map[string]events.Decision{"allowed": edge, "traced": traced, "denied": denied,
 		"fail-open": failOpen, "absorbed refund": absorbed, "accountant": acc, "late": late, "not held": notHeld,
-		"finished": finished, "finish pending": pending} {
+		"finished": finished, "finish pending": pending, "backed off": backedOff, "backoff": backoff, "blocked": blocked,
+		"reset": reset0, "limit set": limitSet, "limit cleared": limitCleared} {
 		require.NoError(t, valid(d), name)
 	}
+	noStrikes := backoff
+	noStrikes.Strikes = 0
+	require.Error(t, valid(noStrikes), "a backoff names its strikes")
+	allowedBlock := blocked
+	allowedBlock.Allowed = true
+	require.Error(t, valid(allowedBlock), "a block denies")
+	opNoOutcome := reset0
+	opNoOutcome.Outcome = ""
+	require.Error(t, valid(opNoOutcome), "an operator's record says what it did")
 
 	// Envoy's rate-limit service: the domain and rule; a check that charges
 	// nothing (cost 0, no window yet); a limit in shadow mode; a rule of 0

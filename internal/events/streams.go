@@ -37,6 +37,8 @@ type StreamConfig struct {
 //     first when full.
 //   - DeadLetters: accounting messages that can never be applied, with the
 //     reason.
+//   - Limits: the temporary limits operators put on identities, the latest
+//     per window key (TemporaryLimit); every edge reads it from the start.
 //
 // Notices (full windows, room again) use core NATS subjects under
 // NoticePrefix: they need no storage.
@@ -53,6 +55,7 @@ type Streams struct {
 	Accounting   StreamConfig  `yaml:"accounting"`
 	Decisions    StreamConfig  `yaml:"decisions"`
 	DeadLetters  StreamConfig  `yaml:"dead_letters"`
+	Limits       StreamConfig  `yaml:"limits"`
 	NoticePrefix string        `yaml:"notice_prefix"`
 }
 
@@ -84,6 +87,7 @@ func (s Streams) WithDefaults() Streams {
 	def(&s.Accounting, "TALLY_ACCOUNTING", "tally.accounting", 24*time.Hour, 256<<20)
 	def(&s.Decisions, "TALLY_DECISIONS", "tally.decisions", 24*time.Hour, 1<<30)
 	def(&s.DeadLetters, "TALLY_DLQ", "tally.dlq", 14*24*time.Hour, 256<<20)
+	def(&s.Limits, "TALLY_LIMITS", "tally.limits", 8*24*time.Hour, 64<<20)
 	if s.NoticePrefix == "" {
 		s.NoticePrefix = "tally.notices"
 	}
@@ -108,7 +112,7 @@ func (s Streams) check() error {
 	for _, c := range []struct {
 		field string
 		StreamConfig
-	}{{"accounting", s.Accounting}, {"decisions", s.Decisions}, {"dead_letters", s.DeadLetters}} {
+	}{{"accounting", s.Accounting}, {"decisions", s.Decisions}, {"dead_letters", s.DeadLetters}, {"limits", s.Limits}} {
 		switch {
 		case !validStreamName(c.Name):
 			return bad(c.field+".name", "%q: want 1 to 64 of [A-Za-z0-9_-]", clip(c.Name))
@@ -128,6 +132,9 @@ func (s Streams) check() error {
 	if !validPrefix(s.NoticePrefix) || names[s.NoticePrefix] {
 		return bad("notice_prefix", "%q: want tokens of [a-z0-9_-] separated by dots, unlike the streams' prefixes", clip(s.NoticePrefix))
 	}
+	if s.Limits.MaxAge > 0 && s.Limits.MaxAge < MaxTemporary+time.Hour {
+		return bad("limits.max_age", "%v: want at least %v (the longest temporary limit, and an hour)", s.Limits.MaxAge, MaxTemporary+time.Hour)
+	}
 	if s.Duplicates <= 0 || s.Duplicates > s.Accounting.MaxAge {
 		return bad("duplicates", "%v: want a positive duration within the accounting stream's max_age (%v)", s.Duplicates, s.Accounting.MaxAge)
 	}
@@ -141,6 +148,12 @@ func (s Streams) DecisionsSubject() string { return s.WithDefaults().Decisions.S
 // each accounting event did.
 func (s Streams) AccountantDecisionsSubject() string {
 	return s.WithDefaults().Decisions.SubjectPrefix + ".accountant"
+}
+
+// OperatorDecisionsSubject is where operators' actions are recorded (a
+// window reset, a temporary limit set or cleared).
+func (s Streams) OperatorDecisionsSubject() string {
+	return s.WithDefaults().Decisions.SubjectPrefix + ".operator"
 }
 
 // jetstream is the streams' configuration. The accounting stream takes
@@ -168,6 +181,11 @@ func (s Streams) jetstream(shards []string) ([]jetstream.StreamConfig, error) {
 			Discard: discard, Replicas: s.Replicas, Duplicates: dup,
 		}
 	}
+	// The latest temporary limit of each window key: one message per
+	// subject, kept for the longest a limit lasts.
+	limits := stream(s.Limits, []string{s.Limits.SubjectPrefix + ".>"},
+		"Tally temporary limits on identities, the latest per window key, signed", jetstream.DiscardOld, 2*time.Minute)
+	limits.MaxMsgsPerSubject = 1
 	accounting := make([]string, 0, len(shards))
 	for _, sh := range shards {
 		accounting = append(accounting, ShardSubjects(s.Accounting.SubjectPrefix, sh))
@@ -175,11 +193,12 @@ func (s Streams) jetstream(shards []string) ([]jetstream.StreamConfig, error) {
 	return []jetstream.StreamConfig{
 		stream(s.Accounting, accounting, "Tally accounting events still to apply, a subject per shard and producer; accountants delete what they applied",
 			jetstream.DiscardNew, s.Duplicates),
-		stream(s.Decisions, []string{s.DecisionsSubject(), s.AccountantDecisionsSubject()},
+		stream(s.Decisions, []string{s.DecisionsSubject(), s.AccountantDecisionsSubject(), s.OperatorDecisionsSubject()},
 			"Tally rate-limit decisions (CloudEvents JSON batches), for analytics", jetstream.DiscardOld, 2*time.Minute),
 		stream(s.DeadLetters, []string{s.DeadLetters.SubjectPrefix + ".*"},
 			"Tally accounting messages that could not be applied, with the reason; inspect and replay",
 			jetstream.DiscardOld, 2*time.Minute),
+		limits,
 	}, nil
 }
 
@@ -284,7 +303,8 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 	return slices.Equal(hs, want.Subjects) && have.Description == want.Description &&
 		have.Retention == want.Retention && have.Storage == want.Storage &&
 		have.Duplicates == want.Duplicates && have.MaxAge == want.MaxAge &&
-		have.MaxBytes == want.MaxBytes && have.Discard == want.Discard && have.Replicas == want.Replicas
+		have.MaxBytes == want.MaxBytes && have.Discard == want.Discard && have.Replicas == want.Replicas &&
+		have.MaxMsgsPerSubject == want.MaxMsgsPerSubject
 }
 
 // EnsureStreamsRetry calls EnsureStreams until it succeeds or ctx ends,

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tallyhq/tally/internal/accountant"
+	"github.com/tallyhq/tally/internal/backoff"
 	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/edge"
@@ -244,6 +245,9 @@ type Policy struct {
 	Tiers *Tiers `yaml:"tiers"`
 	// Overrides give one identity another limit (edge.Override).
 	Overrides []Override `yaml:"overrides"`
+	// Backoff makes the Retry-After of a client that keeps sending while
+	// denied grow: factor (1.1 to 10) and max (default 1h). Unset: none.
+	Backoff backoff.Config `yaml:"backoff"`
 }
 
 // Tiers are a policy's limits by plan: the plan named by Header on a
@@ -524,7 +528,8 @@ func (p Policy) Limiter() limiter.Policy {
 // at start and at a reload.
 func (f *File) Limits() edge.Limits {
 	l := edge.Limits{Policies: f.PolicyMap(), DefaultPolicy: f.Edge.DefaultPolicy, GlobalPolicies: f.Edge.GlobalPolicies,
-		AddressKeyed: f.AddressKeyed(), Tiers: map[string]edge.Tiers{}, Overrides: map[string][]edge.Override{}}
+		AddressKeyed: f.AddressKeyed(), Tiers: map[string]edge.Tiers{}, Overrides: map[string][]edge.Override{},
+		Backoff: map[string]backoff.Config{}}
 	for _, r := range f.Routes {
 		l.Routes = append(l.Routes, edge.Route{Path: r.Path, Methods: r.Methods, Host: r.Host, Policies: r.Names(), Cost: r.Cost})
 	}
@@ -534,6 +539,9 @@ func (f *File) Limits() edge.Limits {
 		}
 		for _, o := range p.Overrides {
 			l.Overrides[p.Name] = append(l.Overrides[p.Name], edge.Override{Identity: o.Identity, Limit: o.Limit})
+		}
+		if p.Backoff.On() {
+			l.Backoff[p.Name] = p.Backoff
 		}
 	}
 	return l

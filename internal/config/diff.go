@@ -7,7 +7,7 @@ import (
 )
 
 // Changes say how next differs from f: what a running edge takes at once
-// (its limits: policies, routes, tiers, overrides), a line each, and the
+// (its limits: policies, routes, tiers, overrides, backoff), a line each, and the
 // sections that take effect only at the next start.
 func (f *File) Changes(next *File) (limits []string, restart []string) {
 	a, b := f.PolicyMap(), next.PolicyMap()
@@ -35,6 +35,9 @@ func (f *File) Changes(next *File) (limits []string, restart []string) {
 		}
 		if !reflect.DeepEqual(la.Overrides[name], lb.Overrides[name]) {
 			limits = append(limits, fmt.Sprintf("overrides of %s: %d → %d", name, len(la.Overrides[name]), len(lb.Overrides[name])))
+		}
+		if la.Backoff[name] != lb.Backoff[name] {
+			limits = append(limits, fmt.Sprintf("backoff of %s: %+v → %+v", name, la.Backoff[name], lb.Backoff[name]))
 		}
 	}
 	if !reflect.DeepEqual(la.AddressKeyed, lb.AddressKeyed) {

@@ -304,8 +304,9 @@ func (f *File) validateEdge(ps *problems) {
 	ps.in("edge.decisions", e.Decisions.Validate())
 }
 
-// validateTerms checks a policy's tiers and overrides.
+// validateTerms checks a policy's tiers, overrides and backoff.
 func (p Policy) validateTerms(ps *problems, path string) {
+	ps.in(path+".backoff", p.Backoff.Validate())
 	limitOK := func(v int64) bool { return v >= max(1, p.Cost) && v <= limiter.MaxLimit }
 	if t := p.Tiers; t != nil {
 		if !validToken(t.Header) {

@@ -28,13 +28,18 @@ const (
 	// PathFinish: a decision-API request finished on the primary by the
 	// edge (a 304's charge given back); only in decision records.
 	PathFinish
+	// PathBackoff: denied by the edge's progressive backoff (the client
+	// came back before the Retry-After it was given); no Redis call.
+	PathBackoff
+	// PathBlocked: denied by an operator's temporary block; no Redis call.
+	PathBlocked
 )
 
 // Paths is the number of paths, for arrays indexed by Path.
-const Paths = int(PathFinish) + 1
+const Paths = int(PathBlocked) + 1
 
 var pathNames = [Paths]string{PathCredit: "credit", PathReserve: "reserve", PathCache: "cache", PathBorrow: "borrow",
-	PathFailOpen: "fail-open", PathFinish: "finish"}
+	PathFailOpen: "fail-open", PathFinish: "finish", PathBackoff: "backoff", PathBlocked: "blocked"}
 
 func (p Path) String() string {
 	if int(p) < len(pathNames) && pathNames[p] != "" {

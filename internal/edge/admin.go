@@ -15,8 +15,9 @@ import (
 	"github.com/tallyhq/tally/internal/credit"
 )
 
-// AdminHandler serves /healthz (the process is up), /readyz and /metrics
-// (Prometheus text format).
+// AdminHandler serves /healthz (the process is up), /readyz, /metrics
+// (Prometheus text format) and the temporary-limits API (/v1/limits,
+// limitsapi.go).
 //
 // An edge is ready once it decides normally: it has reached every shard's
 // primary (its scripts loaded there) and, with NATS, found or created its
@@ -57,6 +58,7 @@ func (s *Server) AdminHandler() http.Handler {
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.Handle("GET /metrics", s.telemetry.Handler())
+	s.limitsAPI(mux)
 	if s.o.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -107,6 +109,9 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	reloads := counter("tally_edge_script_reloads", "Lua scripts sent again to a Redis node that did not have them (NOSCRIPT).")
 	unreplicated := counter("tally_edge_unreplicated_reservations",
 		"Reservations on a Sentinel shard that no replica confirmed in time: a failover right after may lose them.")
+	tempLimits := gauge("tally_edge_temporary_limits", "Operators' temporary limits the edge applies now.")
+	badLimits := counter("tally_edge_temporary_limits_refused", "Entries of the limits stream refused: not signed with the deployment's secret, or not valid.")
+	backedOff := gauge("tally_edge_backoff_clients", "Clients progressive backoff remembers (denied, and not admitted since).")
 	accessLog := counter("tally_edge_access_log_entries", "Gateways' access-log entries: 304s refunded, other statuses ignored, unreadable, not from a gateway, failed.")
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -128,6 +133,11 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 				}
 			}
 		}
+		o.ObserveInt64(decisions, u(s.healDenied[0].Load()), attr("result", "denied", "path", credit.PathBlocked.String()))
+		o.ObserveInt64(decisions, u(s.healDenied[1].Load()), attr("result", "denied", "path", credit.PathBackoff.String()))
+		o.ObserveInt64(tempLimits, int64(len(s.Temporary(s.o.Clock.Now()))))
+		o.ObserveInt64(badLimits, u(s.badLimits.Load()))
+		o.ObserveInt64(backedOff, int64(s.backoff.Len()))
 		for name, c := range d.Policies {
 			for allowed, result := range []string{"denied", "allowed"} {
 				o.ObserveInt64(byPolicy, u(c[allowed]), attr("policy", name, "result", result))
@@ -181,7 +191,7 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		return nil
 	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices, finishes,
 		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, unreplicated,
-		accessLog, holds, takenBack)
+		accessLog, holds, takenBack, tempLimits, badLimits, backedOff)
 	return err
 }
 

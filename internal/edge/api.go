@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
@@ -109,15 +110,21 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	dg := s.o.Keys.Sum(p.Name, limiter.APIIdentity(req.Identity))
 	p = rt.terms(p, req.Tier, dg)
-	if req.Cost < 0 || req.Cost > p.Limit {
-		s.badRequest(w, fmt.Sprintf("cost %d: want 1 to the limit (%d)", req.Cost, p.Limit))
+	now, reqNum := s.o.Clock.Now(), s.reqs.Add(1)
+	limit := p.Limit // the configured terms: a temporary limit below a cost denies
+	until, block := s.temporaryTerms(&p, dg, now)
+	if req.Cost < 0 || req.Cost > limit {
+		s.badRequest(w, fmt.Sprintf("cost %d: want 1 to the limit (%d)", req.Cost, limit))
 		return
 	}
 	if req.Cost > 0 {
 		p.Cost = req.Cost
 	}
-	v, err := s.check(r.Context(), p, p.CostOrDefault(), dg, s.o.Clock.Now(), s.reqs.Add(1))
-	if err != nil {
+	var v credit.Verdict
+	var err error
+	if block || p.CostOrDefault() > p.Limit { // a block, or a temporary limit below the cost: denied until it lifts
+		v = s.blockedVerdict(limitCheck{policy: p, digest: dg, cost: p.CostOrDefault(), blocked: until}, now, reqNum)
+	} else if v, err = s.check(r.Context(), p, p.CostOrDefault(), dg, now, reqNum); err != nil {
 		s.unavailable(w)
 		return
 	}

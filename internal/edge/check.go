@@ -20,6 +20,9 @@ type limitCheck struct {
 	cost    int64
 	quota   bool
 	refused bool
+	// blocked, when set, is the end of an operator's block of the client:
+	// the request is denied until then, nothing read or charged.
+	blocked time.Time
 }
 
 // checked is what decideAll found: a verdict per limit, in order (the zero
@@ -45,6 +48,10 @@ func (s *Server) decideAll(ctx context.Context, checks []limitCheck, now time.Ti
 		vs = append(vs, credit.Verdict{})
 	}
 	for i, c := range checks {
+		if !c.blocked.IsZero() && !c.policy.Shadow {
+			vs[i] = s.blockedVerdict(c, now, reqNum)
+			return checked{vs: vs, denied: i}, nil
+		}
 		if c.policy.Shadow || c.quota {
 			continue
 		}

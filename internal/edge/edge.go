@@ -20,10 +20,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tallyhq/tally/internal/backoff"
 	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/events"
@@ -182,6 +184,16 @@ type Server struct {
 	logEntries [logKinds]atomic.Uint64
 	// finishes counts /v1/finish answers by kind (finishNames).
 	finishes [finishKinds]atomic.Uint64
+
+	// Temporary limits (heal.go): those known, how many, their reader, and
+	// entries refused; the clients progressive backoff remembers; denials
+	// by a block [0] and by backoff [1].
+	temporary   temporary
+	tempLimits  atomic.Int64
+	limitReader *events.Limits
+	badLimits   atomic.Uint64
+	backoff     *backoff.Table
+	healDenied  [2]atomic.Uint64
 }
 
 // New validates o and starts the server's background work. Call Close to
@@ -218,7 +230,8 @@ func New(o Options) (*Server, error) {
 	}
 	s := &Server{o: o, log: telemetry.NewRateLog(o.Log, 5*time.Second), stop: make(chan struct{}), decisionLevel: slog.LevelDebug,
 		notices: events.NewNotices(o.Keys.Derive(events.NoticeKeyLabel)), ticketKey: o.Keys.Derive(ticketKeyLabel),
-		ready: newReadiness(o.Store.Shards())}
+		ready: newReadiness(o.Store.Shards()), limitReader: events.NewLimits(o.Keys.Derive(events.LimitKeyLabel)),
+		backoff: backoff.NewTable(backoffCapacity)}
 	_ = s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)) // validated above
 	s.gatewayIdentity = gatewayIdentifier(o)
 	if err := s.SetLimits(o.Limits); err != nil {
@@ -298,6 +311,18 @@ func New(o Options) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("edge: notices: %w", err)
 		}
+		if js, err := jetstream.New(o.NATS); err == nil {
+			s.done.Go(func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				go func() { <-s.stop; cancel() }()
+				s.followLimits(ctx, js)
+			})
+		} else {
+			return nil, fmt.Errorf("edge: limits: %w", err)
+		}
+	} else {
+		s.ready.limits.Store(true) // no stream to read them from
 	}
 	if o.Upstream != nil {
 		s.proxy = s.newProxy(o.Upstream)
@@ -387,7 +412,9 @@ func (s *Server) check(ctx context.Context, p limiter.Policy, cost int64, dg lim
 	if cost == 0 {
 		v, err = s.core.Look(ctx, p, dg, now, reqNum)
 	} else {
-		v, err = s.core.Decide(ctx, p, cost, dg, now, reqNum)
+		v, err = s.backedOff(p, cost, dg, now, reqNum, func() (credit.Verdict, error) {
+			return s.core.Decide(ctx, p, cost, dg, now, reqNum)
+		})
 	}
 	if err == nil && v.Path >= credit.PathCredit && v.Path <= credit.PathFailOpen {
 		t := s.decisionTime[v.Path]
@@ -470,6 +497,9 @@ func (s *Server) decision(v credit.Verdict, traceparent string) events.Decision 
 		Shadow: v.Policy.Shadow}
 	if v.Decided {
 		d.Used, d.ResetAt = v.Decision.Used, v.Decision.ResetAt
+		if r := v.Decision.RetryAt; v.Path == credit.PathBackoff || v.Path == credit.PathBlocked || r.After(d.ResetAt) {
+			d.Until, d.Strikes = r, v.Decision.Strikes
+		}
 	}
 	return d
 }

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"strconv"
 	"strings"
 
 	"go.opentelemetry.io/otel/trace"
@@ -116,7 +115,7 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request, nginx bool)
 	}
 	traceparent := s.traceParent(r)
 	var buf [4]limitCheck
-	checks, err := s.requestChecks(r, s.gatewayIdentity, rt, limits, buf[:0])
+	checks, err := s.requestChecks(r, s.gatewayIdentity, rt, limits, now, buf[:0])
 	if err != nil {
 		s.badRequest(w, err.Error())
 		return
@@ -187,11 +186,8 @@ func first(a, b string) string {
 // denyWith answers a denial with status: the decision's headers,
 // Retry-After, and a problem body.
 func (s *Server) denyWith(w http.ResponseWriter, v credit.Verdict, status int) {
-	d := v.Decision
-	setHeaders(w.Header(), d)
-	problem(w, status, "rate-limited", "Too Many Requests",
-		"rate limit "+strconv.Quote(d.Resource)+" of "+strconv.FormatInt(d.Limit, 10)+" per "+d.Window.String()+
-			" exceeded; the window resets in "+d.RetryAfter().String())
+	setHeaders(w.Header(), v.Decision)
+	problem(w, status, "rate-limited", "Too Many Requests", denial(v))
 }
 
 // gatewayIdentifier is o.Identity with the gateways trusted as proxies: a

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/tallyhq/tally/internal/backoff"
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
@@ -39,6 +40,10 @@ type Limits struct {
 	Tiers map[string]Tiers
 	// Overrides give one identity of a policy another limit.
 	Overrides map[string][]Override
+	// Backoff, by policy, makes the Retry-After of a client that keeps
+	// sending while denied grow (internal/backoff); policies not named
+	// have none.
+	Backoff map[string]backoff.Config
 }
 
 // Route holds the requests it matches to policies: by path prefix, and,
@@ -104,6 +109,7 @@ type routing struct {
 	tiers     map[string]Tiers
 	overrides map[limiter.Digest]int64 // a window's limit, by its key's digest
 	keyed     map[string]bool          // policies some override names (a lookup needed)
+	backoff   map[string]backoff.Config
 }
 
 var errNoPolicies = errors.New("no policy")
@@ -112,7 +118,17 @@ var errNoPolicies = errors.New("no policy")
 // next request. It refuses terms that do not hold together and keeps the
 // terms in effect then.
 func (s *Server) SetLimits(l Limits) error {
-	rt := &routing{policies: l.Policies, tiers: l.Tiers, overrides: map[limiter.Digest]int64{}, keyed: map[string]bool{}}
+	rt := &routing{policies: l.Policies, tiers: l.Tiers, overrides: map[limiter.Digest]int64{}, keyed: map[string]bool{},
+		backoff: map[string]backoff.Config{}}
+	for name, b := range l.Backoff {
+		if _, ok := l.Policies[name]; !ok {
+			return fmt.Errorf("backoff of unknown policy %q", name)
+		}
+		if err := b.Validate(); err != nil {
+			return fmt.Errorf("policy %q: backoff: %w", name, err)
+		}
+		rt.backoff[name] = b.WithDefaults()
+	}
 	for _, p := range l.Policies {
 		if err := p.Validate(); err != nil {
 			return err

@@ -179,6 +179,9 @@ type decisionRecord struct {
 	Shadow    bool   `json:"shadow"`
 	Domain    string `json:"domain"`
 	Rule      string `json:"rule"`
+	Until     string `json:"until"`
+	Strikes   int    `json:"strikes"`
+	Note      string `json:"note"`
 }
 
 // decisionRecords subscribes to the decision records of edges (or, with

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -98,7 +99,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// Whose windows the request counts in, first: a request refused for
 	// its identity touches none.
 	st := &proxyState{}
-	checks, err := s.requestChecks(r, s.o.Identity, rt, limits, st.checks[:0])
+	checks, err := s.requestChecks(r, s.o.Identity, rt, limits, now, st.checks[:0])
 	if err != nil {
 		s.badRequests.Add(1)
 		problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
@@ -145,11 +146,12 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 }
 
 // requestChecks are the limits an HTTP request is held to, each in its
-// terms for the client (its tier, its override), with its window's digest
+// terms for the client at now (its tier, its override, an operator's
+// temporary limit), with its window's digest
 // and the request's cost, appended to checks. id says whose window the
 // request counts in (its identity header, or its address through the
 // proxies id trusts); an identity it cannot use is the error.
-func (s *Server) requestChecks(r *http.Request, id Identifier, rt *routing, limits []limit, checks []limitCheck) ([]limitCheck, error) {
+func (s *Server) requestChecks(r *http.Request, id Identifier, rt *routing, limits []limit, now time.Time, checks []limitCheck) ([]limitCheck, error) {
 	var identity, address string
 	for _, l := range limits {
 		who := &identity
@@ -166,8 +168,13 @@ func (s *Server) requestChecks(r *http.Request, id Identifier, rt *routing, limi
 		}
 		dg := s.o.Keys.Sum(l.policy.Name, *who)
 		p := rt.terms(l.policy, s.plan(rt, l.policy, r, id), dg)
-		cost := p.CostOrDefault()
-		checks = append(checks, limitCheck{policy: p, digest: dg, cost: cost, refused: cost > p.Limit})
+		c := limitCheck{policy: p, digest: dg}
+		if until, block := s.temporaryTerms(&c.policy, dg, now); block {
+			c.blocked = until
+		}
+		c.cost = c.policy.CostOrDefault()
+		c.refused = c.cost > c.policy.Limit
+		checks = append(checks, c)
 	}
 	return checks, nil
 }
@@ -220,11 +227,23 @@ func (s *Server) unavailable(w http.ResponseWriter) {
 }
 
 func (s *Server) deny(w http.ResponseWriter, v credit.Verdict) {
+	s.denyWith(w, v, http.StatusTooManyRequests)
+}
+
+// denial is what a denied request's problem body says.
+func denial(v credit.Verdict) string {
 	d := v.Decision
-	setHeaders(w.Header(), d)
-	problem(w, http.StatusTooManyRequests, "rate-limited", "Too Many Requests",
-		fmt.Sprintf("rate limit %q of %d per %s exceeded; the window resets in %s",
-			d.Resource, d.Limit, d.Window, d.RetryAfter()))
+	switch v.Path {
+	case credit.PathBlocked:
+		return fmt.Sprintf("blocked under rate limit %q by an operator; retry in %s", d.Resource, d.RetryAfter())
+	case credit.PathBackoff:
+		return fmt.Sprintf("rate limit %q: request sent before the Retry-After given (%d in a row); retry in %s",
+			d.Resource, d.Strikes, d.RetryAfter())
+	}
+	if d.Strikes > 0 || d.RetryAt.After(d.ResetAt) {
+		return fmt.Sprintf("rate limit %q of %d per %s exceeded; retry in %s", d.Resource, d.Limit, d.Window, d.RetryAfter())
+	}
+	return fmt.Sprintf("rate limit %q of %d per %s exceeded; the window resets in %s", d.Resource, d.Limit, d.Window, d.RetryAfter())
 }
 
 // problem writes an RFC 9457 problem details response.

@@ -14,13 +14,14 @@ import (
 // readiness is what an edge must have done before it decides normally:
 // reached every shard's primary once (its scripts loaded there, so the
 // first requests need no extra round trip), and, with NATS, connected and
-// found (or created) its streams. Until then /readyz answers 503 and names
+// found (or created) its streams and read the temporary limits in force. Until then /readyz answers 503 and names
 // what is missing; a dependency lost after that makes the edge degraded,
 // not unready (failing every edge at once when a shared dependency blips
 // would take the API down with it).
 type readiness struct {
 	reached []atomic.Bool // per shard: its primary answered once
 	streams atomic.Bool   // the streams exist (NATS connected once)
+	limits  atomic.Bool   // the temporary limits in the stream at start were read
 }
 
 func newReadiness(shards int) *readiness {
@@ -40,6 +41,9 @@ func (s *Server) missing() string {
 	}
 	if s.o.NATS != nil && !r.streams.Load() {
 		out = append(out, "nats streams not found or created yet")
+	}
+	if s.o.NATS != nil && !r.limits.Load() {
+		out = append(out, "temporary limits not read yet")
 	}
 	return strings.Join(out, "; ")
 }

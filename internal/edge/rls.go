@@ -236,8 +236,13 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			continue
 		}
 		it.check = len(checks)
-		checks = append(checks, limitCheck{policy: f.policy, digest: s.o.Keys.Sum(f.policy.Name, limiter.DescriptorIdentity(f.counter)), cost: f.cost,
-			quota: it.rule.Quota, refused: f.cost > it.rule.Limit})
+		c := limitCheck{policy: f.policy, digest: s.o.Keys.Sum(f.policy.Name, limiter.DescriptorIdentity(f.counter)),
+			cost: f.cost, quota: it.rule.Quota}
+		if until, block := s.temporaryTerms(&c.policy, c.digest, now); block {
+			c.blocked = until
+		}
+		c.refused = f.cost > c.policy.Limit
+		checks = append(checks, c)
 	}
 	res, err := s.decideAll(ctx, checks, now, reqNum, nil)
 	if err != nil {

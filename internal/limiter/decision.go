@@ -41,6 +41,11 @@ type Decision struct {
 	// Now is the time the decision was made at; relative headers (Retry-After,
 	// RateLimit's t) count from it.
 	Now time.Time
+	// RetryAt, when later than ResetAt, is when a denied client may try
+	// again: progressive backoff told a client that came back too early to
+	// wait longer. Strikes counts those early returns in a row.
+	RetryAt time.Time
+	Strikes int
 }
 
 // ResetIn is the time until the window resets, rounded up to whole seconds,
@@ -55,9 +60,12 @@ func (d Decision) ResetIn() time.Duration {
 }
 
 // RetryAfter is what a denied request's Retry-After says: the time until
-// the window resets, rounded up, at least one second. It is never earlier
-// than RateLimit's t (ResetIn).
+// the window resets (or RetryAt, when later), rounded up, at least one
+// second. It is never earlier than RateLimit's t (ResetIn).
 func (d Decision) RetryAfter() time.Duration {
 	left := d.ResetAt.Sub(d.Now)
+	if d.RetryAt.After(d.ResetAt) {
+		left = d.RetryAt.Sub(d.Now)
+	}
 	return max(time.Second, (left + time.Second - 1).Truncate(time.Second))
 }

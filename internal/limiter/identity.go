@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 )
@@ -76,3 +77,35 @@ func APIIdentity(identity string) string { return "h:" + identity }
 // counter (the domain and each entry's key and value, each preceded by its
 // length as a uvarint).
 func DescriptorIdentity(counter string) string { return "d:" + counter }
+
+// NamedIdentity is the identity an operator names a client by (the tally
+// CLI, an edge's admin API), as the edge would key the client's requests:
+//
+//	ip:<address or prefix>  an address, grouped as the edge groups it
+//	api:<value>             a decision-API check's identity field
+//	<value>                 the identity header's value (normalised)
+//
+// header and the prefix lengths are the edge's (edge.identity).
+func NamedIdentity(name, header string, ipv4Bits, ipv6Bits int) (string, error) {
+	switch {
+	case strings.HasPrefix(name, "ip:"):
+		rest := name[3:]
+		if p, err := netip.ParsePrefix(rest); err == nil {
+			rest = p.Addr().String() // the group the edge keys it in
+		}
+		a, err := netip.ParseAddr(rest)
+		if err != nil {
+			return "", fmt.Errorf("identity %q: want ip: and an address or a prefix", name)
+		}
+		return AddressIdentity(GroupAddress(a, ipv4Bits, ipv6Bits)), nil
+	case strings.HasPrefix(name, "api:"):
+		if len(name) == 4 {
+			return "", fmt.Errorf("identity %q: want api: and the decision API's identity", name)
+		}
+		return APIIdentity(name[4:]), nil
+	}
+	if id := HeaderIdentity(header, name); id != "" {
+		return id, nil
+	}
+	return "", fmt.Errorf("identity %q: want the identity header's value, ip:<address> or api:<identity>", name)
+}

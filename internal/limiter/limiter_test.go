@@ -57,3 +57,25 @@ func FuzzKeys(f *testing.F) {
 		}
 	})
 }
+
+// An operator names a client as the edge keys it: a header value
+// normalised, an address grouped by the edge's prefixes, a decision-API
+// identity as given.
+func TestNamedIdentity(t *testing.T) {
+	for name, want := range map[string]string{
+		"Bearer  abc":     "h:bearer abc",
+		"ip:192.0.2.7":    "ip:192.0.2.0/24",
+		"ip:192.0.2.0/24": "ip:192.0.2.0/24",
+		"ip:2001:db8::1":  "ip:2001:db8::/64",
+		"api:Bearer  abc": "h:Bearer  abc",
+		"  plain-token  ": "h:plain-token",
+	} {
+		got, err := limiter.NamedIdentity(name, "Authorization", 24, 64)
+		require.NoError(t, err, name)
+		require.Equal(t, want, got, name)
+	}
+	for _, bad := range []string{"", "   ", "ip:nope", "api:"} {
+		_, err := limiter.NamedIdentity(bad, "Authorization", 24, 64)
+		require.Error(t, err, "%q", bad)
+	}
+}

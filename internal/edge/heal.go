@@ -1,0 +1,198 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tallyhq/tally/internal/backoff"
+	"github.com/tallyhq/tally/internal/credit"
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// What lets the edge heal without anyone editing its configuration:
+// progressive backoff for clients that keep sending while denied
+// (internal/backoff, per policy in Limits.Backoff), and temporary limits
+// an operator puts on one client for a while (events.TemporaryLimit), read
+// from the limits stream, that lift themselves at their expiry.
+
+// backoffCapacity bounds the clients progressive backoff remembers (about
+// 100 bytes each).
+const backoffCapacity = 1 << 20
+
+// temporary is the temporary limits the edge knows, by window key digest,
+// copied on write (they change rarely and are read by every request).
+type temporary struct {
+	mu  sync.Mutex
+	set atomic.Pointer[map[limiter.Digest]events.TemporaryLimit]
+}
+
+// SetTemporary takes one entry of the limits stream: a limit to apply
+// while it is live, or (cleared) the end of one. Entries past their expiry
+// are forgotten.
+func (s *Server) SetTemporary(l events.TemporaryLimit) {
+	t := &s.temporary
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	next := map[limiter.Digest]events.TemporaryLimit{}
+	if cur := t.set.Load(); cur != nil {
+		now := s.o.Clock.Now()
+		for dg, e := range *cur {
+			if now.Before(e.Expires) {
+				next[dg] = e
+			}
+		}
+	}
+	if l.Cleared {
+		delete(next, l.Key)
+	} else {
+		next[l.Key] = l
+	}
+	s.tempLimits.Store(int64(len(next)))
+	t.set.Store(&next)
+}
+
+// Temporary returns the temporary limits live at now, by policy and key.
+func (s *Server) Temporary(now time.Time) []events.TemporaryLimit {
+	cur := s.temporary.set.Load()
+	if cur == nil {
+		return nil
+	}
+	var out []events.TemporaryLimit
+	for _, l := range *cur {
+		if l.Live(now) {
+			out = append(out, l)
+		}
+	}
+	slices.SortFunc(out, func(a, b events.TemporaryLimit) int {
+		if a.Policy != b.Policy {
+			if a.Policy < b.Policy {
+				return -1
+			}
+			return 1
+		}
+		return bytes.Compare(a.Key[:], b.Key[:])
+	})
+	return out
+}
+
+// temporaryTerms applies the live temporary limit of dg, if any, to p. It
+// returns the limit's expiry (zero: none applies) and whether it is a
+// block.
+func (s *Server) temporaryTerms(p *limiter.Policy, dg limiter.Digest, now time.Time) (until time.Time, block bool) {
+	if s.tempLimits.Load() == 0 {
+		return time.Time{}, false
+	}
+	cur := s.temporary.set.Load()
+	l, ok := (*cur)[dg]
+	if !ok || !l.Live(now) || l.Policy != p.Name {
+		return time.Time{}, false
+	}
+	if !l.Block {
+		p.Limit = l.Limit
+	}
+	return l.Expires, l.Block
+}
+
+// blockedVerdict is the denial of a request of c while an operator blocks
+// its client: nothing is read or charged, and the client is told to come
+// back when the block lifts.
+func (s *Server) blockedVerdict(c limitCheck, now time.Time, reqNum uint64) credit.Verdict {
+	p := c.policy
+	p.Limit = 0
+	s.healDenied[0].Add(1)
+	return s.heldVerdict(p, c.cost, c.digest, now, reqNum, credit.PathBlocked, limiter.Decision{RetryAt: c.blocked, ResetAt: c.blocked})
+}
+
+// backoffVerdict is the denial of a request that came back before the
+// Retry-After its client was given (a strike): nothing is read or charged.
+func (s *Server) backoffVerdict(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64, a backoff.Answer) credit.Verdict {
+	s.healDenied[1].Add(1)
+	return s.heldVerdict(p, cost, dg, now, reqNum, credit.PathBackoff, limiter.Decision{Used: p.Limit,
+		ResetAt: a.Until.Add(time.Second - 1).Truncate(time.Second), RetryAt: a.Until, Strikes: a.Strikes})
+}
+
+// heldVerdict is a denial decided by the edge alone (path), d's times and
+// strikes filled in with p's terms.
+func (s *Server) heldVerdict(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64, path credit.Path, d limiter.Decision) credit.Verdict {
+	k := s.o.Keys.KeyOf(dg)
+	d.Resource, d.Limit, d.Cost, d.Window, d.Now = p.Name, p.Limit, cost, p.Window, now
+	return credit.Verdict{Decision: d, Decided: true, Path: path, Policy: p, Cost: cost, Key: k,
+		Shard: s.o.Store.ShardOf(k), Now: now, Producer: s.o.Producer, ReqNum: reqNum}
+}
+
+// backedOff applies progressive backoff around one decision: a request
+// that came back too early is denied before anything is decided (decide is
+// not called); a denial by the window is remembered; an admission forgets
+// the client.
+func (s *Server) backedOff(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64,
+	decide func() (credit.Verdict, error)) (credit.Verdict, error) {
+	cfg := s.limits.Load().backoff[p.Name]
+	if a, early := s.backoff.Early(dg, now, cfg); early {
+		return s.backoffVerdict(p, cost, dg, now, reqNum, a), nil
+	}
+	v, err := decide()
+	switch {
+	case err != nil || !v.Decided:
+	case v.Decision.Allowed:
+		s.backoff.Allowed(dg)
+	default:
+		s.backoff.Denied(dg, now, v.Decision.ResetAt, cfg)
+	}
+	return v, err
+}
+
+// followLimits reads the limits stream from its start and applies every
+// signed entry (SetTemporary), until ctx ends; an entry that is not signed
+// with the deployment's key is counted and ignored. The ordered consumer
+// starts again by itself after NATS comes back.
+func (s *Server) followLimits(ctx context.Context, js jetstream.JetStream) {
+	for {
+		err := s.consumeLimits(ctx, js)
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("the limits stream cannot be read yet; temporary limits wait", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (s *Server) consumeLimits(ctx context.Context, js jetstream.JetStream) error {
+	prefix := s.o.Streams.WithDefaults().Limits.SubjectPrefix
+	c, err := js.OrderedConsumer(ctx, s.o.Streams.WithDefaults().Limits.Name, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return err
+	}
+	// Ready once what the stream held at start is applied.
+	if info := c.CachedInfo(); info != nil && info.NumPending == 0 {
+		s.ready.limits.Store(true)
+	}
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		if meta, err := m.Metadata(); err == nil && meta.NumPending == 0 {
+			defer s.ready.limits.Store(true)
+		}
+		l, err := s.limitReader.Read(prefix, m.Subject(), m.Headers(), m.Data())
+		if err != nil {
+			s.badLimits.Add(1)
+			s.log.Warn("a temporary limit was refused", "subject", m.Subject(), "err", err)
+			return
+		}
+		s.SetTemporary(l)
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}

@@ -1,0 +1,190 @@
+package edge_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/backoff"
+	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/testutil"
+)
+
+func retryAfter(t *testing.T, r *http.Response) time.Duration {
+	t.Helper()
+	n, err := strconv.Atoi(r.Header.Get("Retry-After"))
+	require.NoError(t, err, "Retry-After %q", r.Header.Get("Retry-After"))
+	return time.Duration(n) * time.Second
+}
+
+// A client that keeps sending while denied is told to wait longer each
+// time (factor 2), denied from memory until then and not a moment longer,
+// and every such denial is recorded with its strikes; once it waits as told
+// it is decided as usual, and a later denial tells it the window's own wait
+// again. The edge's clock is injected: nothing sleeps.
+func TestProgressiveBackoff(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 2, Window: time.Minute}
+	clock := limiter.NewManualClock(time.Now())
+	e := pl.edge(func(o *edge.Options) {
+		o.Clock = clock
+		o.Backoff = map[string]backoff.Config{"core": {Factor: 2, Max: 10 * time.Minute}}
+	})
+	records := decisionRecords(t, pl)
+	for range 2 {
+		require.Equal(t, 200, get(t, e.proxy.URL, "hammer").StatusCode)
+	}
+	r := get(t, e.proxy.URL, "hammer")
+	require.Equal(t, 429, r.StatusCode)
+	first := retryAfter(t, r)
+	require.InDelta(t, 60, first.Seconds(), 1, "the window's own wait")
+
+	calls := pl.redisCalls()
+	told := first
+	for strike := 1; strike <= 3; strike++ {
+		clock.Advance(time.Second) // came back long before it was told
+		r = get(t, e.proxy.URL, "hammer")
+		require.Equal(t, 429, r.StatusCode)
+		ra := retryAfter(t, r)
+		require.Greater(t, ra, told+told/2, "strike %d: the wait grows", strike)
+		require.LessOrEqual(t, ra, first<<strike+time.Second, "strike %d: base × 2^strikes", strike)
+		told = ra
+	}
+	require.Equal(t, calls, pl.redisCalls(), "backoff denials read and charge nothing")
+	testutil.WaitFor(t, "the backoff denials recorded", func() bool {
+		return slices.ContainsFunc(records(), func(d decisionRecord) bool { return d.Path == "backoff" && d.Strikes == 3 })
+	})
+	for _, d := range records() {
+		if d.Path == "backoff" {
+			require.False(t, d.Allowed)
+			require.NotEmpty(t, d.Until)
+		}
+	}
+	require.Equal(t, 3.0, metric(t, e, `tally_edge_decisions_total{path="backoff",result="denied"}`))
+
+	// Waiting exactly as told: decided as usual (the window reset long ago).
+	clock.Advance(told)
+	require.Equal(t, 200, get(t, e.proxy.URL, "hammer").StatusCode)
+	require.Equal(t, 200, get(t, e.proxy.URL, "hammer").StatusCode)
+	r = get(t, e.proxy.URL, "hammer")
+	require.Equal(t, 429, r.StatusCode)
+	require.InDelta(t, 60, retryAfter(t, r).Seconds(), 1, "no strike for a client that waited as told")
+
+	// Another client of the same policy is not affected.
+	require.Equal(t, 200, get(t, e.proxy.URL, "polite").StatusCode)
+}
+
+// An operator's temporary limits reach every edge through the limits
+// stream: a block set through one edge's admin API denies the client at
+// both edges within the documented bound, a tighter limit applies its
+// number, each change is recorded on the decisions stream, a clear lifts it
+// at once, and a limit lifts itself at its expiry with no one acting.
+func TestTemporaryLimitsAcrossEdges(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute}
+	clock := limiter.NewManualClock(time.Now())
+	withClock := func(o *edge.Options) { o.Clock = clock }
+	a, b := pl.edge(withClock), pl.edge(withClock)
+	records := decisionRecords(t, pl)
+	require.Equal(t, 200, get(t, a.proxy.URL, "abuser").StatusCode)
+
+	resp, body := adminLimits(t, a, "POST", `{"policy":"core","identity":"abuser","block":true,"for":"10m","by":"ops","reason":"scraping"}`)
+	require.Equal(t, 200, resp.StatusCode, "%s", body)
+	var set edge.LimitEntry
+	require.NoError(t, json.Unmarshal(body, &set))
+	require.True(t, set.Block)
+	start := time.Now()
+	testutil.WaitForWithin(t, "the block at both edges", temporaryBound, func() bool {
+		return get(t, a.proxy.URL, "abuser").StatusCode == 429 && get(t, b.proxy.URL, "abuser").StatusCode == 429
+	})
+	t.Logf("a block reached both edges in %v", time.Since(start))
+	r := get(t, b.proxy.URL, "abuser")
+	require.InDelta(t, 600, retryAfter(t, r).Seconds(), 1, "told to come back when the block lifts")
+	require.Equal(t, 200, get(t, b.proxy.URL, "bystander").StatusCode)
+	testutil.WaitFor(t, "the change and the denials recorded", func() bool {
+		rs := records()
+		return slices.ContainsFunc(rs, func(d decisionRecord) bool {
+			return d.Path == "operator" && d.Outcome == "limit_set" && d.Note == "ops: scraping" && d.Key == set.Digest
+		}) && slices.ContainsFunc(rs, func(d decisionRecord) bool { return d.Path == "blocked" && d.Key == set.Digest })
+	})
+
+	// Listed at both edges; cleared through the other edge: lifted at once.
+	for _, e := range []*edgeUnderTest{a, b} {
+		resp, body = adminLimits(t, e, "GET", "")
+		require.Equal(t, 200, resp.StatusCode)
+		var list []edge.LimitEntry
+		require.NoError(t, json.Unmarshal(body, &list))
+		require.Len(t, list, 1)
+		require.Equal(t, set.Digest, list[0].Digest)
+	}
+	resp, body = adminLimits(t, b, "DELETE", `{"policy":"core","digest":"`+set.Digest+`","by":"ops"}`)
+	require.Equal(t, 200, resp.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "the block lifted at both edges", temporaryBound, func() bool {
+		return get(t, a.proxy.URL, "abuser").StatusCode == 200 && get(t, b.proxy.URL, "abuser").StatusCode == 200
+	})
+
+	// A tighter limit for a minute: 3 requests in the window, at both edges
+	// together; then it lifts itself when the clock passes its expiry.
+	resp, body = adminLimits(t, a, "POST", `{"policy":"core","identity":"tight","limit":3,"for":"1m"}`)
+	require.Equal(t, 200, resp.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "the limit at both edges", temporaryBound, func() bool {
+		return len(a.srv.Temporary(clock.Now())) == 1 && len(b.srv.Temporary(clock.Now())) == 1
+	})
+	allowed := 0
+	for i := range 8 {
+		if get(t, []*edgeUnderTest{a, b}[i%2].proxy.URL, "tight").StatusCode == 200 {
+			allowed++
+		}
+	}
+	require.Equal(t, 3, allowed, "the temporary limit, across both edges")
+	clock.Advance(time.Minute + time.Second) // expired (and the window reset)
+	require.Empty(t, a.srv.Temporary(clock.Now()))
+	for range 5 {
+		require.Equal(t, 200, get(t, b.proxy.URL, "tight").StatusCode, "the policy's own limit again")
+	}
+
+	// Refused: unsigned entries published by a NATS neighbour, and bad
+	// requests to the API.
+	_, js := pl.nats.Connect()
+	forged, err := events.NewLimits([]byte("not the deployment's key")).Msg("tally.limits", events.TemporaryLimit{
+		Policy: "core", Key: pl.keys.Sum("core", "h:bystander"), Block: true, Set: clock.Now(), Expires: clock.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	_, err = js.PublishMsg(context.Background(), forged)
+	require.NoError(t, err)
+	testutil.WaitFor(t, "the forged entry refused", func() bool {
+		return metric(t, a, "tally_edge_temporary_limits_refused_total") == 1
+	})
+	require.Equal(t, 200, get(t, a.proxy.URL, "bystander").StatusCode)
+	for _, bad := range []string{`{"policy":"nope","identity":"x","block":true,"for":"1m"}`,
+		`{"policy":"core","block":true,"for":"1m"}`, `{"policy":"core","identity":"x","limit":5,"for":"8d"}`,
+		`{"policy":"core","identity":"x","for":"1m"}`, `{"policy":"core","identity":"x","block":true,"for":"soon"}`} {
+		resp, body = adminLimits(t, a, "POST", bad)
+		require.Equal(t, 400, resp.StatusCode, "%s: %s", bad, body)
+	}
+}
+
+// temporaryBound is the documented bound for a temporary limit to reach
+// every edge (docs/operations.md): a JetStream delivery, well under it.
+const temporaryBound = 2 * time.Second
+
+func adminLimits(t *testing.T, e *edgeUnderTest, method, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, e.admin.URL+"/v1/limits", bytes.NewReader([]byte(body)))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
+}

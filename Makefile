@@ -20,10 +20,10 @@ help: ## List the targets.
 
 build: ## Compile every package, and the commands into bin/.
 	$(GO) build $(PKGS)
-	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench
+	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench ./cmd/tally
 
 binaries:
-	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench
+	$(GO) build -o bin/ ./cmd/edge-checker ./cmd/accountant ./cmd/demo ./cmd/bench ./cmd/tally
 	$(GO) build -o bin/nats-server github.com/nats-io/nats-server/v2
 
 test: redis-server redis-sentinel prometheus gateways python3 ## Run every test with the race detector (real Redis and Sentinel, NATS, Prometheus, nginx and Caddy; no mocks), and the key contract in Python.

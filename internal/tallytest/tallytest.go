@@ -27,6 +27,13 @@ type Tally struct {
 	Shards []string
 	Redis  *redistest.Server
 	NATS   *natstest.Server
+	// Config is the deployment's configuration file; Env(user) its
+	// environment for a process connecting to NATS as user (the key
+	// secret, the API token, NATS credentials).
+	Config string
+	Env    func(user string) func(string) string
+	// EdgeAdmin is the edge's admin listener's address.
+	EdgeAdmin string
 }
 
 // Secret is the key secret of every deployment Start runs.
@@ -46,12 +53,16 @@ func Start(t testing.TB, policies string) *Tally {
 		"edge:\n  admin_listen: " + edgeAdmin + "\n  api_listen: " + api + "\n" +
 		"accountant:\n  admin_listen: " + accAdmin + "\n" +
 		"policies:\n  " + strings.ReplaceAll(strings.TrimSpace(policies), "\n", "\n  ") + "\n"
-	parse := func(user string) *config.File {
-		cfg, err := config.Parse([]byte(src), func(k string) string {
+	tl.Config, tl.EdgeAdmin = src, edgeAdmin
+	tl.Env = func(user string) func(string) string {
+		return func(k string) string {
 			return map[string]string{config.EnvKeySecret: hex.EncodeToString(Secret), config.EnvAPIToken: tl.Token,
 				config.EnvNATSUser: user, config.EnvNATSPassword: natstest.Password(user),
 				config.EnvNATSInbox: natstest.InboxPrefix(user)}[k]
-		})
+		}
+	}
+	parse := func(user string) *config.File {
+		cfg, err := config.Parse([]byte(src), tl.Env(user))
 		if err != nil {
 			t.Fatalf("tallytest: %v", err)
 		}

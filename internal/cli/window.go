@@ -1,0 +1,206 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
+)
+
+func init() {
+	register(&command{name: "inspect", args: "--policy P (--identity I | --digest D)",
+		summary: "show a client's window: used, reserved per edge, reset, and its temporary limit",
+		help: `Derives the window key as the edge does (the key secret from TALLY_KEY_SECRET) and reads the
+window on its shard's primary. "used" counts every unit in the window: what was charged and
+what edges reserved and may still spend. Holders are the producers (edges, services) and the
+units each holds; frozen shares are credit an edge reported it will not spend.`,
+		setup: func(c *call) func(context.Context) error {
+			who := c.clientFlags()
+			asJSON := c.flags.Bool("json", false, "print the window as JSON")
+			return func(ctx context.Context) error {
+				if len(c.args) > 0 {
+					return usagef("unexpected %q", c.args[0])
+				}
+				p, k, err := c.key(who)
+				if err != nil {
+					return err
+				}
+				st, err := c.redis()
+				if err != nil {
+					return err
+				}
+				now := c.env.Now()
+				w, err := st.Inspect(ctx, k, now)
+				if err != nil {
+					return err
+				}
+				tl, tlErr := c.temporaryOf(ctx, k.Digest())
+				if *asJSON {
+					return c.printJSON(inspection{Policy: p.Name, Limit: p.Limit, Window: p.Window.String(),
+						Digest: k.Digest().String(), WindowDetail: w, Temporary: tl})
+				}
+				c.printWindow(p, k, w, now)
+				switch {
+				case tlErr != nil:
+					c.out("temporary limit: unknown (%v)\n", tlErr)
+				case tl == nil:
+					c.out("temporary limit: none\n")
+				default:
+					c.out("temporary limit: %s\n", describeLimit(*tl, now))
+				}
+				return nil
+			}
+		}})
+	register(&command{name: "reset", args: "--policy P (--identity I | --digest D) [--yes] [--reason TEXT]",
+		summary: "empty a client's window now (asks first), tell every edge, record it",
+		help: `Deletes the window on its primary, so that the client's next request opens a new one, and
+tells every edge (a signed notice) that the window has room: an edge that knew it full stops
+answering 429 from memory at once. Credit an edge had reserved in the deleted window is spent
+before that edge reserves again: the client may be admitted up to that much more than its limit
+in the new window (docs/operations.md). The reset is recorded on the decisions stream.`,
+		setup: func(c *call) func(context.Context) error {
+			who := c.clientFlags()
+			yes := c.flags.Bool("yes", false, "do not ask for confirmation")
+			reason := c.flags.String("reason", "", "why, recorded with the reset (`text`)")
+			by := c.flags.String("by", "", "who resets it, recorded (`name`; default $USER)")
+			return func(ctx context.Context) error {
+				if len(c.args) > 0 {
+					return usagef("unexpected %q", c.args[0])
+				}
+				p, k, err := c.key(who)
+				if err != nil {
+					return err
+				}
+				st, err := c.redis()
+				if err != nil {
+					return err
+				}
+				now := c.env.Now()
+				w, err := st.Inspect(ctx, k, now)
+				if err != nil {
+					return err
+				}
+				if !w.Live {
+					c.out("no live window of policy %s for digest %s: nothing to reset\n", p.Name, k.Digest())
+					return nil
+				}
+				q := fmt.Sprintf("Reset the window of policy %s for digest %s (used %d of %d, resets %s)?",
+					p.Name, k.Digest(), w.Used, p.Limit, w.ResetAt.UTC().Format(time.RFC3339))
+				if err := c.confirm(*yes, q); err != nil {
+					return err
+				}
+				if _, err := c.jetstream(); err != nil { // before anything changes: the reset is told and recorded
+					return err
+				}
+				if _, err := st.Reset(ctx, k); err != nil {
+					return err
+				}
+				notice := events.NewNotices(c.keys.Derive(events.NoticeKeyLabel)).Append(nil,
+					events.Notice{Key: k.Digest().String(), ResetAt: w.ResetAt, Used: 0}, c.env.Now())
+				streams := c.cfg.NATS.Streams.WithDefaults()
+				if err := c.nc.Publish(events.NoticeSubject(streams.NoticePrefix, w.Shard), notice); err != nil {
+					return fmt.Errorf("the window was reset, but the edges were not told (they learn it at their next read): %w", err)
+				}
+				d := events.Decision{Time: now, Shard: w.Shard, Key: k.Digest(), Policy: p.Name, Limit: p.Limit,
+					WindowSeconds: int64(p.Window / time.Second), Allowed: true, Path: "operator", Outcome: "reset",
+					Note: events.OperatorNote(operator(c, *by), *reason)}
+				if err := c.record(ctx, d); err != nil {
+					return fmt.Errorf("the window was reset and the edges told, but %w", err)
+				}
+				c.out("reset: policy %s, digest %s (it held %d of %d); edges told, recorded on the decisions stream\n",
+					p.Name, k.Digest(), w.Used, p.Limit)
+				return nil
+			}
+		}})
+}
+
+// inspection is inspect's JSON.
+type inspection struct {
+	Policy string `json:"policy"`
+	Limit  int64  `json:"limit"`
+	Window string `json:"window"`
+	Digest string `json:"digest"`
+	redisstore.WindowDetail
+	Temporary *events.TemporaryLimit `json:"temporary_limit,omitempty"`
+}
+
+func (c *call) printWindow(p limiter.Policy, k limiter.Key, w redisstore.WindowDetail, now time.Time) {
+	c.out("policy %s: %d per %v (mode %s), digest %s, shard %s\n", p.Name, p.Limit, p.Window, p.Mode.OrDefault(), k.Digest(), w.Shard)
+	if w.MovedTo != "" {
+		c.out("moved to shard %s (resharding)\n", w.MovedTo)
+	}
+	if !w.Live {
+		c.out("window: none live (the next request opens one)\n")
+		return
+	}
+	c.out("window: used %d of %d (%d left), opened %s, resets %s (in %s)\n", w.Used, p.Limit, max(0, p.Limit-w.Used),
+		w.Start.UTC().Format(time.RFC3339), w.ResetAt.UTC().Format(time.RFC3339), w.ResetAt.Sub(now).Round(time.Second))
+	for _, h := range w.Holders {
+		c.out("  held by %-28s %d\n", h.Who, h.Units)
+	}
+	for _, f := range w.Frozen {
+		c.out("  frozen for %-25s %d until %s\n", f.Who, f.Units, f.Until.UTC().Format(time.RFC3339))
+	}
+}
+
+// temporaryOf is dg's temporary limit in force, if any (nil when none was
+// ever set, or the latest entry lifted it or has expired).
+func (c *call) temporaryOf(ctx context.Context, dg limiter.Digest) (*events.TemporaryLimit, error) {
+	l, err := c.latestLimit(ctx, dg)
+	if err != nil || l == nil || !l.Live(c.env.Now()) {
+		return nil, err
+	}
+	return l, nil
+}
+
+// latestLimit is the latest entry of the limits stream for dg (nil: none).
+func (c *call) latestLimit(ctx context.Context, dg limiter.Digest) (*events.TemporaryLimit, error) {
+	js, err := c.jetstream()
+	if err != nil {
+		return nil, err
+	}
+	streams := c.cfg.NATS.Streams.WithDefaults()
+	s, err := js.Stream(ctx, streams.Limits.Name)
+	if err != nil {
+		return nil, err
+	}
+	subject := events.LimitSubject(streams.Limits.SubjectPrefix, events.TemporaryLimit{Key: dg})
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	l, err := events.NewLimits(c.keys.Derive(events.LimitKeyLabel)).Read(streams.Limits.SubjectPrefix, m.Subject, m.Header, m.Data)
+	if err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+func describeLimit(l events.TemporaryLimit, now time.Time) string {
+	terms := fmt.Sprintf("limit %d", l.Limit)
+	if l.Block {
+		terms = "blocked"
+	}
+	s := fmt.Sprintf("%s until %s (in %s)", terms, l.Expires.UTC().Format(time.RFC3339), l.Expires.Sub(now).Round(time.Second))
+	if note := events.OperatorNote(l.By, l.Reason); note != "" {
+		s += ", " + note
+	}
+	return s
+}
+
+// operator is who acts: --by, else $USER.
+func operator(c *call, by string) string {
+	if by != "" {
+		return by
+	}
+	return c.env.Getenv("USER")
+}

@@ -1,0 +1,141 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/testutil"
+)
+
+// apiCheck asks the deployment's decision API for one request of identity
+// under policy core, and returns the status (200 allowed, 429 denied).
+func apiCheck(t *testing.T, d *deployment, identity string) int {
+	t.Helper()
+	req, err := http.NewRequest("POST", d.API+"/v1/check", strings.NewReader(`{"policy":"core","identity":"`+identity+`"}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+d.Token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// operatorRecords are the operator's records on the decisions stream so
+// far, as JSON objects.
+func operatorRecords(t *testing.T, d *deployment) []map[string]any {
+	t.Helper()
+	_, js := d.NATS.Connect()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, "TALLY_DECISIONS", jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.Streams{}.OperatorDecisionsSubject()}})
+	require.NoError(t, err)
+	var out []map[string]any
+	for {
+		batch, err := cons.FetchNoWait(100)
+		require.NoError(t, err)
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var recs []map[string]any
+			require.NoError(t, json.Unmarshal(m.Data(), &recs))
+			for _, r := range recs {
+				out = append(out, r["data"].(map[string]any))
+			}
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+func hasRecord(rs []map[string]any, outcome, note string) bool {
+	for _, r := range rs {
+		if r["path"] == "operator" && r["outcome"] == outcome && (note == "" || r["note"] == note) {
+			return true
+		}
+	}
+	return false
+}
+
+// inspect shows a client's window as its primary holds it; reset asks
+// first, changes nothing unless confirmed, then empties the window, tells
+// the edge (which stops answering 429 from memory) and is recorded.
+func TestInspectAndReset(t *testing.T) {
+	d := start(t, "- {name: core, limit: 3, window: 1h}")
+	for range 3 {
+		require.Equal(t, 200, apiCheck(t, d, "alice"))
+	}
+	require.Equal(t, 429, apiCheck(t, d, "alice"))
+
+	who := []string{"--policy", "core", "--identity", "api:alice"}
+	r := d.run(t, append([]string{"inspect"}, who...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "used 3 of 3 (0 left)")
+	require.Contains(t, r.stdout, "held by edge.")
+	require.Contains(t, r.stdout, "temporary limit: none")
+	r = d.run(t, append([]string{"inspect", "--json"}, who...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	var got struct {
+		Digest string
+		Live   bool
+		Used   int64
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), r.stdout)
+	require.True(t, got.Live)
+	require.EqualValues(t, 3, got.Used)
+	// The same window named by its digest, as records and alerts name it.
+	r = d.run(t, "inspect", "--policy", "core", "--digest", got.Digest)
+	require.Contains(t, r.stdout, "used 3 of 3")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r = d.tally(ctx, "no\n", append([]string{"reset"}, who...)...)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "not confirmed")
+	require.Contains(t, d.run(t, append([]string{"inspect"}, who...)...).stdout, "used 3 of 3", "nothing changed")
+	require.Equal(t, 429, apiCheck(t, d, "alice"))
+
+	r = d.tally(ctx, "yes\n", append([]string{"reset", "--reason", "ticket 12", "--by", "ops"}, who...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "reset: policy core")
+	testutil.WaitFor(t, "the edge told: alice admitted again", func() bool { return apiCheck(t, d, "alice") == 200 })
+	require.True(t, hasRecord(operatorRecords(t, d), "reset", "ops: ticket 12"), "the reset recorded")
+
+	r = d.run(t, "reset", "--policy", "core", "--identity", "api:nobody", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "nothing to reset")
+}
+
+// Mistakes get a message a person can act on and exit 2 (how it was
+// called) or 1 (what it found).
+func TestWindowCommandMistakes(t *testing.T) {
+	d := start(t, "- {name: core, limit: 3, window: 1h}")
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"inspect", "--identity", "x"}, 2, "--policy is required"},
+		{[]string{"inspect", "--policy", "core"}, 2, "--identity or by --digest"},
+		{[]string{"inspect", "--policy", "core", "--identity", "x", "--digest", "00"}, 2, "one of them"},
+		{[]string{"inspect", "--policy", "core", "--digest", "xyz"}, 2, "--digest"},
+		{[]string{"inspect", "--policy", "nope", "--identity", "x"}, 1, `unknown policy "nope" (the configuration has: core)`},
+		{[]string{"inspect", "--policy", "core", "--identity", "ip:not-an-address"}, 2, "ip: and an address"},
+		{[]string{"inspect", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"inspect", "--config", "/nonexistent/tally.yaml", "--policy", "core", "--identity", "x"}, 1, "no such file"},
+	} {
+		r := d.run(t, c.args...)
+		require.Equal(t, c.code, r.code, "%v: %s", c.args, r.stderr)
+		require.Contains(t, r.stderr, c.says, "%v", c.args)
+	}
+}

@@ -1,0 +1,110 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// WindowDetail is one key's window as an operator inspects it on its
+// primary: lua/window.lua's fields, read as they are.
+type WindowDetail struct {
+	// Shard is where it was read: the key's owner, or its previous owner
+	// while keys move and a window there is still live.
+	Shard string
+	// Live is false when no window of the key is live at the read's now.
+	Live bool
+	// Used counts every unit the window holds: charged and reserved.
+	Used           int64
+	Start, ResetAt time.Time
+	// Holders are the units each producer holds in the window (its
+	// reservations and charges, less what it gave back): "reserved per
+	// edge", for edges.
+	Holders []Holding
+	// Frozen are the frozen shares of edges' credit (lua/hold.lua).
+	Frozen []Holding
+	// MovedTo names the shard the key moved to (resharding), when marked.
+	MovedTo string
+}
+
+// Holding is the units one producer or holder has in a window.
+type Holding struct {
+	Who   string
+	Units int64
+	// Until is when a frozen share expires (zero for holdings).
+	Until time.Time
+}
+
+// Inspect reads k's window on its primary (not a replica: an operator
+// wants what decides), at now.
+func (s *Store) Inspect(ctx context.Context, k limiter.Key, now time.Time) (WindowDetail, error) {
+	if j, moving := s.previousOwner(k); moving {
+		if w, err := s.inspectOn(ctx, j, k, now); err != nil || w.Live {
+			return w, err
+		}
+	}
+	return s.inspectOn(ctx, s.ShardOf(k), k, now)
+}
+
+func (s *Store) inspectOn(ctx context.Context, i int, k limiter.Key, now time.Time) (WindowDetail, error) {
+	n := s.shards[i]
+	fields, err := n.primary.HGetAll(ctx, k.String()).Result()
+	if err != nil {
+		return WindowDetail{}, fmt.Errorf("limiter: inspect on shard %s primary: %w", n.name, err)
+	}
+	w := WindowDetail{Shard: n.name, MovedTo: fields["m"]}
+	num := func(f string) int64 { v, _ := strconv.ParseInt(fields[f], 10, 64); return v }
+	if r := num("r"); r > now.UnixMilli() {
+		w.Live, w.Used = true, num("u")
+		w.Start, w.ResetAt = time.UnixMilli(num("s")), time.UnixMilli(r)
+	}
+	if !w.Live {
+		return w, nil
+	}
+	for f, v := range fields {
+		switch {
+		case strings.HasPrefix(f, "c:"):
+			if u, err := strconv.ParseInt(v, 10, 64); err == nil && u != 0 {
+				w.Holders = append(w.Holders, Holding{Who: f[2:], Units: u})
+			}
+		case strings.HasPrefix(f, "z:"):
+			// "frozen:expiry ms:producer" (lua/hold.lua)
+			parts := strings.SplitN(v, ":", 3)
+			if len(parts) == 3 {
+				u, _ := strconv.ParseInt(parts[0], 10, 64)
+				until, _ := strconv.ParseInt(parts[1], 10, 64)
+				w.Frozen = append(w.Frozen, Holding{Who: f[2:], Units: u, Until: time.UnixMilli(until)})
+			}
+		}
+	}
+	sort.Slice(w.Holders, func(a, b int) bool { return w.Holders[a].Who < w.Holders[b].Who })
+	sort.Slice(w.Frozen, func(a, b int) bool { return w.Frozen[a].Who < w.Frozen[b].Who })
+	return w, nil
+}
+
+// Reset deletes k's window on every shard that may hold it (its owner,
+// and its previous owner while keys move): the client starts a new window
+// at its next request. It reports whether there was one. Edges that hold
+// credit of the deleted window keep it until they hear the window has room
+// (the caller's notice) — see docs/operations.md for the bound.
+func (s *Store) Reset(ctx context.Context, k limiter.Key) (bool, error) {
+	shards := []int{s.ShardOf(k)}
+	if j, moving := s.previousOwner(k); moving {
+		shards = append(shards, j)
+	}
+	existed := false
+	for _, i := range shards {
+		n := s.shards[i]
+		deleted, err := n.primary.Del(ctx, k.String()).Result()
+		if err != nil {
+			return existed, fmt.Errorf("limiter: reset on shard %s primary: %w", n.name, err)
+		}
+		existed = existed || deleted > 0
+	}
+	return existed, nil
+}

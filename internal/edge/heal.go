@@ -34,14 +34,20 @@ type temporary struct {
 }
 
 // SetTemporary takes one entry of the limits stream: a limit to apply
-// while it is live, or (cleared) the end of one. Entries past their expiry
-// are forgotten.
+// while it is live, or (cleared) the end of one, kept until its own expiry
+// so that an older entry sent again cannot bring back what it lifted. An
+// entry set before the one held for its key is ignored (a replay).
+// Entries past their expiry are forgotten.
 func (s *Server) SetTemporary(l events.TemporaryLimit) {
 	t := &s.temporary
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	next := map[limiter.Digest]events.TemporaryLimit{}
+	live := 0
 	if cur := t.set.Load(); cur != nil {
+		if held, ok := (*cur)[l.Key]; ok && l.Set.Before(held.Set) {
+			return
+		}
 		now := s.o.Clock.Now()
 		for dg, e := range *cur {
 			if now.Before(e.Expires) {
@@ -49,12 +55,13 @@ func (s *Server) SetTemporary(l events.TemporaryLimit) {
 			}
 		}
 	}
-	if l.Cleared {
-		delete(next, l.Key)
-	} else {
-		next[l.Key] = l
+	next[l.Key] = l
+	for _, e := range next {
+		if !e.Cleared {
+			live++
+		}
 	}
-	s.tempLimits.Store(int64(len(next)))
+	s.tempLimits.Store(int64(live))
 	t.set.Store(&next)
 }
 
@@ -133,7 +140,11 @@ func (s *Server) heldVerdict(p limiter.Policy, cost int64, dg limiter.Digest, no
 // the client.
 func (s *Server) backedOff(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64,
 	decide func() (credit.Verdict, error)) (credit.Verdict, error) {
-	cfg := s.limits.Load().backoff[p.Name]
+	rt := s.limits.Load()
+	if len(rt.backoff) == 0 {
+		return decide() // no policy backs off: nothing to look up
+	}
+	cfg := rt.backoff[p.Name]
 	if a, early := s.backoff.Early(dg, now, cfg); early {
 		return s.backoffVerdict(p, cost, dg, now, reqNum, a), nil
 	}
@@ -194,5 +205,15 @@ func (s *Server) consumeLimits(ctx context.Context, js jetstream.JetStream) erro
 	}
 	<-ctx.Done()
 	cc.Stop()
+	return nil
+}
+
+// held is the entry the edge holds for dg (live, expired or a clear).
+func (s *Server) held(dg limiter.Digest) *events.TemporaryLimit {
+	if cur := s.temporary.set.Load(); cur != nil {
+		if l, ok := (*cur)[dg]; ok {
+			return &l
+		}
+	}
 	return nil
 }

@@ -38,6 +38,7 @@ func TestProgressiveBackoff(t *testing.T) {
 	clock := limiter.NewManualClock(time.Now())
 	e := pl.edge(func(o *edge.Options) {
 		o.Clock = clock
+		o.Credit.Recheck = time.Hour // only the requests talk to Redis
 		o.Backoff = map[string]backoff.Config{"core": {Factor: 2, Max: 10 * time.Minute}}
 	})
 	records := decisionRecords(t, pl)
@@ -127,11 +128,29 @@ func TestTemporaryLimitsAcrossEdges(t *testing.T) {
 		require.Len(t, list, 1)
 		require.Equal(t, set.Digest, list[0].Digest)
 	}
+	clock.Advance(time.Second)
 	resp, body = adminLimits(t, b, "DELETE", `{"policy":"core","digest":"`+set.Digest+`","by":"ops"}`)
 	require.Equal(t, 200, resp.StatusCode, "%s", body)
 	testutil.WaitForWithin(t, "the block lifted at both edges", temporaryBound, func() bool {
 		return get(t, a.proxy.URL, "abuser").StatusCode == 200 && get(t, b.proxy.URL, "abuser").StatusCode == 200
 	})
+	// The block sent again (a replay of what was signed before the clear)
+	// brings nothing back: the edges hold a later entry for the key.
+	_, js := pl.nats.Connect()
+	dg, err := limiter.ParseDigest(set.Digest)
+	require.NoError(t, err)
+	replayed, err := events.NewLimits(pl.keys.Derive(events.LimitKeyLabel)).Msg("tally.limits",
+		events.TemporaryLimit{Policy: "core", Key: dg, Block: true, Set: set.Set, Expires: set.Expires})
+	require.NoError(t, err)
+	_, err = js.PublishMsg(context.Background(), replayed)
+	require.NoError(t, err)
+	resp, body = adminLimits(t, a, "POST", `{"policy":"core","identity":"marker","limit":7,"for":"1m"}`)
+	require.Equal(t, 200, resp.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "a later entry at b", temporaryBound, func() bool { return len(b.srv.Temporary(clock.Now())) == 1 })
+	require.Equal(t, 200, get(t, b.proxy.URL, "abuser").StatusCode, "the replayed block is ignored")
+	resp, _ = adminLimits(t, a, "DELETE", `{"policy":"core","identity":"marker"}`)
+	require.Equal(t, 200, resp.StatusCode)
+	testutil.WaitForWithin(t, "the marker cleared at b", temporaryBound, func() bool { return len(b.srv.Temporary(clock.Now())) == 0 })
 
 	// A tighter limit for a minute: 3 requests in the window, at both edges
 	// together; then it lifts itself when the clock passes its expiry.
@@ -155,7 +174,6 @@ func TestTemporaryLimitsAcrossEdges(t *testing.T) {
 
 	// Refused: unsigned entries published by a NATS neighbour, and bad
 	// requests to the API.
-	_, js := pl.nats.Connect()
 	forged, err := events.NewLimits([]byte("not the deployment's key")).Msg("tally.limits", events.TemporaryLimit{
 		Policy: "core", Key: pl.keys.Sum("core", "h:bystander"), Block: true, Set: clock.Now(), Expires: clock.Now().Add(time.Hour)})
 	require.NoError(t, err)

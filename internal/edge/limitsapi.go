@@ -118,19 +118,19 @@ func (s *Server) temporaryLimit(req LimitRequest, clear bool) (events.TemporaryL
 		dg = s.o.Keys.Sum(p.Name, name)
 	}
 	now := s.o.Clock.Now()
-	l := events.TemporaryLimit{Policy: p.Name, Key: dg, Set: now, By: req.By, Reason: req.Reason}
+	l := events.TemporaryLimit{Policy: p.Name, Key: dg, Set: events.After(s.held(dg), now), By: req.By, Reason: req.Reason}
 	if clear {
 		if req.Limit != 0 || req.Block || req.For != "" {
 			return events.TemporaryLimit{}, errors.New("lifting a limit takes no limit, block or duration")
 		}
-		l.Cleared, l.Expires = true, now.Add(time.Second)
+		l.Cleared, l.Expires = true, l.Set.Add(events.MaxTemporary) // outlives every entry it may lift
 		return l, l.Validate()
 	}
 	d, err := time.ParseDuration(req.For)
 	if err != nil || d <= 0 {
 		return events.TemporaryLimit{}, fmt.Errorf("for %q: want a duration such as 15m or 2h (at most %v)", clip(req.For), events.MaxTemporary)
 	}
-	l.Limit, l.Block, l.Expires = req.Limit, req.Block, now.Add(d)
+	l.Limit, l.Block, l.Expires = req.Limit, req.Block, l.Set.Add(d)
 	return l, l.Validate()
 }
 

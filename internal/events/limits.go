@@ -49,7 +49,10 @@ type TemporaryLimit struct {
 	// denies every request instead (Limit is then 0).
 	Limit int64 `json:"limit,omitempty"`
 	Block bool  `json:"block,omitempty"`
-	// Cleared lifts an earlier entry before its expiry.
+	// Cleared lifts an earlier entry before its expiry. Its own expiry is
+	// how long edges remember it (MaxTemporary from when it is set: longer
+	// than any entry it lifts), so that an earlier entry sent again is
+	// known to be older.
 	Cleared bool `json:"cleared,omitempty"`
 	// Set is when the operator set it; Expires when it lifts itself.
 	Set     time.Time `json:"set"`
@@ -95,9 +98,20 @@ func (l TemporaryLimit) Validate() error {
 	return nil
 }
 
-// Live reports whether l holds at now.
-func (l TemporaryLimit) Live(now time.Time) bool {
-	return !l.Cleared && !now.Before(l.Set) && now.Before(l.Expires)
+// Live reports whether l holds at now: it is not a clear and has not
+// expired (a time set ahead of now, by a clock ahead of this one, does not
+// delay it).
+func (l TemporaryLimit) Live(now time.Time) bool { return !l.Cleared && now.Before(l.Expires) }
+
+// After returns the time to set an entry that follows held: now, or just
+// after held's when a clock behind the one that set held would make the new
+// entry look older (edges apply an entry only if it is set no earlier than
+// the one they hold).
+func After(held *TemporaryLimit, now time.Time) time.Time {
+	if held != nil && !now.After(held.Set) {
+		return held.Set.Add(time.Millisecond)
+	}
+	return now
 }
 
 // LimitSubject is the subject of the temporary limit of one window key.

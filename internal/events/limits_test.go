@@ -28,7 +28,9 @@ func TestTemporaryLimitsAreSigned(t *testing.T) {
 	require.Equal(t, int64(5), got.Limit)
 	require.True(t, got.Live(at))
 	require.False(t, got.Live(at.Add(time.Hour)), "lifted at its expiry")
-	require.False(t, got.Live(at.Add(-time.Second)), "not before it was set")
+	require.True(t, got.Live(at.Add(-time.Second)), "set by a clock ahead: live at once")
+	require.Equal(t, at.Add(time.Millisecond), events.After(&got, at.Add(-time.Minute)), "a follower is set after it")
+	require.Equal(t, at.Add(time.Hour), events.After(&got, at.Add(time.Hour)))
 
 	forger := events.NewLimits([]byte("someone else's key"))
 	forged, err := forger.Msg("tally.limits", events.TemporaryLimit{Policy: "core", Key: dg, Block: true, Set: at, Expires: at.Add(time.Hour)})

@@ -111,6 +111,8 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		"Reservations on a Sentinel shard that no replica confirmed in time: a failover right after may lose them.")
 	tempLimits := gauge("tally_edge_temporary_limits", "Operators' temporary limits the edge applies now.")
 	badLimits := counter("tally_edge_temporary_limits_refused", "Entries of the limits stream refused: not signed with the deployment's secret, or not valid.")
+	clientDenials := gauge("tally_edge_client_denials", "The clients denied most in the last whole minute, by policy and window key digest "+
+		"(at most 10, each denied at least 60 times): tally inspect --policy P --digest D shows one.")
 	backedOff := gauge("tally_edge_backoff_clients", "Clients progressive backoff remembers (denied, and not admitted since).")
 	accessLog := counter("tally_edge_access_log_entries", "Gateways' access-log entries: 304s refunded, other statuses ignored, unreadable, not from a gateway, failed.")
 	if err := errors.Join(errs...); err != nil {
@@ -138,6 +140,9 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		o.ObserveInt64(tempLimits, int64(len(s.Temporary(s.o.Clock.Now()))))
 		o.ObserveInt64(badLimits, u(s.badLimits.Load()))
 		o.ObserveInt64(backedOff, int64(s.backoff.Len()))
+		for _, c := range s.denied.top(s.o.Clock.Now()) {
+			o.ObserveInt64(clientDenials, c.n, attr("policy", c.policy, "digest", c.digest.String()))
+		}
 		for name, c := range d.Policies {
 			for allowed, result := range []string{"denied", "allowed"} {
 				o.ObserveInt64(byPolicy, u(c[allowed]), attr("policy", name, "result", result))
@@ -191,7 +196,7 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		return nil
 	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices, finishes,
 		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, unreplicated,
-		accessLog, holds, takenBack, tempLimits, badLimits, backedOff)
+		accessLog, holds, takenBack, tempLimits, badLimits, backedOff, clientDenials)
 	return err
 }
 

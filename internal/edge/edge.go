@@ -194,6 +194,8 @@ type Server struct {
 	badLimits   atomic.Uint64
 	backoff     *backoff.Table
 	healDenied  [2]atomic.Uint64
+	// denied counts the most denied clients (denials.go).
+	denied *topDenied
 }
 
 // New validates o and starts the server's background work. Call Close to
@@ -231,7 +233,7 @@ func New(o Options) (*Server, error) {
 	s := &Server{o: o, log: telemetry.NewRateLog(o.Log, 5*time.Second), stop: make(chan struct{}), decisionLevel: slog.LevelDebug,
 		notices: events.NewNotices(o.Keys.Derive(events.NoticeKeyLabel)), ticketKey: o.Keys.Derive(ticketKeyLabel),
 		ready: newReadiness(o.Store.Shards()), limitReader: events.NewLimits(o.Keys.Derive(events.LimitKeyLabel)),
-		backoff: backoff.NewTable(backoffCapacity)}
+		backoff: backoff.NewTable(backoffCapacity), denied: newTopDenied()}
 	_ = s.decisionLevel.UnmarshalText([]byte(o.Decisions.LogLevel)) // validated above
 	s.gatewayIdentity = gatewayIdentifier(o)
 	if err := s.SetLimits(o.Limits); err != nil {
@@ -438,6 +440,9 @@ func (s *Server) record(v credit.Verdict, traceparent string) { s.recordRule(v, 
 // names the request's domain and the descriptor rule that limited it.
 func (s *Server) recordRule(v credit.Verdict, traceparent, domain, rule string) {
 	allowed := !v.Decided || v.Decision.Allowed
+	if !allowed && !v.Policy.Shadow {
+		s.denied.add(v.Policy.Name, v.Key.Digest(), v.Now)
+	}
 	if rate := s.o.Decisions.LogSample; rate > 0 && (rate >= 1 || mrand.Float64() < rate) {
 		s.logDecision(v, allowed, traceparent)
 	}

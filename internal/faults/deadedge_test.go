@@ -58,10 +58,14 @@ func TestDeadEdgesCreditComesBack(t *testing.T) {
 	wg.Wait()
 	rate := float64(allowed.Load()) / busy.Seconds()
 	ctx := context.Background()
-	share := frozenShare(t, c, k)
-	require.Positive(t, share, "edge A froze nothing of its credit")
 	a.Kill()
 	killed := time.Now()
+	// What A held when it died: every unit it reserved less what it gave
+	// back (c:), of which what it froze (z:) and what it admitted; the rest
+	// is its free credit, which nobody can take back.
+	share, held := frozenShare(t, c, k)
+	require.Positive(t, share, "edge A froze nothing of its credit")
+	free := held - share - allowed.Load()
 
 	// Edge B takes the rest of the window, 100 units a request, until it
 	// is denied; then A's frozen units come back to it.
@@ -90,31 +94,38 @@ func TestDeadEdgesCreditComesBack(t *testing.T) {
 	g, err := c.store.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: hot.Window, Limit: hot.Limit, Producer: "fault-suite"})
 	require.NoError(t, err)
 	stranded := g.Used - allowed.Load()
-	t.Logf("A served %.0f/s and froze %d units; it was killed; B was given them back %v later; %d units allowed of %d; "+
-		"%d stranded until the reset", rate, share, back.Round(time.Millisecond), allowed.Load(), hot.Limit, stranded)
+	t.Logf("A served %.0f/s and froze %d units, %d free (%.1f s of its average rate); it was killed; B was given them back %v later; "+
+		"%d units allowed of %d; %d stranded until the reset", rate, share, free, float64(free)/rate, back.Round(time.Millisecond),
+		allowed.Load(), hot.Limit, stranded)
 	require.LessOrEqual(t, allowed.Load(), hot.Limit, "allowed past the limit")
 	require.GreaterOrEqual(t, stranded, int64(0))
-	// A's free credit: about a second of the key's rate as A estimated it
-	// (its estimate follows bursts, and runs above the average), up to
-	// half as much again between two reports. Before credit was frozen,
-	// all of it stayed: the share and more.
+	// Only A's free credit stays: about a second of the key's rate as A
+	// estimated it (the estimate follows bursts, and runs above the
+	// average on a loaded machine), up to half as much again between two
+	// reports. Every frozen unit came back. Before credit was frozen, all
+	// of it stayed: the share and more.
+	require.LessOrEqual(t, stranded, free, "frozen credit stayed stranded")
 	require.Less(t, stranded, share, "less came back than stayed stranded")
-	require.LessOrEqual(t, float64(stranded), 4*rate, "more stranded than a few seconds of A's rate")
 }
 
 // frozenShare is the units the window of k records as frozen by its
-// holders (hold.lua's z: fields).
-func frozenShare(t *testing.T, c *cluster, k limiter.Key) int64 {
+// holders (hold.lua's z: fields), and the units its edges hold (c:
+// fields, but the suite's own reads').
+func frozenShare(t *testing.T, c *cluster, k limiter.Key) (frozen, held int64) {
 	fields, err := c.rdb[0].HGetAll(context.Background(), k.String()).Result()
 	require.NoError(t, err)
-	var n int64
 	for f, v := range fields {
-		if strings.HasPrefix(f, "z:") {
+		switch {
+		case strings.HasPrefix(f, "z:"):
 			units, _, _ := strings.Cut(v, ":")
 			u, err := strconv.ParseInt(units, 10, 64)
 			require.NoError(t, err)
-			n += u
+			frozen += u
+		case strings.HasPrefix(f, "c:edge."):
+			u, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err)
+			held += u
 		}
 	}
-	return n
+	return frozen, held
 }

@@ -172,6 +172,18 @@ func TestTemporaryLimitsAcrossEdges(t *testing.T) {
 		require.Equal(t, 200, get(t, b.proxy.URL, "tight").StatusCode, "the policy's own limit again")
 	}
 
+	// A looser limit: 120 where the policy says 100, for this client only.
+	resp, body = adminLimits(t, b, "POST", `{"policy":"core","identity":"partner","limit":120,"for":"10m","reason":"migration"}`)
+	require.Equal(t, 200, resp.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "the looser limit at a", temporaryBound, func() bool { return len(a.srv.Temporary(clock.Now())) == 1 })
+	allowed = 0
+	for range 130 {
+		if get(t, a.proxy.URL, "partner").StatusCode == 200 {
+			allowed++
+		}
+	}
+	require.Equal(t, 120, allowed, "the looser limit")
+
 	// Refused: unsigned entries published by a NATS neighbour, and bad
 	// requests to the API.
 	forged, err := events.NewLimits([]byte("not the deployment's key")).Msg("tally.limits", events.TemporaryLimit{

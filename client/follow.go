@@ -14,8 +14,9 @@ import (
 const DefaultDecisionsStream = "TALLY_DECISIONS"
 
 // DecisionRecord is one record of the decisions stream: an edge's
-// decision, or an accountant's application of an accounting event
-// (docs/events.md#decisions says what each field holds for each).
+// decision, an accountant's application of an accounting event, or an
+// operator's action (docs/events.md#decisions says what each field holds
+// for each).
 type DecisionRecord struct {
 	ID          string    `json:"id"`
 	Source      string    `json:"source"`
@@ -36,6 +37,9 @@ type DecisionRecord struct {
 		LagMS         float64   `json:"lag_ms"`
 		RequestID     string    `json:"request_id"`
 		Shadow        bool      `json:"shadow"`
+		Until         time.Time `json:"until"`
+		Strikes       int       `json:"strikes"`
+		Note          string    `json:"note"`
 		Domain        string    `json:"domain"`
 		Rule          string    `json:"rule"`
 		Edge          string    `json:"edge"`

@@ -24,22 +24,11 @@ units each holds; frozen shares are credit an edge reported it will not spend.`,
 			who := c.clientFlags()
 			asJSON := c.flags.Bool("json", false, "print the window as JSON")
 			return func(ctx context.Context) error {
-				if len(c.args) > 0 {
-					return usagef("unexpected %q", c.args[0])
-				}
-				p, k, err := c.key(who)
-				if err != nil {
-					return err
-				}
-				st, err := c.redis()
+				p, k, w, err := c.window(ctx, who)
 				if err != nil {
 					return err
 				}
 				now := c.env.Now()
-				w, err := st.Inspect(ctx, k, now)
-				if err != nil {
-					return err
-				}
 				tl, tlErr := c.temporaryOf(ctx, k.Digest())
 				if *asJSON {
 					return c.printJSON(inspection{Policy: p.Name, Limit: p.Limit, Window: p.Window.String(),
@@ -70,22 +59,11 @@ in the new window (docs/operations.md). The reset is recorded on the decisions s
 			reason := c.flags.String("reason", "", "why, recorded with the reset (`text`)")
 			by := c.flags.String("by", "", "who resets it, recorded (`name`; default $USER)")
 			return func(ctx context.Context) error {
-				if len(c.args) > 0 {
-					return usagef("unexpected %q", c.args[0])
-				}
-				p, k, err := c.key(who)
-				if err != nil {
-					return err
-				}
-				st, err := c.redis()
+				p, k, w, err := c.window(ctx, who)
 				if err != nil {
 					return err
 				}
 				now := c.env.Now()
-				w, err := st.Inspect(ctx, k, now)
-				if err != nil {
-					return err
-				}
 				if !w.Live {
 					c.out("no live window of policy %s for digest %s: nothing to reset\n", p.Name, k.Digest())
 					return nil
@@ -98,7 +76,7 @@ in the new window (docs/operations.md). The reset is recorded on the decisions s
 				if _, err := c.jetstream(); err != nil { // before anything changes: the reset is told and recorded
 					return err
 				}
-				if _, err := st.Reset(ctx, k); err != nil {
+				if _, err := c.store.Reset(ctx, k); err != nil {
 					return err
 				}
 				notice := events.NewNotices(c.keys.Derive(events.NoticeKeyLabel)).Append(nil,
@@ -118,6 +96,24 @@ in the new window (docs/operations.md). The reset is recorded on the decisions s
 				return nil
 			}
 		}})
+}
+
+// window reads the window of the client the flags name, on its primary:
+// what inspect and reset start with.
+func (c *call) window(ctx context.Context, who client) (limiter.Policy, limiter.Key, redisstore.WindowDetail, error) {
+	if len(c.args) > 0 {
+		return limiter.Policy{}, limiter.Key{}, redisstore.WindowDetail{}, usagef("unexpected %q", c.args[0])
+	}
+	p, k, err := c.key(who)
+	if err != nil {
+		return p, k, redisstore.WindowDetail{}, err
+	}
+	st, err := c.redis()
+	if err != nil {
+		return p, k, redisstore.WindowDetail{}, err
+	}
+	w, err := st.Inspect(ctx, k, c.env.Now())
+	return p, k, w, err
 }
 
 // inspection is inspect's JSON.

@@ -101,7 +101,7 @@ func TestTemporaryLimitsAcrossEdges(t *testing.T) {
 
 	resp, body := adminLimits(t, a, "POST", `{"policy":"core","identity":"abuser","block":true,"for":"10m","by":"ops","reason":"scraping"}`)
 	require.Equal(t, 200, resp.StatusCode, "%s", body)
-	var set edge.LimitEntry
+	var set events.TemporaryLimit
 	require.NoError(t, json.Unmarshal(body, &set))
 	require.True(t, set.Block)
 	start := time.Now()
@@ -115,21 +115,21 @@ func TestTemporaryLimitsAcrossEdges(t *testing.T) {
 	testutil.WaitFor(t, "the change and the denials recorded", func() bool {
 		rs := records()
 		return slices.ContainsFunc(rs, func(d decisionRecord) bool {
-			return d.Path == "operator" && d.Outcome == "limit_set" && d.Note == "ops: scraping" && d.Key == set.Digest
-		}) && slices.ContainsFunc(rs, func(d decisionRecord) bool { return d.Path == "blocked" && d.Key == set.Digest })
+			return d.Path == "operator" && d.Outcome == "limit_set" && d.Note == "ops: scraping" && d.Key == set.Key.String()
+		}) && slices.ContainsFunc(rs, func(d decisionRecord) bool { return d.Path == "blocked" && d.Key == set.Key.String() })
 	})
 
 	// Listed at both edges; cleared through the other edge: lifted at once.
 	for _, e := range []*edgeUnderTest{a, b} {
 		resp, body = adminLimits(t, e, "GET", "")
 		require.Equal(t, 200, resp.StatusCode)
-		var list []edge.LimitEntry
+		var list []events.TemporaryLimit
 		require.NoError(t, json.Unmarshal(body, &list))
 		require.Len(t, list, 1)
-		require.Equal(t, set.Digest, list[0].Digest)
+		require.Equal(t, set.Key, list[0].Key)
 	}
 	clock.Advance(time.Second)
-	resp, body = adminLimits(t, b, "DELETE", `{"policy":"core","digest":"`+set.Digest+`","by":"ops"}`)
+	resp, body = adminLimits(t, b, "DELETE", `{"policy":"core","digest":"`+set.Key.String()+`","by":"ops"}`)
 	require.Equal(t, 200, resp.StatusCode, "%s", body)
 	testutil.WaitForWithin(t, "the block lifted at both edges", temporaryBound, func() bool {
 		return get(t, a.proxy.URL, "abuser").StatusCode == 200 && get(t, b.proxy.URL, "abuser").StatusCode == 200
@@ -137,8 +137,7 @@ func TestTemporaryLimitsAcrossEdges(t *testing.T) {
 	// The block sent again (a replay of what was signed before the clear)
 	// brings nothing back: the edges hold a later entry for the key.
 	_, js := pl.nats.Connect()
-	dg, err := limiter.ParseDigest(set.Digest)
-	require.NoError(t, err)
+	dg := set.Key
 	replayed, err := events.NewLimits(pl.keys.Derive(events.LimitKeyLabel)).Msg("tally.limits",
 		events.TemporaryLimit{Policy: "core", Key: dg, Block: true, Set: set.Set, Expires: set.Expires})
 	require.NoError(t, err)

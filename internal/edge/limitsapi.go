@@ -27,6 +27,9 @@ import (
 // A change is published, signed, on the limits stream (every edge applies
 // it from there), applied here at once, and recorded on the decisions
 // stream. "identity" names the client as limiter.NamedIdentity reads it.
+// Answers show entries as the limits stream carries them
+// (events.TemporaryLimit: policy, key, limit or block, set, expires, by,
+// reason).
 
 // LimitRequest is a body of POST and DELETE /v1/limits.
 type LimitRequest struct {
@@ -40,30 +43,11 @@ type LimitRequest struct {
 	Reason   string `json:"reason,omitempty"`
 }
 
-// LimitEntry is a temporary limit as the API shows it.
-type LimitEntry struct {
-	Policy  string    `json:"policy"`
-	Digest  string    `json:"digest"`
-	Limit   int64     `json:"limit,omitempty"`
-	Block   bool      `json:"block,omitempty"`
-	Cleared bool      `json:"cleared,omitempty"`
-	Set     time.Time `json:"set"`
-	Expires time.Time `json:"expires"`
-	By      string    `json:"by,omitempty"`
-	Reason  string    `json:"reason,omitempty"`
-}
-
-// Entry is l as the API shows it.
-func Entry(l events.TemporaryLimit) LimitEntry {
-	return LimitEntry{Policy: l.Policy, Digest: l.Key.String(), Limit: l.Limit, Block: l.Block, Cleared: l.Cleared,
-		Set: l.Set, Expires: l.Expires, By: l.By, Reason: l.Reason}
-}
-
 func (s *Server) limitsAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/limits", func(w http.ResponseWriter, _ *http.Request) {
-		out := []LimitEntry{}
-		for _, l := range s.Temporary(s.o.Clock.Now()) {
-			out = append(out, Entry(l))
+		out := s.Temporary(s.o.Clock.Now())
+		if out == nil {
+			out = []events.TemporaryLimit{}
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
@@ -87,7 +71,7 @@ func (s *Server) limitsAPI(mux *http.ServeMux) {
 				"the limits stream did not take the change (every edge reads it there); retry: "+err.Error())
 			return
 		}
-		writeJSON(w, http.StatusOK, Entry(l))
+		writeJSON(w, http.StatusOK, l)
 	}
 	mux.HandleFunc("POST /v1/limits", func(w http.ResponseWriter, r *http.Request) { change(w, r, false) })
 	mux.HandleFunc("DELETE /v1/limits", func(w http.ResponseWriter, r *http.Request) { change(w, r, true) })

@@ -62,10 +62,33 @@ type TemporaryLimit struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// limitFields are a TemporaryLimit's fields without its methods.
+type limitFields TemporaryLimit
+
 // wireLimit is a TemporaryLimit as it travels: the key as hex.
 type wireLimit struct {
-	TemporaryLimit
+	limitFields
 	KeyHex string `json:"key"`
+}
+
+// MarshalJSON writes l as the limits stream carries it (the key as hex).
+func (l TemporaryLimit) MarshalJSON() ([]byte, error) {
+	return json.Marshal(wireLimit{limitFields: limitFields(l), KeyHex: l.Key.String()})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (l *TemporaryLimit) UnmarshalJSON(b []byte) error {
+	var w wireLimit
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	k, err := limiter.ParseDigest(w.KeyHex)
+	if err != nil {
+		return fmt.Errorf("key: %w", err)
+	}
+	*l = TemporaryLimit(w.limitFields)
+	l.Key = k
+	return nil
 }
 
 // ErrBadLimit is wrapped by every reason a temporary limit is refused.
@@ -136,7 +159,7 @@ func (ls *Limits) Msg(prefix string, l TemporaryLimit) (*nats.Msg, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
-	body, err := json.Marshal(wireLimit{TemporaryLimit: l, KeyHex: l.Key.String()})
+	body, err := json.Marshal(l)
 	if err != nil {
 		return nil, err
 	}
@@ -154,13 +177,9 @@ func (ls *Limits) Read(prefix, subject string, header nats.Header, body []byte) 
 	if err != nil || !hmac.Equal(sig, mustHex(ls.sign(body))) {
 		return TemporaryLimit{}, fmt.Errorf("%w: not signed with the deployment's key", ErrBadLimit)
 	}
-	var w wireLimit
-	if err := json.Unmarshal(body, &w); err != nil {
+	var l TemporaryLimit
+	if err := json.Unmarshal(body, &l); err != nil {
 		return TemporaryLimit{}, fmt.Errorf("%w: %v", ErrBadLimit, err)
-	}
-	l := w.TemporaryLimit
-	if l.Key, err = limiter.ParseDigest(w.KeyHex); err != nil {
-		return TemporaryLimit{}, fmt.Errorf("%w: key: %v", ErrBadLimit, err)
 	}
 	if err := l.Validate(); err != nil {
 		return TemporaryLimit{}, err

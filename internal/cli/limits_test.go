@@ -3,6 +3,8 @@ package cli_test
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,8 +52,14 @@ func TestTemporaryLimitsFromTheCLI(t *testing.T) {
 	r = d.run(t, "limits", "set", "--policy", "core", "--identity", "api:carol", "--limit", "2", "--for", "3s")
 	require.Equal(t, 0, r.code, r.stderr)
 	testutil.WaitForWithin(t, "the limit at the edge", 2*time.Second, func() bool {
-		return strings.Contains(d.run(t, "limits", "list").stdout, "limit 2 until")
+		resp, err := http.Get("http://" + d.EdgeAdmin + "/v1/limits") // what the edge applies
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var applied []map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&applied))
+		return len(applied) == 1 && applied[0]["limit"] == 2.0
 	})
+	require.Contains(t, d.run(t, "limits", "list").stdout, "limit 2 until")
 	require.Equal(t, 200, apiCheck(t, d, "carol"))
 	require.Equal(t, 200, apiCheck(t, d, "carol"))
 	require.Equal(t, 429, apiCheck(t, d, "carol"))

@@ -502,8 +502,8 @@ func (s *Server) decision(v credit.Verdict, traceparent string) events.Decision 
 		Shadow: v.Policy.Shadow}
 	if v.Decided {
 		d.Used, d.ResetAt = v.Decision.Used, v.Decision.ResetAt
-		if r := v.Decision.RetryAt; v.Path == credit.PathBackoff || v.Path == credit.PathBlocked || r.After(d.ResetAt) {
-			d.Until, d.Strikes = r, v.Decision.Strikes
+		if v.Path == credit.PathBackoff || v.Path == credit.PathBlocked {
+			d.Until, d.Strikes = v.Decision.RetryAt, v.Decision.Strikes
 		}
 	}
 	return d

@@ -240,9 +240,6 @@ func denial(v credit.Verdict) string {
 		return fmt.Sprintf("rate limit %q: request sent before the Retry-After given (%d in a row); retry in %s",
 			d.Resource, d.Strikes, d.RetryAfter())
 	}
-	if d.Strikes > 0 || d.RetryAt.After(d.ResetAt) {
-		return fmt.Sprintf("rate limit %q of %d per %s exceeded; retry in %s", d.Resource, d.Limit, d.Window, d.RetryAfter())
-	}
 	return fmt.Sprintf("rate limit %q of %d per %s exceeded; the window resets in %s", d.Resource, d.Limit, d.Window, d.RetryAfter())
 }
 

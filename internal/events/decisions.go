@@ -58,9 +58,8 @@ type Decision struct {
 	// Shadow marks a decision of a limit in shadow mode: Allowed says what
 	// the limit decided, and the request was let through whatever it said.
 	Shadow bool
-	// Until is a denial's Retry-After as a time when backoff made it later
-	// than the window's reset, a block's end, or (an operator's record)
-	// when a temporary limit lifts itself. Strikes counts the requests the
+	// Until is a backoff denial's Retry-After as a time, a block's end, or
+	// (an operator's record) when a temporary limit lifts itself. Strikes counts the requests the
 	// client sent before the Retry-After it was given, in a row. Note says
 	// who took an operator's action, and why.
 	Until   time.Time

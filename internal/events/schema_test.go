@@ -60,10 +60,8 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 		return schema.Validate(v)
 	}
 	// Progressive backoff, a block, and operators' actions.
-	backedOff := denied
-	backedOff.Until, backedOff.Strikes = reset.Add(time.Minute), 2
-	backoff := backedOff
-	backoff.Path = "backoff"
+	backoff := denied
+	backoff.Path, backoff.Until, backoff.Strikes = "backoff", reset.Add(time.Minute), 2
 	blocked := edge
 	blocked.Allowed, blocked.Path, blocked.Limit, blocked.Used, blocked.ResetAt = false, "blocked", 0, 0, time.Time{}
 	blocked.Until = at.Add(time.Hour)
@@ -75,7 +73,7 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 	limitCleared.Outcome = "limit_cleared"
 	for name, d := range map[string]events.Decision{"allowed": edge, "traced": traced, "denied": denied,
 		"fail-open": failOpen, "absorbed refund": absorbed, "accountant": acc, "late": late, "not held": notHeld,
-		"finished": finished, "finish pending": pending, "backed off": backedOff, "backoff": backoff, "blocked": blocked,
+		"finished": finished, "finish pending": pending, "backoff": backoff, "blocked": blocked,
 		"reset": reset0, "limit set": limitSet, "limit cleared": limitCleared} {
 		require.NoError(t, valid(d), name)
 	}

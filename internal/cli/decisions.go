@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	tallyclient "github.com/tallyhq/tally/client"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 )
@@ -78,13 +79,13 @@ the stream (the analytics user of deploy/nats/tally.conf will do).`,
 					if err != nil {
 						return err
 					}
-					f.key, f.byKey = k.Digest(), true
+					f.key = k.Digest().String()
 				case *cl.digest != "":
 					dg, err := limiter.ParseDigest(*cl.digest)
 					if err != nil {
 						return usagef("--digest: want the 32 lower-case hex digits of a window key, as records and alerts name it")
 					}
-					f.key, f.byKey = dg, true
+					f.key = dg.String()
 				}
 				cfg, err := c.deployment()
 				if err != nil {
@@ -100,14 +101,14 @@ the stream (the analytics user of deploy/nats/tally.conf will do).`,
 					oc.DeliverPolicy, oc.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
 				}
 				stream := cfg.NATS.Streams.WithDefaults().Decisions.Name
-				return c.readDecisions(ctx, js, stream, oc, *follow, func(r *events.DecisionRecord) {
+				return c.readDecisions(ctx, js, stream, oc, *follow, func(r *record) {
 					if !f.match(r) {
 						return
 					}
 					if *asJSON {
 						var b bytes.Buffer
-						if json.Compact(&b, r.Raw) != nil {
-							b.Write(r.Raw)
+						if json.Compact(&b, r.raw) != nil {
+							b.Write(r.raw)
 						}
 						b.WriteByte('\n')
 						_, _ = c.env.Stdout.Write(b.Bytes())
@@ -124,7 +125,7 @@ the stream (the analytics user of deploy/nats/tally.conf will do).`,
 // follow is set, else until it has read every message that was pending
 // when it started.
 func (c *call) readDecisions(ctx context.Context, js jetstream.JetStream, stream string, oc jetstream.OrderedConsumerConfig,
-	follow bool, fn func(*events.DecisionRecord)) error {
+	follow bool, fn func(*record)) error {
 	cons, err := js.OrderedConsumer(ctx, stream, oc)
 	if err != nil {
 		return fmt.Errorf("reading %s (does the NATS user have the permission to?): %w", stream, err)
@@ -172,7 +173,7 @@ func (c *call) readDecisions(ctx context.Context, js jetstream.JetStream, stream
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", stream, err)
 		}
-		recs, err := events.ParseDecisions(m.Data())
+		recs, err := parseRecords(m.Data())
 		if err != nil {
 			fmt.Fprintf(c.env.Stderr, "tally %s: %s message %d (subject %s) skipped: %v\n", c.cmd.name, stream,
 				md.Sequence.Stream, m.Subject(), err)
@@ -186,20 +187,47 @@ func (c *call) readDecisions(ctx context.Context, js jetstream.JetStream, stream
 	}
 }
 
+// record is one decision record as read: the public client package's
+// shape of it, and its JSON as the message holds it.
+type record struct {
+	tallyclient.DecisionRecord
+	raw json.RawMessage
+}
+
+// parseRecords reads one message of the decisions stream: a JSON array of
+// decision records (docs/decision.schema.json).
+func parseRecords(body []byte) ([]record, error) {
+	var raws []json.RawMessage
+	if err := json.Unmarshal(body, &raws); err != nil {
+		return nil, fmt.Errorf("want a JSON array of decision records: %w", err)
+	}
+	out := make([]record, len(raws))
+	for i, raw := range raws {
+		if err := json.Unmarshal(raw, &out[i].DecisionRecord); err != nil {
+			return nil, fmt.Errorf("record %d: %w", i+1, err)
+		}
+		if t := out[i].Type; t != events.TypeDecision {
+			return nil, fmt.Errorf("record %d: type %q: want %s", i+1, t, events.TypeDecision)
+		}
+		out[i].raw = raw
+	}
+	return out, nil
+}
+
 // decisionFilter selects records; its zero value selects every one.
 type decisionFilter struct {
 	policy, result, path string
-	key                  limiter.Digest
-	byKey                bool
+	key                  string // a window key's digest, "" for any
 }
 
-func (f *decisionFilter) match(r *events.DecisionRecord) bool {
+func (f *decisionFilter) match(r *record) bool {
+	d := &r.Data
 	switch {
-	case f.policy != "" && r.Policy != f.policy,
-		f.byKey && r.Key != f.key,
-		f.result == "allowed" && !r.Allowed,
-		f.result == "denied" && r.Allowed,
-		f.path != "" && r.Path != f.path:
+	case f.policy != "" && d.Policy != f.policy,
+		f.key != "" && d.Key != f.key,
+		f.result == "allowed" && !d.Allowed,
+		f.result == "denied" && d.Allowed,
+		f.path != "" && d.Path != f.path:
 		return false
 	}
 	return true
@@ -208,16 +236,17 @@ func (f *decisionFilter) match(r *events.DecisionRecord) bool {
 // decisionLine is a record as one readable line: fixed-width columns
 // (time, result, path, key) first, then the policy, the window's count
 // and what else the record says.
-func decisionLine(r *events.DecisionRecord) string {
+func decisionLine(r *record) string {
+	d := &r.Data
 	result := "allowed"
-	if !r.Allowed {
+	if !d.Allowed {
 		result = "denied"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %-7s %-10s %s %s used %d/%d", r.Time.UTC().Format("2006-01-02T15:04:05.000Z"), result, r.Path,
-		r.Key, r.Policy, r.Used, r.Limit)
-	if r.Cost != 1 {
-		fmt.Fprintf(&b, " cost %d", r.Cost)
+	fmt.Fprintf(&b, "%s %-7s %-10s %s %s used %d/%d", r.Time.UTC().Format("2006-01-02T15:04:05.000Z"), result, d.Path,
+		d.Key, d.Policy, d.Used, d.Limit)
+	if d.Cost != 1 {
+		fmt.Fprintf(&b, " cost %d", d.Cost)
 	}
 	at := func(t time.Time) string { // a time of day on the record's day, else the whole time
 		t, day := t.UTC(), r.Time.UTC()
@@ -226,33 +255,33 @@ func decisionLine(r *events.DecisionRecord) string {
 		}
 		return t.Format(time.RFC3339)
 	}
-	if !r.ResetAt.IsZero() {
-		b.WriteString(" reset " + at(r.ResetAt))
+	if !d.ResetAt.IsZero() {
+		b.WriteString(" reset " + at(d.ResetAt))
 	}
-	if r.Strikes > 0 {
-		b.WriteString(" strikes " + strconv.Itoa(r.Strikes))
+	if d.Strikes > 0 {
+		b.WriteString(" strikes " + strconv.Itoa(d.Strikes))
 	}
-	if !r.Until.IsZero() {
-		b.WriteString(" until " + at(r.Until))
+	if !d.Until.IsZero() {
+		b.WriteString(" until " + at(d.Until))
 	}
-	if r.Outcome != "" {
-		b.WriteString(" outcome " + r.Outcome)
+	if d.Outcome != "" {
+		b.WriteString(" outcome " + d.Outcome)
 	}
-	if r.Lag > 0 {
-		fmt.Fprintf(&b, " lag %.3fms", float64(r.Lag)/float64(time.Millisecond))
+	if d.LagMS > 0 {
+		fmt.Fprintf(&b, " lag %.3fms", d.LagMS)
 	}
-	if r.Shadow {
+	if d.Shadow {
 		b.WriteString(" shadow")
 	}
-	if r.Rule != "" {
-		b.WriteString(" domain " + r.Domain + " rule " + r.Rule)
+	if d.Rule != "" {
+		b.WriteString(" domain " + d.Domain + " rule " + d.Rule)
 	}
-	if r.RequestID != "" {
-		b.WriteString(" request " + r.RequestID)
+	if d.RequestID != "" {
+		b.WriteString(" request " + d.RequestID)
 	}
-	b.WriteString(" edge " + r.Edge)
-	if r.Note != "" {
-		b.WriteString(" note " + strconv.Quote(r.Note))
+	b.WriteString(" edge " + d.Edge)
+	if d.Note != "" {
+		b.WriteString(" note " + strconv.Quote(d.Note))
 	}
 	return b.String()
 }

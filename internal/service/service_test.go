@@ -237,7 +237,8 @@ func TestCheckRedisRefusesEvictingPolicies(t *testing.T) {
 }
 
 // The decision API takes only requests with its bearer token; the admin
-// listener's probes stay open while its metrics need the admin token.
+// listener's probes stay open while its metrics and temporary limits need
+// the admin token.
 func TestTokens(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	api := httptest.NewServer(service.RequireToken("api-secret", ok))
@@ -267,6 +268,10 @@ func TestTokens(t *testing.T) {
 	require.Equal(t, 401, status(admin.URL+"/metrics", ""))
 	require.Equal(t, 401, status(admin.URL+"/metrics", "Bearer api-secret"))
 	require.Equal(t, 200, status(admin.URL+"/metrics", "Bearer admin-secret"))
+	// The edge's temporary limits (block any client for days) need the admin token too.
+	require.Equal(t, 401, status(admin.URL+"/v1/limits", ""))
+	require.Equal(t, 401, status(admin.URL+"/v1/limits", "Bearer api-secret"))
+	require.Equal(t, 200, status(admin.URL+"/v1/limits", "Bearer admin-secret"))
 	open := httptest.NewServer(service.RequireToken("", ok))
 	defer open.Close()
 	require.Equal(t, 200, status(open.URL, ""), "no token configured: loopback only, open")

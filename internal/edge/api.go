@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/tallyhq/tally/internal/credit"
@@ -18,11 +19,32 @@ import (
 // maxAPIBody bounds decision-API request bodies.
 const maxAPIBody = 64 << 10
 
-// Header values set on every answer, shared (net/http never modifies them).
-var (
-	jsonContentType = []string{"application/json"}
-	noStore         = []string{"no-store"}
-)
+// jsonContentType is the Content-Type of every answer, shared (net/http
+// never modifies it). The answers carry no Cache-Control: a response to a
+// POST without explicit freshness is stored by no cache (RFC 9110 §9.3.3,
+// RFC 9111 §3), and an allowed answer's headers then fit net/http's
+// smallest header map (eight entries), which it copies once per response.
+var jsonContentType = []string{"application/json"}
+
+// apiBuf is the memory of one decision-API request: its body as read and its
+// answer as written. Reused: net/http copies what a handler writes, and the
+// parsed request holds copies of the strings it needs.
+type apiBuf struct{ in, out []byte }
+
+// maxPooledBuf is the largest buffer kept for reuse; a large body's is left
+// to the collector.
+const maxPooledBuf = 4 << 10
+
+var apiBufs = sync.Pool{New: func() any { return &apiBuf{in: make([]byte, 0, 512), out: make([]byte, 0, 512)} }}
+
+func getBuf() *apiBuf { return apiBufs.Get().(*apiBuf) }
+
+func putBuf(b *apiBuf) {
+	if cap(b.in) <= maxPooledBuf && cap(b.out) <= maxPooledBuf {
+		b.in, b.out = b.in[:0], b.out[:0]
+		apiBufs.Put(b)
+	}
+}
 
 // CheckRequest is the body of POST /v1/check.
 type CheckRequest struct {
@@ -87,13 +109,18 @@ func (s *Server) APIHandler() http.Handler {
 }
 
 func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
-	var req CheckRequest
-	body, ok := s.readBody(w, r)
+	buf := getBuf()
+	defer putBuf(buf)
+	body, ok := s.readBody(w, r, buf.in)
 	if !ok {
 		return
 	}
-	if req, ok = parseCheck(body); !ok && !s.decodeJSON(w, body, &req) {
-		return
+	buf.in = body
+	req, ok := parseCheck(body)
+	if !ok {
+		if req, ok = s.decodeCheck(w, body); !ok {
+			return
+		}
 	}
 	rt := s.limits.Load()
 	p, ok := rt.policies[req.Policy]
@@ -128,20 +155,16 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 		s.unavailable(w)
 		return
 	}
-	ticket := ""
 	allowed := !v.Decided || v.Decision.Allowed
-	if allowed {
-		ticket = s.ticket(v)
-	}
 	s.record(v, s.traceParent(r))
 
 	h := w.Header()
-	b := make([]byte, 0, 256)
+	b := buf.out[:0]
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, allowed)
 	if allowed {
 		b = append(b, `,"request_id":"`...)
-		b = append(b, ticket...) // base64url and a dot: nothing to escape
+		b = s.appendTicket(b, v) // base64url and a dot: nothing to escape
 		b = append(b, '"')
 	}
 	b = append(b, `,"resource":`...)
@@ -165,17 +188,29 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	b = append(b, "}\n"...)
-	h["Content-Type"], h["Cache-Control"] = jsonContentType, noStore
+	buf.out = b
+	h["Content-Type"] = jsonContentType
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }
 
+// decodeCheck decodes a check request that parseCheck did not take, with
+// encoding/json, answering 400 when it cannot.
+func (s *Server) decodeCheck(w http.ResponseWriter, body []byte) (CheckRequest, bool) {
+	var req CheckRequest
+	ok := s.decodeJSON(w, body, &req)
+	return req, ok
+}
+
 func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 	var req FinishRequest
-	body, ok := s.readBody(w, r)
+	buf := getBuf()
+	defer putBuf(buf)
+	body, ok := s.readBody(w, r, buf.in)
 	if !ok || !s.decodeJSON(w, body, &req) {
 		return
 	}
+	buf.in = body
 	switch {
 	case req.Status < 100 || req.Status > 599:
 		s.badRequest(w, fmt.Sprintf("status %d: want 100 to 599", req.Status))
@@ -273,22 +308,20 @@ func writeFinished(w http.ResponseWriter, refunded, charged int64) {
 		b = strconv.AppendInt(b, charged, 10)
 	}
 	b = append(b, "}\n"...)
-	h := w.Header()
-	h["Content-Type"], h["Cache-Control"] = jsonContentType, noStore
+	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
 }
 
-// readBody reads a request body of at most maxAPIBody bytes, into memory
-// that grows with what arrives: a Content-Length header allocates nothing
+// readBody reads a request body of at most maxAPIBody bytes into body[:0],
+// which grows with what arrives: a Content-Length header allocates nothing
 // (a client that claims 64 KiB and sends slowly holds no 64 KiB buffer).
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, body []byte) ([]byte, bool) {
 	if r.ContentLength > maxAPIBody {
 		s.tooLarge(w)
 		return nil, false
 	}
-	var small [512]byte
-	body := small[:0]
+	body = body[:0]
 	rd := http.MaxBytesReader(w, r.Body, maxAPIBody)
 	for {
 		if len(body) == cap(body) {

@@ -166,7 +166,7 @@ type Server struct {
 	log             *telemetry.RateLog
 	draining        atomic.Bool
 	reqs            atomic.Uint64 // request ids
-	macs            sync.Pool     // of hash.Hash: HMAC-SHA256 keyed for tickets
+	macs            sync.Pool     // of *macState: HMAC-SHA256 keyed for tickets
 	dseq            atomic.Uint64 // decision record ids
 	stop            chan struct{}
 	done            sync.WaitGroup

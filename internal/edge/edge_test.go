@@ -1,6 +1,7 @@
 package edge_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -299,6 +300,12 @@ func TestDecisionAPI(t *testing.T) {
 	require.Equal(t, true, m["allowed"])
 	require.Equal(t, "2", resp.Header.Get("X-RateLimit-Remaining"))
 	require.EqualValues(t, 2, m["remaining"])
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	// Not storable by a cache: an answer to a POST without explicit
+	// freshness (RFC 9110 §9.3.3, RFC 9111 §3).
+	for _, h := range []string{"Cache-Control", "Expires", "Content-Location"} {
+		require.Empty(t, resp.Header.Values(h), h)
+	}
 	ticket := m["request_id"].(string)
 	require.EqualValues(t, 1, pl.used(k))
 
@@ -328,6 +335,66 @@ func TestDecisionAPI(t *testing.T) {
 	resp, _ = post(t, e.api.URL+"/v1/check", `{"policy":"core","identity":"`+strings.Repeat("x", 70<<10)+`"}`)
 	require.Equal(t, 413, resp.StatusCode)
 	require.Zero(t, pl.used(k))
+}
+
+// TestDecisionAPIAnswersAreTheirOwn: requests served at once, whose bodies
+// and answers reuse memory, each get their own answer: every ticket is
+// finished once and gives back its one unit (a ticket handed to two
+// clients would be finished twice: 409), every answer is whole, and bodies
+// of every size (the encoding/json path, a body past the reused buffers)
+// are read whole.
+func TestDecisionAPIAnswersAreTheirOwn(t *testing.T) {
+	pl := newPipeline(t)
+	e := pl.edge(nil)
+	const clients, rounds = 8, 25
+	errs := make(chan error, clients)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			errs <- ownAnswers(e.api.URL, fmt.Sprintf("own-%d", c), c, rounds)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// ownAnswers checks and finishes (304) rounds requests of one identity, one
+// after the other, and reports the first answer that is not its own.
+func ownAnswers(api, identity string, c, rounds int) error {
+	for i := range rounds {
+		body := fmt.Sprintf(`{"policy":"core","identity":%q}`, identity)
+		switch c % 3 {
+		case 1: // the encoding/json path
+			body = fmt.Sprintf(`{"identity":%q, "policy":"core", "tier":""}`, identity)
+		case 2: // larger than a reused buffer
+			body = fmt.Sprintf(`{"policy":"core","identity":%q}%s`, identity, strings.Repeat(" ", 5000))
+		}
+		resp, err := http.Post(api+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		var cr edge.CheckResponse
+		err = json.NewDecoder(resp.Body).Decode(&cr)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !cr.Allowed || cr.Used+cr.Remaining != cr.Limit || cr.Resource != "core" {
+			return fmt.Errorf("%s round %d: status %d, %+v, %v", identity, i, resp.StatusCode, cr, err)
+		}
+		resp, err = http.Post(api+"/v1/finish", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"request_id":%q,"status":304}`, cr.RequestID)))
+		if err != nil {
+			return err
+		}
+		var fr edge.FinishResponse
+		err = json.NewDecoder(resp.Body).Decode(&fr)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || fr.Refunded != 1 {
+			return fmt.Errorf("%s round %d: finish status %d, %+v, %v", identity, i, resp.StatusCode, fr, err)
+		}
+	}
+	return nil
 }
 
 // tamper changes one signature character that carries only data bits, so the

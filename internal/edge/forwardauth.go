@@ -150,7 +150,7 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request, nginx bool)
 			if len(ids) > 0 {
 				ids = append(ids, ',')
 			}
-			ids = append(ids, s.ticket(res.vs[i])...)
+			ids = s.appendTicket(ids, res.vs[i])
 		}
 	}
 	h := w.Header()

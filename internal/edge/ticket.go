@@ -45,8 +45,11 @@ var b64 = base64.RawURLEncoding
 
 var errBadTicket = errors.New("not a request id issued by this deployment")
 
-func (s *Server) ticket(v credit.Verdict) string {
-	b := make([]byte, 0, 128)
+// appendTicket appends v's ticket to dst: the payload, base64url, a dot and
+// its signature. It allocates nothing when dst has room.
+func (s *Server) appendTicket(dst []byte, v credit.Verdict) []byte {
+	var raw [192]byte
+	b := raw[:0]
 	var flags byte
 	if v.Decided {
 		flags |= flagDecided
@@ -71,26 +74,32 @@ func (s *Server) ticket(v credit.Verdict) string {
 	if v.ChargeSeq != 0 {
 		b = binary.AppendUvarint(b, v.ChargeSeq)
 	}
-	out := make([]byte, 0, b64.EncodedLen(len(b))+1+b64.EncodedLen(16))
-	out = b64.AppendEncode(out, b)
-	mac := s.mac(out)
-	out = append(out, '.')
-	out = b64.AppendEncode(out, mac[:16])
-	return string(out)
+	start := len(dst)
+	dst = b64.AppendEncode(dst, b)
+	sig := s.mac(dst[start:])
+	dst = append(dst, '.')
+	return b64.AppendEncode(dst, sig[:])
 }
 
-// mac is the ticket's signature: HMAC-SHA256 with the ticket key, 128
-// bits. The keyed hashes are pooled: a ticket is made per allowed request.
-func (s *Server) mac(payload []byte) []byte {
-	m, _ := s.macs.Get().(hash.Hash)
+// macState is a keyed HMAC-SHA256 and room for its sum, pooled: a ticket is
+// made per allowed request.
+type macState struct {
+	h   hash.Hash
+	sum [sha256.Size]byte
+}
+
+// mac is the ticket's signature: HMAC-SHA256 with the ticket key, its first
+// 128 bits.
+func (s *Server) mac(payload []byte) (sig [16]byte) {
+	m, _ := s.macs.Get().(*macState)
 	if m == nil {
-		m = hmac.New(sha256.New, s.ticketKey)
+		m = &macState{h: hmac.New(sha256.New, s.ticketKey)}
 	}
-	m.Reset()
-	m.Write(payload)
-	sum := m.Sum(nil)
+	m.h.Reset()
+	m.h.Write(payload)
+	copy(sig[:], m.h.Sum(m.sum[:0]))
 	s.macs.Put(m)
-	return sum
+	return sig
 }
 
 // readTicket verifies a ticket and rebuilds the credit.Verdict its finish needs.
@@ -100,7 +109,7 @@ func (s *Server) readTicket(t string) (credit.Verdict, error) {
 		return credit.Verdict{}, errBadTicket
 	}
 	sig, err := b64.DecodeString(t[i+1:])
-	if err != nil || len(sig) != 16 || b64.EncodeToString(sig) != t[i+1:] || !hmac.Equal(sig, s.mac([]byte(t[:i]))[:16]) {
+	if err != nil || len(sig) != 16 || b64.EncodeToString(sig) != t[i+1:] || !macEqual(sig, s.mac([]byte(t[:i]))) {
 		return credit.Verdict{}, errBadTicket
 	}
 	b, err := b64.DecodeString(t[:i])
@@ -179,3 +188,7 @@ func (r *ticketReader) bytes(n int) []byte {
 	r.b = r.b[n:]
 	return v
 }
+
+// macEqual compares a signature read from a ticket with the one it should
+// have, in constant time.
+func macEqual(got []byte, want [16]byte) bool { return hmac.Equal(got, want[:]) }

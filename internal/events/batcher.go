@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -85,12 +86,25 @@ const (
 )
 
 // Batcher publishes decisions to the decisions stream in CloudEvents JSON
-// batches. Add never blocks; a background loop encodes and publishes.
+// batches. Add encodes a decision into the batch being filled, under a
+// lock held for that only, and never blocks on NATS; a background loop
+// publishes each batch when it is full or Interval has passed.
 type Batcher struct {
 	cfg     BatcherConfig
 	subject string
 	js      jetstream.JetStream
-	queue   chan Decision
+
+	// mu guards the batch being filled (buf, n), the full batches waiting
+	// for the loop (full) and waiting: the decisions in both, which Buffer
+	// bounds.
+	mu      sync.Mutex
+	buf     []byte
+	n       int
+	full    []batch
+	waiting int
+	shut    bool // the loop has taken its last batches: Add drops
+	// kick wakes the loop when a batch is full.
+	kick chan struct{}
 	// free holds message buffers JetStream is done with (acknowledged or
 	// failed), for the next batches: a batch grows its buffer once, not
 	// every time.
@@ -112,6 +126,13 @@ type Batcher struct {
 	published, messages, dropped atomic.Uint64
 }
 
+// batch is a message body of n decisions: a JSON array, its closing
+// bracket not yet written.
+type batch struct {
+	body []byte
+	n    int
+}
+
 // NewBatcher starts a batcher publishing on nc to subject.
 func NewBatcher(nc *nats.Conn, subject string, cfg BatcherConfig) (*Batcher, error) {
 	cfg = cfg.WithDefaults()
@@ -119,7 +140,7 @@ func NewBatcher(nc *nats.Conn, subject string, cfg BatcherConfig) (*Batcher, err
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("events: batcher: %w", err)
 	}
-	b := &Batcher{cfg: cfg, subject: subject, queue: make(chan Decision, cfg.Buffer), free: make(chan []byte, 8),
+	b := &Batcher{cfg: cfg, subject: subject, buf: make([]byte, 0, 64<<10), kick: make(chan struct{}, 1), free: make(chan []byte, 8),
 		stop: make(chan struct{}), done: make(chan struct{}), id: hex.EncodeToString(id[:])}
 	b.abandon, b.abandonAll = context.WithCancel(context.Background())
 	js, err := jetstream.New(nc,
@@ -134,95 +155,124 @@ func NewBatcher(nc *nats.Conn, subject string, cfg BatcherConfig) (*Batcher, err
 	return b, nil
 }
 
-// Add queues d without blocking; it reports false when d was dropped.
+// Add encodes d into the batch being filled, without waiting on NATS; it
+// reports false when d was dropped (Buffer decisions wait already, or the
+// batcher is closed).
 func (b *Batcher) Add(d Decision) bool {
 	if b.closed.Load() {
 		b.dropped.Add(1)
 		return false
 	}
-	select {
-	case b.queue <- d:
-		return true
-	default:
+	b.mu.Lock()
+	if b.waiting >= b.cfg.Buffer || b.shut {
+		b.mu.Unlock()
 		b.dropped.Add(1)
 		return false
 	}
+	if b.n == 0 {
+		b.buf = append(b.buf, '[')
+	} else {
+		b.buf = append(b.buf, ',')
+	}
+	b.buf = AppendDecision(b.buf, &d)
+	b.n++
+	b.waiting++
+	kick := false
+	if b.n >= b.cfg.MaxBatch || len(b.buf) >= 512<<10 {
+		b.full = append(b.full, batch{body: b.buf, n: b.n})
+		b.buf, b.n, kick = b.freeBuf(), 0, true
+	}
+	b.mu.Unlock()
+	if kick {
+		select {
+		case b.kick <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// freeBuf is a message buffer JetStream is done with, or a new one.
+func (b *Batcher) freeBuf() []byte {
+	select {
+	case buf := <-b.free:
+		return buf
+	default:
+		return make([]byte, 0, 64<<10)
+	}
+}
+
+// take removes the full batches and, when all is set, the one being
+// filled: what the loop publishes next. After a last take, Add drops.
+func (b *Batcher) take(all, last bool, into []batch) []batch {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.shut = last
+	into = append(into, b.full...)
+	clear(b.full)
+	b.full = b.full[:0]
+	if all && b.n > 0 {
+		into = append(into, batch{body: b.buf, n: b.n})
+		b.buf, b.n = b.freeBuf(), 0
+	}
+	for _, bt := range into {
+		b.waiting -= bt.n
+	}
+	return into
 }
 
 func (b *Batcher) run() {
 	defer close(b.done)
 	t := time.NewTicker(b.cfg.Interval)
 	defer t.Stop()
-	buf := make([]byte, 0, 64<<10)
-	n := 0
 	reuse := func(body []byte) {
 		select {
 		case b.free <- body[:0]:
 		default:
 		}
 	}
-	flush := func() {
-		if n == 0 {
-			return
-		}
-		body := append(buf, ']')
-		count := uint64(n)
+	publish := func(bt batch) {
+		body := append(bt.body, ']')
+		count := uint64(bt.n)
 		msg := DecisionsMsg(b.subject, body)
 		msg.Header.Set(jetstream.MsgIDHeader, b.id+"."+strconv.FormatUint(b.msgs.Add(1), 10))
 		fut, err := b.js.PublishMsgAsync(msg)
 		if err != nil {
 			b.retry(msg, count) // it keeps the body
-		} else {
-			b.busy.Add(1)
-			go func() {
-				defer b.busy.Add(-1)
-				select {
-				case <-fut.Ok():
-					b.published.Add(count)
-					b.messages.Add(1)
-					reuse(body)
-				case <-fut.Err():
-					b.retry(msg, count)
-				case <-b.abandon.Done():
-					b.dropped.Add(count)
-				}
-			}()
+			return
 		}
-		n = 0
-		select {
-		case buf = <-b.free:
-		default:
-			buf = make([]byte, 0, 64<<10)
-		}
+		b.busy.Add(1)
+		go func() {
+			defer b.busy.Add(-1)
+			select {
+			case <-fut.Ok():
+				b.published.Add(count)
+				b.messages.Add(1)
+				reuse(body)
+			case <-fut.Err():
+				b.retry(msg, count)
+			case <-b.abandon.Done():
+				b.dropped.Add(count)
+			}
+		}()
 	}
-	add := func(d *Decision) {
-		if n == 0 {
-			buf = append(buf, '[')
-		} else {
-			buf = append(buf, ',')
+	var batches []batch
+	flush := func(all, last bool) {
+		batches = b.take(all, last, batches[:0])
+		for _, bt := range batches {
+			publish(bt)
 		}
-		buf = AppendDecision(buf, d)
-		n++
-		if n >= b.cfg.MaxBatch || len(buf) >= 512<<10 {
-			flush()
-		}
+		clear(batches)
 	}
 	for {
 		select {
-		case d := <-b.queue:
-			add(&d)
+		case <-b.kick:
+			flush(false, false)
 		case <-t.C:
-			flush()
+			flush(true, false)
 		case <-b.stop:
-			for {
-				select {
-				case d := <-b.queue:
-					add(&d)
-				default:
-					flush()
-					return
-				}
-			}
+			flush(true, true)
+			return
 		}
 	}
 }
@@ -269,8 +319,15 @@ func (b *Batcher) retry(msg *nats.Msg, count uint64) {
 
 // Stats returns the batcher's counters.
 func (b *Batcher) Stats() BatcherStats {
-	return BatcherStats{Published: b.published.Load(), Messages: b.messages.Load(), Dropped: b.dropped.Load(), Queued: len(b.queue),
+	return BatcherStats{Published: b.published.Load(), Messages: b.messages.Load(), Dropped: b.dropped.Load(), Queued: b.queued(),
 		Retrying: int(b.retrying.Load())}
+}
+
+// queued is how many decisions wait to be published.
+func (b *Batcher) queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waiting
 }
 
 // Close stops accepting decisions, publishes what is queued and waits for

@@ -45,25 +45,12 @@ func TestBatcherPublishesAgain(t *testing.T) {
 	require.Zero(t, st.Retrying)
 
 	// Each message once: the stream holds n records.
-	s, err := js.Stream(context.Background(), streams.Decisions.Name)
-	require.NoError(t, err)
-	c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{})
-	require.NoError(t, err)
 	records := 0
-	for {
-		msgs, err := c.FetchNoWait(100)
-		require.NoError(t, err)
-		got := 0
-		for m := range msgs.Messages() {
-			got++
-			var batch []json.RawMessage
-			require.NoError(t, json.Unmarshal(m.Data(), &batch))
-			records += len(batch)
-		}
-		if got == 0 {
-			break
-		}
-	}
+	eachMessage(t, js, streams.Decisions.Name, func(data []byte) {
+		var batch []json.RawMessage
+		require.NoError(t, json.Unmarshal(data, &batch))
+		records += len(batch)
+	})
 	require.Equal(t, n, records)
 }
 
@@ -115,39 +102,47 @@ func TestBatcherBoundsAndOrder(t *testing.T) {
 	require.EqualValues(t, writers*each, st.Published)
 	require.Zero(t, st.Dropped)
 
-	s, err := js.Stream(context.Background(), streams.Decisions.Name)
+	last := map[string]uint64{}
+	eachMessage(t, js, streams.Decisions.Name, func(data []byte) {
+		var batch []struct {
+			ID   string `json:"id"` // <edge>.d.<seq>
+			Data struct {
+				Edge string `json:"edge"`
+			} `json:"data"`
+		}
+		require.NoError(t, json.Unmarshal(data, &batch))
+		require.LessOrEqual(t, len(batch), 64)
+		for _, r := range batch {
+			edge, seq, ok := strings.Cut(r.ID, ".d.")
+			require.True(t, ok, r.ID)
+			require.Equal(t, r.Data.Edge, edge)
+			require.Equal(t, strconv.FormatUint(last[edge]+1, 10), seq, "%s", edge)
+			last[edge]++
+		}
+	})
+	require.EqualValues(t, 10, last["edge.bound"])
+	for w := range writers {
+		require.EqualValues(t, each, last[fmt.Sprintf("edge.w%d", w)])
+	}
+}
+
+// eachMessage calls fn with every message of the stream, in order.
+func eachMessage(t *testing.T, js jetstream.JetStream, stream string, fn func(data []byte)) {
+	t.Helper()
+	s, err := js.Stream(context.Background(), stream)
 	require.NoError(t, err)
 	c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{})
 	require.NoError(t, err)
-	last := map[string]uint64{}
 	for {
 		msgs, err := c.FetchNoWait(100)
 		require.NoError(t, err)
 		got := 0
 		for m := range msgs.Messages() {
 			got++
-			var batch []struct {
-				ID   string `json:"id"` // <edge>.d.<seq>
-				Data struct {
-					Edge string `json:"edge"`
-				} `json:"data"`
-			}
-			require.NoError(t, json.Unmarshal(m.Data(), &batch))
-			require.LessOrEqual(t, len(batch), 64)
-			for _, r := range batch {
-				edge, seq, ok := strings.Cut(r.ID, ".d.")
-				require.True(t, ok, r.ID)
-				require.Equal(t, r.Data.Edge, edge)
-				require.Equal(t, strconv.FormatUint(last[edge]+1, 10), seq, "%s", edge)
-				last[edge]++
-			}
+			fn(m.Data())
 		}
 		if got == 0 {
-			break
+			return
 		}
-	}
-	require.EqualValues(t, 10, last["edge.bound"])
-	for w := range writers {
-		require.EqualValues(t, each, last[fmt.Sprintf("edge.w%d", w)])
 	}
 }

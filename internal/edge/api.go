@@ -41,7 +41,6 @@ func getBuf() *apiBuf { return apiBufs.Get().(*apiBuf) }
 
 func putBuf(b *apiBuf) {
 	if cap(b.in) <= maxPooledBuf && cap(b.out) <= maxPooledBuf {
-		b.in, b.out = b.in[:0], b.out[:0]
 		apiBufs.Put(b)
 	}
 }
@@ -207,10 +206,13 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 	buf := getBuf()
 	defer putBuf(buf)
 	body, ok := s.readBody(w, r, buf.in)
-	if !ok || !s.decodeJSON(w, body, &req) {
+	if !ok {
 		return
 	}
 	buf.in = body
+	if !s.decodeJSON(w, body, &req) {
+		return
+	}
 	switch {
 	case req.Status < 100 || req.Status > 599:
 		s.badRequest(w, fmt.Sprintf("status %d: want 100 to 599", req.Status))

@@ -157,12 +157,8 @@ func NewBatcher(nc *nats.Conn, subject string, cfg BatcherConfig) (*Batcher, err
 
 // Add encodes d into the batch being filled, without waiting on NATS; it
 // reports false when d was dropped (Buffer decisions wait already, or the
-// batcher is closed).
+// batcher has taken its last batch: Close has returned or is returning).
 func (b *Batcher) Add(d Decision) bool {
-	if b.closed.Load() {
-		b.dropped.Add(1)
-		return false
-	}
 	b.mu.Lock()
 	if b.waiting >= b.cfg.Buffer || b.shut {
 		b.mu.Unlock()
@@ -207,7 +203,9 @@ func (b *Batcher) freeBuf() []byte {
 func (b *Batcher) take(all, last bool, into []batch) []batch {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.shut = last
+	if last {
+		b.shut = true
+	}
 	into = append(into, b.full...)
 	clear(b.full)
 	b.full = b.full[:0]

@@ -188,15 +188,6 @@ func validTraceParent(h string) string {
 	return h
 }
 
-// identity is whose window a request counts against: its identity header
-// (or its address without one), or always its address for byAddress.
-func (s *Server) identity(r *http.Request, byAddress bool) (string, error) {
-	if byAddress {
-		return s.o.Identity.Address(r), nil
-	}
-	return s.o.Identity.Identity(r)
-}
-
 // tightest picks the credit.Verdict whose headers a response shows when several
 // limits allowed it: the one with the least room left, the soonest reset
 // among equals (what a client must respect first). Limits in shadow mode are

@@ -2,6 +2,7 @@ package accountant
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -200,7 +201,14 @@ func (w *worker) applyRun(ctx context.Context, items []item, run limiter.Run) bo
 			}
 			continue
 		}
-		a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
+		if w.healed() {
+			return false // read again from the oldest message (errHealed)
+		}
+		if errors.Is(err, redisstore.ErrHealing) {
+			a.log.Info("the shard's primary changed; applying resumes when its heal ends", "shard", w.name)
+		} else {
+			a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
+		}
 		if !sleep(ctx, w.delay) {
 			if !w.settleLost(run, items, ops) {
 				seqs := make([]uint64, len(items))

@@ -43,7 +43,20 @@ type Store interface {
 	credit.Reserver
 	outbox.Applier
 	LoadScripts(ctx context.Context, shard int) error
+	// SetHealer names what a heal of a shard whose primary changed
+	// re-asserts: the core's claims; then the outbox delivers again what
+	// it applied there itself.
+	SetHealer(h redisstore.Healer)
 }
+
+// healer is what this edge holds in the shards' windows, for a heal.
+type healer struct {
+	core   *credit.Core
+	outbox *outbox.Outbox
+}
+
+func (h healer) Claims(shard int, now time.Time) []limiter.Claim { return h.core.Claims(shard, now) }
+func (h healer) Healed(shard int)                                { h.outbox.Redeliver(shard) }
 
 var _ Store = (*redisstore.Store)(nil)
 
@@ -290,6 +303,7 @@ func New(o Options) (*Server, error) {
 		_ = s.outbox.Close(context.Background())
 		return nil, fmt.Errorf("edge: %w", err)
 	}
+	o.Store.SetHealer(healer{core: s.core, outbox: s.outbox})
 	if o.NATS != nil {
 		dnc := o.DecisionsNATS
 		if dnc == nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -224,11 +225,18 @@ func postRaw(t *testing.T, url, body string) (*http.Response, []byte) {
 	return resp, b
 }
 
-// used reads the window's count on the primary (0 when none is live).
+// used reads the window's count on the primary (0 when none is live);
+// while the shard heals (its primary changed) it waits, bounded, for the
+// heal's end.
 func (pl *pipeline) used(k limiter.Key) int64 {
-	g, err := pl.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
-	require.NoError(pl.t, err)
-	return g.Used
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		g, err := pl.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
+		if errors.Is(err, redisstore.ErrHealing) && time.Now().Before(deadline) {
+			continue
+		}
+		require.NoError(pl.t, err)
+		return g.Used
+	}
 }
 
 func (pl *pipeline) waitUsed(k limiter.Key, want int64) {

@@ -295,6 +295,14 @@ func (ks *KeySpace) LeaseKey(shardName string) string {
 	return ks.prefix + ":lease:" + shardName
 }
 
+// EpochKey is a shard primary's epoch record: which primary the shard's
+// windows were last healed for (lua/heal.lua). HealKey is the marker that
+// exists while a heal of the shard is in progress.
+func (ks *KeySpace) EpochKey() string { return ks.prefix + ":epoch" }
+
+// HealKey: see EpochKey.
+func (ks *KeySpace) HealKey() string { return ks.prefix + ":heal" }
+
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s

@@ -79,7 +79,7 @@
 -- Returns: a flat list, 4 values per event: outcome, used, reset_at, amount
 --   outcome 1 applied    used: the window's units after it, amount: added or
 --                        given back (for a refund, at most what the producer
---                        held in the window). An event a heal's
+--                        held in the window). An event a reseed's
 --                        re-assertion of its window counted already
 --                        (v:<producer>, reseed.lua) is applied too: it
 --                        changes nothing more, and amount is its units
@@ -256,7 +256,7 @@ end
 
 local touched = {}
 -- held is what producer prod holds in window i (c:<producer>), read once,
--- with the events of the producer a heal's re-assertion covers there
+-- with the events of the producer a reseed's re-assertion covers there
 -- (v:<producer>, reseed.lua: from < seq <= to). opened marks the windows
 -- this call opened: nothing is stored for them yet.
 local held = {}
@@ -355,7 +355,7 @@ local function giveback(e)
   return 1, w.u, w.r, amount
 end
 
--- covered reports whether a heal's re-assertion of the event's window
+-- covered reports whether a reseed's re-assertion of the event's window
 -- counted the event already (reseed.lua): it took effect then.
 local function covered(e)
   local w = window(e.win)

@@ -4,7 +4,7 @@
 // returns, and which node it runs on. The scripts that change windows (take,
 // apply, finish, hold, reseed) share the window model in window.lua, which
 // is prepended to them here; check runs alone, read-only, on replicas; lease
-// keeps one accountant active per shard; heal tells when a shard's primary
+// keeps one accountant active per shard; reseed tells when a shard's primary
 // changed and its windows must be re-asserted.
 //
 // Scripts touch only the keys passed in KEYS, validate every argument before
@@ -33,10 +33,10 @@ var (
 	Finish = withWindow("finish.lua")
 	// Hold records the share of an edge's credit it will not spend.
 	Hold = withWindow("hold.lua")
-	// Heal tells whether a shard's primary is the one its windows were
-	// written on, and begins a heal when it is not.
-	Heal = read("heal.lua")
-	// Reseed re-asserts, during a heal, what one holder was given in one
+	// Epoch tells whether a shard's primary is the one its windows were
+	// written on, and begins a reseed when it is not.
+	Epoch = read("epoch.lua")
+	// Reseed re-asserts, during a reseed, what one holder was given in one
 	// window.
 	Reseed = withWindow("reseed.lua")
 )

@@ -1,4 +1,4 @@
--- reseed.lua: during a heal (heal.lua), re-assert what one holder (an
+-- reseed.lua: during a reseed (epoch.lua), re-assert what one holder (an
 -- edge's table entry) was given in one live window, so that the window
 -- counts at least what its clients were allowed after its primary changed
 -- or came back empty. Re-asserting twice is re-asserting once.
@@ -8,18 +8,18 @@
 -- one did: reservations (take.lua), accounting events applied (apply.lua),
 -- reports of frozen shares (hold.lua), finishes (finish.lua). What it holds
 -- is all of what the old one did up to some point, or nothing. So:
---   - a window it holds (opened before this heal) gets back the
+--   - a window it holds (opened before this reseed) gets back the
 --     reservations it lost: the holder's count g:<holder> rises to what the
 --     holder was given, and the window's count and the producer's share
 --     c:<producer> by as much. Its accounting events need nothing: those
 --     the stream deleted are on every replica, the others are applied again
 --     from the stream (or sent again by the edge that applied them itself);
 --   - a window it does not hold is opened as the holder knew it (the same
---     start and reset), marked "h" = this heal, and the producer's whole
+--     start and reset), marked "h" = this reseed, and the producer's whole
 --     part is added: what it reserved plus its charges less its refunds and
 --     releases (its accounting events for the window numbered from < seq <=
 --     to, field v:<producer> = "<epoch>:<from>:<to>", which apply.lua then
---     treats as applied). Another holder of the same window in this heal
+--     treats as applied). Another holder of the same window in this reseed
 --     adds its own part the same way; the same producer twice, its
 --     reservations only;
 --   - the holder's frozen share z:<holder> is what the holder last had
@@ -27,7 +27,7 @@
 --
 -- KEYS[1] -> the window hash (keys.go)
 -- ARGV[1]  -> now, ms since the Unix epoch
--- ARGV[2]  -> epoch: the heal's id, 16 of [0-9a-f] (heal.lua)
+-- ARGV[2]  -> epoch: the reseed's id, 16 of [0-9a-f] (epoch.lua)
 -- ARGV[3]  -> reset_at, ms, a whole second, after now
 -- ARGV[4]  -> start, ms: start < reset_at <= start + length + 61000
 -- ARGV[5]  -> window length, ms (1000 .. 1e12)
@@ -48,9 +48,9 @@
 --
 -- Returns: {outcome, used, added}
 --   outcome 1 opened (the window was not held: opened and seeded)
---           2 seeded (a window held from before the heal, or opened by it)
+--           2 seeded (a window held from before the reseed, or opened by it)
 --           3 conflict: another window of the key is live (opened after
---             the heal ended): nothing changed
+--             the reseed ended): nothing changed
 --           4 late: reset_at has passed: nothing changed
 --   used    the window's count after the call (0 for 4)
 --   added   units added to the count
@@ -121,7 +121,7 @@ local g = tonumber(f[5]) or 0
 local c = tonumber(f[6]) or 0
 local add = math.max(0, reserved - g)
 if f[4] == epoch then
-  -- Opened by this heal: the producer's whole part, once.
+  -- Opened by this reseed: the producer's whole part, once.
   local claimed = f[9] and string.match(f[9], "^(%x+):") == epoch
   if not claimed then
     add = reserved + charged - given - g

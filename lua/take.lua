@@ -55,7 +55,7 @@
 -- A reservation that finds too little room first takes back the frozen
 -- shares (hold.lua's "z:<holder>" fields) whose expiry has passed: the
 -- credit of edges that stopped reporting, which they will not spend. It
--- leaves "t:<holder>" behind, so that a heal does not make the share again
+-- leaves "t:<holder>" behind, so that a reseed does not make the share again
 -- (reseed.lua).
 --
 -- Returns: {granted, used, reset_at, start, opened, applied, mine, frozen}

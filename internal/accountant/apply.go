@@ -201,11 +201,11 @@ func (w *worker) applyRun(ctx context.Context, items []item, run limiter.Run) bo
 			}
 			continue
 		}
-		if w.healed() {
-			return false // read again from the oldest message (errHealed)
+		if w.reseeded() {
+			return false // read again from the oldest message (errReseeded)
 		}
-		if errors.Is(err, redisstore.ErrHealing) {
-			a.log.Info("the shard's primary changed; applying resumes when its heal ends", "shard", w.name)
+		if errors.Is(err, redisstore.ErrReseeding) {
+			a.log.Info("the shard's primary changed; applying resumes when its reseed ends", "shard", w.name)
 		} else {
 			a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
 		}

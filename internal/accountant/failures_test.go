@@ -291,7 +291,7 @@ func TestShutdownLeavesNothingHalfDone(t *testing.T) {
 
 // A primary that comes back without its data (no persistence) loses what
 // the accountant applied there. Events applied and not yet deleted from the
-// stream are applied again once the shard has healed: the accountant reads
+// stream are applied again once the shard has reseeded: the accountant reads
 // the shard's subject again from its oldest message.
 func TestAppliedEventsComeBackAfterAnEmptyRestart(t *testing.T) {
 	f := newFixture(t)

@@ -23,9 +23,9 @@ func (a *Accountant) serveShard(ctx context.Context, i int) {
 	for ctx.Err() == nil {
 		held, err := a.hold(ctx, i)
 		switch {
-		case errors.Is(err, redisstore.ErrHealing):
+		case errors.Is(err, redisstore.ErrReseeding):
 			// The shard's primary changed: the lease (and applying) waits
-			// for the heal's end, which is near.
+			// for the reseed's end, which is near.
 			a.setState(i, false, err)
 			sleep(ctx, a.cfg.RetryMin)
 			continue
@@ -44,7 +44,7 @@ func (a *Accountant) serveShard(ctx context.Context, i int) {
 		a.setState(i, true, nil)
 		a.log.Info("serving shard", "shard", name, "owner", a.cfg.Owner)
 		err = a.lead(ctx, i)
-		if errors.Is(err, errHealed) {
+		if errors.Is(err, errReseeded) {
 			a.log.Info("the shard's primary changed: reading its events again from the oldest", "shard", name)
 			a.setState(i, false, nil)
 			continue

@@ -80,11 +80,11 @@ type Redis struct {
 	// deletes applied events from the stream.
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
-	// HealFor is how long, at least, a shard whose primary changed (a
+	// ReseedFor is how long, at least, a shard whose primary changed (a
 	// promotion, a restart) takes no reservation while the edges re-assert
 	// what they hold in its windows (docs/operations.md, When a primary
 	// changes). Default 1s.
-	HealFor time.Duration `yaml:"heal_for"`
+	ReseedFor time.Duration `yaml:"reseed_for"`
 	// Placement names the shards keys are placed on (default: every
 	// shard); PreviousPlacement, while shards are added or removed, the
 	// placement before (docs/operations.md, Resharding).
@@ -566,7 +566,7 @@ func (f *File) StoreOptions() redisstore.Options {
 	return redisstore.Options{
 		Grace: f.Redis.Grace, SkewTolerance: f.Redis.SkewTolerance, ReadPolicy: f.Redis.ReadPolicy,
 		DialTimeout: f.Redis.Timeout, ReadTimeout: f.Redis.Timeout, WriteTimeout: f.Redis.Timeout,
-		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout, HealFor: f.Redis.HealFor, TLS: f.redisTLS,
+		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout, ReseedFor: f.Redis.ReseedFor, TLS: f.redisTLS,
 		Placement: f.Redis.Placement, PreviousPlacement: f.Redis.PreviousPlacement,
 		// Ample for a stream that keeps events up to its max age.
 		ProducerTTL: max(25*time.Hour, f.NATS.Streams.WithDefaults().Accounting.MaxAge+time.Hour),

@@ -119,7 +119,7 @@ func (c *Core) Refund(v Verdict) (absorbed bool) {
 			return true
 		}
 		if mine {
-			c.record(e, ev) // the entry's window: noted for a heal
+			c.record(e, ev) // the entry's window: noted for a reseed
 			e.mu.Unlock()
 			return false
 		}

@@ -8,8 +8,8 @@ import (
 
 // A window's primary can change under the edge and lose the end of what
 // was done to the window (a promotion, a restart without persistence):
-// the edge then re-asserts, in a heal, what it holds there
-// (redisstore/heal.go, lua/reseed.lua). What it knows of each window is in
+// the edge then re-asserts, in a reseed, what it holds there
+// (redisstore/reseed.go, lua/reseed.lua). What it knows of each window is in
 // its entry: what it was given (known, mine), and what it sent for the
 // window since the entry learnt it (sent: its charges, refunds and releases,
 // and the finishes it made of its own requests there), which a window the

@@ -72,7 +72,7 @@ type entry struct {
 	// served numbers the admissions of this entry in its window (a
 	// request's finish is marked by its number: lua/finish.lua).
 	served uint64
-	// What this entry sent for its window, for a heal (claims.go): the
+	// What this entry sent for its window, for a reseed (claims.go): the
 	// units it charged and gave back by its accounting events numbered
 	// sentFrom < seq <= sentTo, and by the finishes of its requests.
 	charged, givenBack int64

@@ -129,7 +129,7 @@ func (c *Core) finish(ctx context.Context, v Verdict, status int, back int64, no
 }
 
 // finished notes in this edge's entry what a finish of one of its own
-// requests gave back in its window, for a heal (claims.go).
+// requests gave back in its window, for a reseed (claims.go).
 func (c *Core) finished(v Verdict, res limiter.FinishResult) {
 	if v.Producer != c.d.Producer {
 		return

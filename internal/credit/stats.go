@@ -55,7 +55,7 @@ type Stats struct {
 	// edge took back while its reports did not arrive.
 	Holds, HoldErrors, TakenBack uint64
 	// Claims are windows this edge re-asserted on a primary that changed
-	// (a heal: claims.go).
+	// (a reseed: claims.go).
 	Claims uint64
 	// Keys are the keys remembered; Evicted those forgotten to bound
 	// memory.

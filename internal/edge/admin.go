@@ -108,14 +108,14 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	recordMessages := counter("tally_edge_decision_messages", "Decision messages JetStream acknowledged.")
 	recordsQueued := gauge("tally_edge_decision_records_queued", "Decision records waiting to be published (beyond edge.decisions.buffer: dropped).")
 	reloads := counter("tally_edge_script_reloads", "Lua scripts sent again to a Redis node that did not have them (NOSCRIPT).")
-	heals := counter("tally_edge_heals", "Heals of shards whose primary changed (a promotion, a restart) this edge took part in, "+
-		"by timing: in_time, or late (learnt of after the heal ended: the shard's windows may have let more through meanwhile).")
-	reseeded := counter("tally_edge_reseeded_windows", "Windows this edge re-asserted in heals, by outcome: seeded (the new "+
+	reseeds := counter("tally_edge_reseeds", "Reseeds of shards whose primary changed (a promotion, a restart) this edge took part in, "+
+		"by timing: in_time, or late (learnt of after the reseed ended: the shard's windows may have let more through meanwhile).")
+	reseeded := counter("tally_edge_reseeded_windows", "Windows this edge re-asserted in reseeds, by outcome: seeded (the new "+
 		"primary held them), opened (it had lost them), conflict (another window of the key was live: not re-asserted).")
-	reseededUnits := counter("tally_edge_reseeded_units", "Units heals put back into windows from what this edge re-asserted.")
-	healChecks := counter("tally_edge_heal_check_errors", "Failed checks of whether a shard's primary changed (an ACL "+
+	reseededUnits := counter("tally_edge_reseeded_units", "Units reseeds put back into windows from what this edge re-asserted.")
+	epochChecks := counter("tally_edge_epoch_check_errors", "Failed checks of whether a shard's primary changed (an ACL "+
 		"without the commands they run, a script error): while they fail, a change of primary goes unnoticed.")
-	healing := gauge("tally_edge_shard_healing", "1 while a shard heals: it takes no reservation from this edge.")
+	reseeding := gauge("tally_edge_shard_reseeding", "1 while a shard reseeds: it takes no reservation from this edge.")
 	tempLimits := gauge("tally_edge_temporary_limits", "Operators' temporary limits the edge applies now.")
 	badLimits := counter("tally_edge_temporary_limits_refused", "Entries of the limits stream refused: not signed with the deployment's secret, or not valid.")
 	clientDenials := gauge("tally_edge_client_denials", "The clients denied most in the last whole minute, by policy and window key digest "+
@@ -198,31 +198,31 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 			o.ObserveInt64(reloads, u(st.ScriptReloads()))
 		}
 		o.ObserveInt64(accEvents, u(st.Redelivered), attr("outcome", "redelivered"))
-		if st, ok := s.o.Store.(healReporter); ok {
-			h := st.HealStats()
-			o.ObserveInt64(heals, u(h.Heals-h.Late), attr("timing", "in_time"))
-			o.ObserveInt64(heals, u(h.Late), attr("timing", "late"))
+		if st, ok := s.o.Store.(reseedReporter); ok {
+			h := st.ReseedStats()
+			o.ObserveInt64(reseeds, u(h.Reseeds-h.Late), attr("timing", "in_time"))
+			o.ObserveInt64(reseeds, u(h.Late), attr("timing", "late"))
 			o.ObserveInt64(reseeded, u(h.Claims-h.Opened-h.Conflicts), attr("outcome", "seeded"))
 			o.ObserveInt64(reseeded, u(h.Opened), attr("outcome", "opened"))
 			o.ObserveInt64(reseeded, u(h.Conflicts), attr("outcome", "conflict"))
 			o.ObserveInt64(reseededUnits, u(h.Added))
-			o.ObserveInt64(healChecks, u(h.CheckErrors))
+			o.ObserveInt64(epochChecks, u(h.CheckErrors))
 			for i := range s.o.Store.Shards() {
-				o.ObserveInt64(healing, u(boolValue(st.Healing(i))), attr("shard", s.o.Store.ShardName(i)))
+				o.ObserveInt64(reseeding, u(boolValue(st.Reseeding(i))), attr("shard", s.o.Store.ShardName(i)))
 			}
 		}
 		return nil
 	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices, finishes,
-		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, heals,
-		reseeded, reseededUnits, healChecks, healing, accessLog, holds, takenBack, tempLimits, badLimits, backedOff, clientDenials)
+		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, reseeds,
+		reseeded, reseededUnits, epochChecks, reseeding, accessLog, holds, takenBack, tempLimits, badLimits, backedOff, clientDenials)
 	return err
 }
 
-// healReporter is what the edge reports of its store's heals
+// reseedReporter is what the edge reports of its store's reseeds
 // (redisstore.Store).
-type healReporter interface {
-	HealStats() redisstore.HealStats
-	Healing(shard int) bool
+type reseedReporter interface {
+	ReseedStats() redisstore.ReseedStats
+	Reseeding(shard int) bool
 }
 
 func boolValue(b bool) uint64 {

@@ -43,20 +43,20 @@ type Store interface {
 	credit.Reserver
 	outbox.Applier
 	LoadScripts(ctx context.Context, shard int) error
-	// SetHealer names what a heal of a shard whose primary changed
+	// SetReseeder names what re-seeding a shard whose primary changed
 	// re-asserts: the core's claims; then the outbox delivers again what
 	// it applied there itself.
-	SetHealer(h redisstore.Healer)
+	SetReseeder(h redisstore.Reseeder)
 }
 
-// healer is what this edge holds in the shards' windows, for a heal.
-type healer struct {
+// reseeder is what this edge holds in the shards' windows, for re-seeding.
+type reseeder struct {
 	core   *credit.Core
 	outbox *outbox.Outbox
 }
 
-func (h healer) Claims(shard int, now time.Time) []limiter.Claim { return h.core.Claims(shard, now) }
-func (h healer) Healed(shard int)                                { h.outbox.Redeliver(shard) }
+func (h reseeder) Claims(shard int, now time.Time) []limiter.Claim { return h.core.Claims(shard, now) }
+func (h reseeder) Reseeded(shard int)                              { h.outbox.Redeliver(shard) }
 
 var _ Store = (*redisstore.Store)(nil)
 
@@ -303,7 +303,7 @@ func New(o Options) (*Server, error) {
 		_ = s.outbox.Close(context.Background())
 		return nil, fmt.Errorf("edge: %w", err)
 	}
-	o.Store.SetHealer(healer{core: s.core, outbox: s.outbox})
+	o.Store.SetReseeder(reseeder{core: s.core, outbox: s.outbox})
 	if o.NATS != nil {
 		dnc := o.DecisionsNATS
 		if dnc == nil {

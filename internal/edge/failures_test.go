@@ -304,15 +304,20 @@ func TestRolloverUnderLoadChargesEveryRequest(t *testing.T) {
 // A primary without persistence restarts empty under two edges. Before
 // anyone reserves there again, the edges re-assert what they hold in its
 // windows: the hot key, full before, admits nothing more in its window
-// (without the heal the empty primary opened it again, and the edges'
+// (without the reseed the empty primary opened it again, and the edges'
 // rereads of the full window found it gone); the other windows hold
-// exactly what their clients were allowed, their 304s given back.
+// exactly what their clients were allowed, their 304s given back. What no
+// live edge held is the bound docs/operations.md states: a window whose
+// only edge stopped before the restart opens again, and its client gets
+// its limit once more.
 func TestPrimaryRestartedEmptyLosesNothing(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 50, Window: time.Minute}
-	a, b := pl.edge(patient), pl.edge(patient)
+	a, b, gone := pl.edge(patient), pl.edge(patient), pl.edge(patient)
 	edges := []*edgeUnderTest{a, b}
 	require.EqualValues(t, 50, hammer(t, edges, "hot", 8, 8))
+	require.EqualValues(t, 50, hammer(t, []*edgeUnderTest{gone}, "alone", 8, 8))
+	gone.close(t)
 	var cold []limiter.Key
 	for i := range 20 {
 		e, id := edges[i%2], fmt.Sprintf("cold-%d", i)
@@ -342,6 +347,7 @@ func TestPrimaryRestartedEmptyLosesNothing(t *testing.T) {
 	}
 	for _, e := range edges {
 		require.Positive(t, metric(t, e, `tally_edge_reseeded_windows_total{outcome="opened"}`), "windows re-asserted")
-		require.Zero(t, metric(t, e, `tally_edge_heals_total{timing="late"}`))
+		require.Zero(t, metric(t, e, `tally_edge_reseeds_total{timing="late"}`))
 	}
+	require.EqualValues(t, 50, hammer(t, edges, "alone", 8, 8), "a window no live edge held: its limit once more, no more")
 }

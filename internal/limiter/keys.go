@@ -296,12 +296,12 @@ func (ks *KeySpace) LeaseKey(shardName string) string {
 }
 
 // EpochKey is a shard primary's epoch record: which primary the shard's
-// windows were last healed for (lua/heal.lua). HealKey is the marker that
-// exists while a heal of the shard is in progress.
+// windows were last reseeded for (lua/epoch.lua). ReseedKey is the marker that
+// exists while a reseed of the shard is in progress.
 func (ks *KeySpace) EpochKey() string { return ks.prefix + ":epoch" }
 
-// HealKey: see EpochKey.
-func (ks *KeySpace) HealKey() string { return ks.prefix + ":heal" }
+// ReseedKey: see EpochKey.
+func (ks *KeySpace) ReseedKey() string { return ks.prefix + ":reseed" }
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

@@ -146,7 +146,7 @@ type HoldResult struct {
 }
 
 // Claim is what one holder (an edge's table entry) re-asserts in one live
-// window during a heal, after the window's primary changed or came back
+// window during a reseed, after the window's primary changed or came back
 // empty (lua/reseed.lua): what it was given there, and the accounting
 // events its producer sent for the window. The primary that took over
 // keeps the larger of what it holds and the claim; a window it does not
@@ -161,7 +161,7 @@ type Claim struct {
 	Reserved int64
 	// Charged and GivenBack are the units of the producer's charge events,
 	// and of its refund and release events, for this window numbered From <
-	// seq <= To: a window the heal opens counts them, and takes those events
+	// seq <= To: a window the reseed opens counts them, and takes those events
 	// as applied.
 	Charged, GivenBack int64
 	From, To           uint64

@@ -6,7 +6,7 @@ import (
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
-// SendClaims sends claims to shard i's primary as a heal of epoch would.
+// SendClaims sends claims to shard i's primary as a reseed of epoch would.
 func (s *Store) SendClaims(ctx context.Context, i int, epoch string, claims []limiter.Claim) error {
 	return s.sendClaims(ctx, i, epoch, claims)
 }

@@ -130,7 +130,7 @@ func release(producer string, seq uint64, k limiter.Key, reset time.Time, units 
 
 // eventually retries f a bounded number of times: the first command after a
 // restart may meet a pooled connection the server closed, and a primary
-// that restarted heals before it takes writes (heal.go, Options.HealFor).
+// that restarted reseeds before it takes writes (reseed.go, Options.ReseedFor).
 func eventually[T any](t *testing.T, f func() (T, error)) T {
 	t.Helper()
 	var (

@@ -15,8 +15,8 @@ var holdScript = redis.NewScript(lua.Hold)
 // Hold records, on shard i's primary, the shares of credit holders will
 // not spend (lua/hold.lua), in one pipeline. A share lowered on a primary
 // that dies before its replica saw it comes back as the holder last had it
-// recorded, before anyone can take it back: a heal re-asserts it
-// (heal.go). An error means none is known to be recorded: the caller keeps
+// recorded, before anyone can take it back: a reseed re-asserts it
+// (reseed.go). An error means none is known to be recorded: the caller keeps
 // what it froze.
 func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.HoldResult, error) {
 	n := s.shards[i]

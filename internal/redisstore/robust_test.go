@@ -279,7 +279,7 @@ func TestKeySafety(t *testing.T) {
 	require.EqualValues(t, 3, e.used(t, alice), "alice's own events reach her window")
 
 	// Nothing stored names an identity or a producer (the epoch record
-	// names the shard's primary: heal.lua).
+	// names the shard's primary: epoch.lua).
 	keys, err := rdb.Keys(ctx, "*").Result()
 	require.NoError(t, err)
 	anyKey := regexp.MustCompile(`^tally:((producer:)?\{[0-9a-f]{32}\}|epoch)$`)
@@ -352,12 +352,12 @@ func TestScriptsSurviveFlushRestartAndPromotion(t *testing.T) {
 	e.replica.WaitSynced(e.primary)
 	e.replica.Promote()
 	// The promoted replica is another primary than the one the shard's
-	// windows were written on: the store heals it first.
+	// windows were written on: the store reseeds it first.
 	promoted := newStore(t, []shard.Config{{Name: "s0", Primary: node(e.replica)}}, e.keys, redisstore.Options{Clock: e.clock})
 	r := eventually(t, func() (limiter.ApplyResult, error) {
 		return promoted.Apply(ctx, 0, t0, []limiter.Event{charge("p", 3, k, g.ResetAt, t0, 1), charge("p", 4, k, g.ResetAt, t0, 1)})
 	})
-	require.EqualValues(t, 1, promoted.HealStats().Heals)
+	require.EqualValues(t, 1, promoted.ReseedStats().Reseeds)
 	require.Equal(t, []limiter.Outcome{limiter.Duplicate, limiter.Applied}, outcomes(r.Results),
 		"producer sequences replicated with the windows")
 	g3, err := promoted.Take(ctx, e.keys.Key("core", "bob"), t0, limiter.TakeArgs{Window: minute, Limit: 10, Need: 1, Want: 1, Producer: "edge-a"})

@@ -73,17 +73,17 @@ type Options struct {
 	WaitReplicas int
 	// WaitTimeout bounds that wait. Default 100ms.
 	WaitTimeout time.Duration
-	// HealFor is how long, at least, a shard whose primary changed takes
+	// ReseedFor is how long, at least, a shard whose primary changed takes
 	// no reservation and no write while every process re-asserts what it
-	// holds in its windows (heal.go): long enough for every process to
-	// learn of the change (HealCheck, a new connection). Default 1s; 100ms
+	// holds in its windows (reseed.go): long enough for every process to
+	// learn of the change (EpochCheck, a new connection). Default 1s; 100ms
 	// to 10m.
-	HealFor time.Duration
-	// HealCheck is how often each primary is asked whether it changed, for
+	ReseedFor time.Duration
+	// EpochCheck is how often each primary is asked whether it changed, for
 	// the processes whose connections do not break when it does (an idle
 	// edge with credit in hand). Default 250ms; 10ms to 1m.
-	HealCheck time.Duration
-	// Log is where the store says what an operator should know (heals);
+	EpochCheck time.Duration
+	// Log is where the store says what an operator should know (reseeds);
 	// default: nowhere.
 	Log Log
 	// TLS, when set, is used for every connection to every node (CA,
@@ -131,11 +131,11 @@ func (o Options) WithDefaults() Options {
 	if o.WaitTimeout == 0 {
 		o.WaitTimeout = 100 * time.Millisecond
 	}
-	if o.HealFor == 0 {
-		o.HealFor = time.Second
+	if o.ReseedFor == 0 {
+		o.ReseedFor = time.Second
 	}
-	if o.HealCheck == 0 {
-		o.HealCheck = 250 * time.Millisecond
+	if o.EpochCheck == 0 {
+		o.EpochCheck = 250 * time.Millisecond
 	}
 	if o.ScriptEvents == 0 {
 		o.ScriptEvents = 128
@@ -173,10 +173,10 @@ func (o Options) Validate() error {
 		return bad("wait_replicas", "%d: want -1 (never), 0 (default) or a number of replicas", d.WaitReplicas)
 	case d.WaitTimeout < 0 || d.WaitTimeout > time.Minute:
 		return bad("wait_timeout", "%v: want a duration up to 1m (0: the default)", d.WaitTimeout)
-	case d.HealFor < 100*time.Millisecond || d.HealFor > 10*time.Minute:
-		return bad("heal_for", "%v: want 100ms to 10m (0: the default)", d.HealFor)
-	case d.HealCheck < 10*time.Millisecond || d.HealCheck > time.Minute:
-		return bad("heal_check", "%v: want 10ms to 1m (0: the default)", d.HealCheck)
+	case d.ReseedFor < 100*time.Millisecond || d.ReseedFor > maxReseedFor:
+		return bad("reseed_for", "%v: want 100ms to 10m (0: the default)", d.ReseedFor)
+	case d.EpochCheck < 10*time.Millisecond || d.EpochCheck > time.Minute:
+		return bad("epoch_check", "%v: want 10ms to 1m (0: the default)", d.EpochCheck)
 	case d.ScriptEvents < 0 || d.ScriptEvents > limiter.MaxApply:
 		return bad("script_events", "%d: want 1 to %d (0: the default)", d.ScriptEvents, limiter.MaxApply)
 	}
@@ -197,12 +197,12 @@ type Store struct {
 	producers         sync.Map // producer id → its key (string)
 	reloads           atomic.Uint64
 
-	// Heals (heal.go): what a heal re-asserts, and its counters.
-	healer                                                     atomic.Pointer[Healer]
-	heals, late, claims, opened, conflicts, added, checkErrors atomic.Uint64
-	stop                                                       chan struct{}
-	closed                                                     sync.Once
-	wg                                                         sync.WaitGroup
+	// Reseeds (reseed.go): what a reseed re-asserts, and its counters.
+	reseeder                                                     atomic.Pointer[Reseeder]
+	reseeds, late, claims, opened, conflicts, added, checkErrors atomic.Uint64
+	stop                                                         chan struct{}
+	closed                                                       sync.Once
+	wg                                                           sync.WaitGroup
 }
 
 type shardNodes struct {
@@ -213,10 +213,8 @@ type shardNodes struct {
 	wait     int // replicas ConfirmApplied waits for
 	takes    *takeQueue
 	failover bool // Sentinel promotes a replica when the primary fails
-	// healc is a small client of the primary that works while the shard
-	// heals (probes, re-assertions); heal is the shard's heal state.
-	healc *redis.Client
-	heal  healing
+	// reseed is the shard's reseed state (reseed.go).
+	reseed reseeding
 }
 
 // Log is where a store says what an operator should know.
@@ -270,15 +268,15 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 		if sc.Failover() {
 			// The sentinels name the primary and the replicas (reads go to
 			// one of them through one client); a failover moves both.
-			po, ho := opts.failover(sc, false), opts.failover(sc, false)
-			po.OnConnect, ho.OnConnect, ho.PoolSize = s.onConnect(i), s.healConnect(i), healPool
-			n.primary, n.healc = redis.NewFailoverClient(po), redis.NewFailoverClient(ho)
+			po := opts.failover(sc, false)
+			po.OnConnect = s.onConnect(i)
+			n.primary = redis.NewFailoverClient(po)
 			n.replicas = []*redis.Client{redis.NewFailoverClient(opts.failover(sc, true))}
 			replicas = max(1, n.wait)
 		} else {
-			po, ho := opts.client(sc.Primary, -1), opts.client(sc.Primary, -1)
-			po.OnConnect, ho.OnConnect, ho.PoolSize = s.onConnect(i), s.healConnect(i), healPool
-			n.primary, n.healc = redis.NewClient(po), redis.NewClient(ho)
+			po := opts.client(sc.Primary, -1)
+			po.OnConnect = s.onConnect(i)
+			n.primary = redis.NewClient(po)
 			for _, r := range sc.Replicas {
 				n.replicas = append(n.replicas, redis.NewClient(opts.client(r, opts.MaxRetries)))
 			}
@@ -299,9 +297,6 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 	go s.watch()
 	return s, nil
 }
-
-// healPool is the connections of a primary's heal client.
-const healPool = 2
 
 // placement is the map over names (every shard when names is empty and
 // all is set; nil otherwise) and its indexes into s.shards.
@@ -380,7 +375,7 @@ func (s *Store) Close() error {
 	var errs []error
 	for _, n := range s.shards {
 		n.takes.close()
-		errs = append(errs, n.primary.Close(), n.healc.Close())
+		errs = append(errs, n.primary.Close())
 		for _, r := range n.replicas {
 			errs = append(errs, r.Close())
 		}

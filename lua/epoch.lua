@@ -1,5 +1,5 @@
--- heal.lua: tell whether a shard's primary is the one its windows were
--- written on, and when it is not, start a heal: a time in which no process
+-- epoch.lua: tell whether a shard's primary is the one its windows were
+-- written on, and when it is not, start a reseed: a time in which no process
 -- reserves or applies on the shard while the edges re-assert what they hold
 -- in its windows (reseed.lua). A primary is another one after a restart
 -- (with or without its data) and after a promotion (Sentinel): its run id
@@ -9,35 +9,37 @@
 --
 -- KEYS[1] -> the shard's epoch record (keys.go): "<run id>:<epoch>:<how>",
 --            the primary the record was written on, the id of the epoch
---            that began then, and how it began: "h" by a heal, "a" adopted
+--            that began then, and how it began: "h" by a reseed, "a" adopted
 --            by a process that knew no earlier epoch (a new deployment)
--- KEYS[2] -> the shard's heal marker (keys.go): "<epoch>"; it exists while
---            a heal is in progress and expires when the heal ends
--- ARGV[1] -> mode: "check" (below), or "extend": a heal in progress lasts
+-- KEYS[2] -> the shard's reseed marker (keys.go): "<epoch>"; it exists while
+--            a reseed is in progress and expires when the reseed ends
+-- ARGV[1] -> mode: "check" (below), or "extend": a reseed in progress lasts
 --            at least ARGV[4] more (a process still re-asserting)
 -- ARGV[2] -> a fresh epoch id, 16 of [0-9a-f]: the new epoch's, when this
 --            call begins one
 -- ARGV[3] -> the epoch the caller last knew for the shard ("" for none: a
 --            process that just started)
--- ARGV[4] -> ms (100 .. 600000): how long a new heal lasts at least
---            (check), or the least it lasts from now (extend)
+-- ARGV[4] -> ms (100 .. 600000): how long a reseed lasts at least after it
+--            begins or a process joins it (check), or the least it lasts
+--            from now (extend)
 --
 -- check:
 --   the record names this primary, and the caller knew its epoch (or knew
---   none): nothing to do (0); a heal in progress is reported by pttl.
+--   none): nothing to do (0); a reseed in progress is reported by pttl.
 --   the record names this primary, the caller knew another epoch: it joins
---   the heal in progress (2), or, when the epoch was adopted, begins a heal
---   (1), or finds the heal over (3: it re-asserts late).
+--   the reseed in progress (2: the reseed then lasts at least ARGV[4] more, for
+--   the caller to re-assert), or, when the epoch was adopted, begins a reseed
+--   (1), or finds the reseed over (3: it re-asserts late).
 --   no record, and the caller knew none: a new deployment, or a primary
 --   emptied that no process that knew it has reached yet; the epoch is
---   adopted without a heal (4).
+--   adopted without a reseed (4).
 --   otherwise (another primary's record, or none while the caller knew an
---   epoch): a heal begins (1).
+--   epoch): a reseed begins (1).
 --
 -- Returns: {state, epoch, pttl}
---   state  0 same epoch, 1 began a heal, 2 joined a heal, 3 late, 4 adopted
---   epoch  the shard's epoch id now ("" when extend finds no heal)
---   pttl   ms until the heal in progress ends; 0 when none is
+--   state  0 same epoch, 1 began a reseed, 2 joined a reseed, 3 late, 4 adopted
+--   epoch  the shard's epoch id now ("" when extend finds no reseed)
+--   pttl   ms until the reseed in progress ends; 0 when none is
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
 local mode = ARGV[1]
 if mode ~= "check" and mode ~= "extend" then return redis.error_reply("ERR tally: invalid mode") end
@@ -55,9 +57,12 @@ if type(span) ~= "string" or #span > 6 or not string.match(span, "^%d+$") or ton
 end
 span = tonumber(span)
 
+-- left is ms until the reseed in progress ends: 0 for none, and for a
+-- marker no process sets (without an expiry, or beyond the longest
+-- reseed_for), which only someone else on Redis could have written.
 local function left()
   local t = redis.call("PTTL", KEYS[2])
-  if t < 0 then return 0 end
+  if t < 0 or t > 600000 then return 0 end
   return t
 end
 
@@ -98,6 +103,11 @@ if known == "" or known == epoch then
 end
 local t = left()
 if t > 0 then
+  -- A process joins: the reseed lasts long enough for it to re-assert.
+  if t < span then
+    redis.call("PEXPIRE", KEYS[2], span)
+    t = span
+  end
   return { 2, epoch, t }
 end
 if how == "a" then

@@ -14,16 +14,17 @@ import (
 	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
-// recorder is a Healer that remembers what was reserved for each holder,
-// as an edge's table does, and which shards it was told were healed.
+// recorder is a Reseeder that remembers what was reserved for each holder,
+// as an edge's table does, and which shards it was told were reseeded.
 type recorder struct {
-	mu     sync.Mutex
-	claims map[string]limiter.Claim // by key and holder
-	healed []int
+	mu       sync.Mutex
+	claims   map[string]limiter.Claim // by key and holder
+	reseeded []int
 	// asked is closed when Claims is first called, which then waits for
-	// release to be closed: the heal lasts until then.
+	// release to be closed: the reseed lasts until then.
 	asked, release chan struct{}
 	once           sync.Once
 }
@@ -34,9 +35,9 @@ func newRecorder() *recorder {
 	return r
 }
 
-// holdNextHeal makes the next heal wait, once it has asked for the claims,
+// holdNextReseed makes the next reseed wait, once it has asked for the claims,
 // until the test lets it go.
-func (r *recorder) holdNextHeal() (asked <-chan struct{}, letGo func()) {
+func (r *recorder) holdNextReseed() (asked <-chan struct{}, letGo func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.asked, r.release, r.once = make(chan struct{}), make(chan struct{}), sync.Once{}
@@ -80,35 +81,35 @@ func (r *recorder) Claims(_ int, now time.Time) []limiter.Claim {
 	return out
 }
 
-func (r *recorder) Healed(shard int) {
+func (r *recorder) Reseeded(shard int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.healed = append(r.healed, shard)
+	r.reseeded = append(r.reseeded, shard)
 }
 
-func (r *recorder) wasHealed() []int {
+func (r *recorder) wasReseeded() []int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]int(nil), r.healed...)
+	return append([]int(nil), r.reseeded...)
 }
 
-// healFixture is one shard (a primary and a replica) with a store on the
+// reseedFixture is one shard (a primary and a replica) with a store on the
 // real clock, and what it was given.
-type healFixture struct {
+type reseedFixture struct {
 	primary, replica *redistest.Server
 	keys             *limiter.KeySpace
 	store            *redisstore.Store
 	rec              *recorder
 }
 
-func newHealFixture(t *testing.T, cfg func(p, r *redistest.Server) []shard.Config) *healFixture {
-	f := &healFixture{rec: newRecorder()}
+func newReseedFixture(t *testing.T, cfg func(p, r *redistest.Server) []shard.Config) *reseedFixture {
+	f := &reseedFixture{rec: newRecorder()}
 	f.primary, f.replica = redistest.StartPair(t)
 	var err error
 	f.keys, err = limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
 	require.NoError(t, err)
-	f.store = newStore(t, cfg(f.primary, f.replica), f.keys, redisstore.Options{HealCheck: 20 * time.Millisecond, Log: testLog{t}})
-	f.store.SetHealer(f.rec)
+	f.store = newStore(t, cfg(f.primary, f.replica), f.keys, redisstore.Options{EpochCheck: 20 * time.Millisecond, Log: testLog{t}})
+	f.store.SetReseeder(f.rec)
 	return f
 }
 
@@ -124,7 +125,7 @@ func plainShard(p, r *redistest.Server) []shard.Config {
 }
 
 // reserve reserves units for holder of producer, and records it.
-func (f *healFixture) reserve(t *testing.T, k limiter.Key, producer, holder string, units int64) limiter.Grant {
+func (f *reseedFixture) reserve(t *testing.T, k limiter.Key, producer, holder string, units int64) limiter.Grant {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -137,38 +138,38 @@ func (f *healFixture) reserve(t *testing.T, k limiter.Key, producer, holder stri
 }
 
 // read is k's window on the primary, once the shard takes reads.
-func (f *healFixture) read(t *testing.T, k limiter.Key) limiter.Grant {
+func (f *reseedFixture) read(t *testing.T, k limiter.Key) limiter.Grant {
 	t.Helper()
 	return eventually(t, func() (limiter.Grant, error) {
 		return f.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: minute, Limit: 1000, Producer: "reader"})
 	})
 }
 
-// healing waits until the heal has asked for the claims, checks that the
-// shard refuses writes meanwhile (ErrHealing, at once), and lets the heal
+// reseeding waits until the reseed has asked for the claims, checks that the
+// shard refuses writes meanwhile (ErrReseeding, at once), and lets the reseed
 // go on.
-func (f *healFixture) healing(t *testing.T, asked <-chan struct{}, letGo func()) {
+func (f *reseedFixture) reseeding(t *testing.T, asked <-chan struct{}, letGo func()) {
 	t.Helper()
 	defer letGo()
 	select {
 	case <-asked:
 	case <-time.After(20 * time.Second):
-		t.Fatal("no heal began 20 s after the primary changed")
+		t.Fatal("no reseed began 20 s after the primary changed")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := f.store.Take(ctx, f.keys.Key("core", "during"), time.Now(), limiter.TakeArgs{Window: minute, Limit: 10, Need: 1,
 		Want: 1, Producer: "probe"})
-	require.ErrorIs(t, err, redisstore.ErrHealing)
-	require.True(t, f.store.Healing(0))
+	require.ErrorIs(t, err, redisstore.ErrReseeding)
+	require.True(t, f.store.Reseeding(0))
 	_, err = f.store.Apply(ctx, 0, time.Now(), []limiter.Event{charge("probe", 1, f.keys.Key("core", "during"), time.Time{},
 		time.Now(), 1)})
-	require.ErrorIs(t, err, redisstore.ErrHealing)
+	require.ErrorIs(t, err, redisstore.ErrReseeding)
 }
 
-// untilHealed takes a unit of a fresh key until the shard takes it,
-// reporting whether a take was refused because the shard healed.
-func (f *healFixture) untilHealed(t *testing.T) (refused bool) {
+// untilReseeded takes a unit of a fresh key until the shard takes it,
+// reporting whether a take was refused because the shard reseeded.
+func (f *reseedFixture) untilReseeded(t *testing.T) (refused bool) {
 	t.Helper()
 	k := f.keys.Key("core", "probe-"+time.Now().String())
 	deadline := time.Now().Add(20 * time.Second)
@@ -179,7 +180,7 @@ func (f *healFixture) untilHealed(t *testing.T) (refused bool) {
 		if err == nil {
 			return refused
 		}
-		if errors.Is(err, redisstore.ErrHealing) {
+		if errors.Is(err, redisstore.ErrReseeding) {
 			refused = true
 		}
 		require.True(t, time.Now().Before(deadline), "the shard takes no reservation 20 s after its primary changed: %v", err)
@@ -189,12 +190,12 @@ func (f *healFixture) untilHealed(t *testing.T) (refused bool) {
 
 // A primary without persistence restarts empty (its replica resyncs to
 // nothing). The store learns it from its next connection, refuses writes
-// while it re-asserts what it holds (ErrHealing), and afterwards every
+// while it re-asserts what it holds (ErrReseeding), and afterwards every
 // window holds what its holders were given, with the reset they were
 // shown; a release applied before the restart, and applied again from the
 // stream, counts once.
-func TestRestartedEmptyPrimaryIsHealed(t *testing.T) {
-	f := newHealFixture(t, plainShard)
+func TestRestartedEmptyPrimaryIsReseeded(t *testing.T) {
+	f := newReseedFixture(t, plainShard)
 	k1, k2 := f.keys.Key("core", "alice"), f.keys.Key("core", "bob")
 	g1 := f.reserve(t, k1, "edge-a", "edge-a.1", 5)
 	f.reserve(t, k1, "edge-b", "edge-b.7", 3)
@@ -207,12 +208,12 @@ func TestRestartedEmptyPrimaryIsHealed(t *testing.T) {
 	f.rec.sent(k1, "edge-a.1", 0, 2, 0, 1)
 	require.EqualValues(t, 6, f.read(t, k1).Used)
 
-	asked, letGo := f.rec.holdNextHeal()
+	asked, letGo := f.rec.holdNextReseed()
 	f.primary.Restart()
-	f.healing(t, asked, letGo)
-	f.untilHealed(t)
+	f.reseeding(t, asked, letGo)
+	f.untilReseeded(t)
 	f.replica.WaitLinkUp()
-	require.Equal(t, []int{0}, f.rec.wasHealed())
+	require.Equal(t, []int{0}, f.rec.wasReseeded())
 
 	w1, w2 := f.read(t, k1), f.read(t, k2)
 	require.EqualValues(t, 6, w1.Used, "k1: 5 and 3 reserved, 2 given back")
@@ -220,20 +221,20 @@ func TestRestartedEmptyPrimaryIsHealed(t *testing.T) {
 	require.Equal(t, g1.Start, w1.Start)
 	require.EqualValues(t, 7, w2.Used)
 	require.Equal(t, g2.ResetAt, w2.ResetAt)
-	// The release, read again from the stream, was counted by the heal.
+	// The release, read again from the stream, was counted by the reseed.
 	res, err = f.store.Apply(context.Background(), 0, time.Now(), []limiter.Event{rel})
 	require.NoError(t, err)
 	require.Equal(t, limiter.Result{Outcome: limiter.Applied, Used: 6, ResetAt: g1.ResetAt, Amount: 2}, res.Results[0])
 	require.EqualValues(t, 6, f.read(t, k1).Used)
-	st := f.store.HealStats()
-	require.EqualValues(t, 1, st.Heals)
+	st := f.store.ReseedStats()
+	require.EqualValues(t, 1, st.Reseeds)
 	require.EqualValues(t, 3, st.Claims)
 	require.EqualValues(t, 2, st.Opened, "k1 opened by its first claim, seeded by the second")
 	require.Zero(t, st.Late)
 	require.Zero(t, st.Conflicts)
 	require.EqualValues(t, 1, f.store.Epoch(0))
 
-	// A reservation beyond what is left is refused: the heal gave back the
+	// A reservation beyond what is left is refused: the reseed gave back the
 	// room the holders had spent.
 	g, err := f.store.Take(context.Background(), k1, time.Now(), limiter.TakeArgs{Window: minute, Limit: 10, Need: 5, Want: 5,
 		Producer: "edge-c"})
@@ -242,40 +243,40 @@ func TestRestartedEmptyPrimaryIsHealed(t *testing.T) {
 }
 
 // A store that starts on a Redis no Tally process has used adopts its
-// epoch: nothing heals, and its first reservation is made at once. So does
+// epoch: nothing reseeds, and its first reservation is made at once. So does
 // a second process; neither re-asserts anything.
-func TestNewDeploymentDoesNotHeal(t *testing.T) {
-	f := newHealFixture(t, plainShard)
+func TestNewDeploymentIsNotReseeded(t *testing.T) {
+	f := newReseedFixture(t, plainShard)
 	f.reserve(t, f.keys.Key("core", "alice"), "edge-a", "edge-a.1", 1)
 	other := newStore(t, plainShard(f.primary, f.replica), f.keys, redisstore.Options{})
 	_, err := other.Take(context.Background(), f.keys.Key("core", "bob"), time.Now(), limiter.TakeArgs{Window: minute, Limit: 10,
 		Need: 1, Want: 1, Producer: "edge-b"})
 	require.NoError(t, err)
-	require.Zero(t, f.store.HealStats().Heals)
-	require.Zero(t, other.HealStats().Heals)
-	require.Empty(t, f.rec.wasHealed())
+	require.Zero(t, f.store.ReseedStats().Reseeds)
+	require.Zero(t, other.ReseedStats().Reseeds)
+	require.Empty(t, f.rec.wasReseeded())
 }
 
 // A dataset emptied under a running primary (FLUSHALL: no connection
-// breaks) is found by the probe: the shard heals as after a restart.
-func TestFlushedPrimaryIsHealed(t *testing.T) {
-	f := newHealFixture(t, plainShard)
+// breaks) is found by the probe: the shard reseeds as after a restart.
+func TestFlushedPrimaryIsReseeded(t *testing.T) {
+	f := newReseedFixture(t, plainShard)
 	k := f.keys.Key("core", "alice")
 	g := f.reserve(t, k, "edge-a", "edge-a.1", 9)
-	asked, letGo := f.rec.holdNextHeal()
+	asked, letGo := f.rec.holdNextReseed()
 	require.NoError(t, f.primary.Client().FlushAll(context.Background()).Err())
-	f.healing(t, asked, letGo)
-	f.untilHealed(t)
+	f.reseeding(t, asked, letGo)
+	f.untilReseeded(t)
 	w := f.read(t, k)
 	require.EqualValues(t, 9, w.Used)
 	require.Equal(t, g.ResetAt, w.ResetAt)
 }
 
 // A Sentinel shard whose primary dies with reservations its replica never
-// got: the promoted replica heals, and holds them all afterwards.
-func TestSentinelPromotionIsHealed(t *testing.T) {
+// got: the promoted replica reseeds, and holds them all afterwards.
+func TestSentinelPromotionIsReseeded(t *testing.T) {
 	var sentinels []string
-	f := newHealFixture(t, func(p, r *redistest.Server) []shard.Config {
+	f := newReseedFixture(t, func(p, r *redistest.Server) []shard.Config {
 		sentinels = p.StartSentinels(t, "s0", 1, 1, 300*time.Millisecond)
 		return []shard.Config{{Name: "s0", Sentinel: &shard.Sentinel{Master: "s0", Addrs: sentinels}}}
 	})
@@ -287,23 +288,23 @@ func TestSentinelPromotionIsHealed(t *testing.T) {
 	f.replica.Pause()
 	f.reserve(t, k, "edge-a", "edge-a.1", 6)
 	f.reserve(t, k, "edge-b", "edge-b.1", 5)
-	asked, letGo := f.rec.holdNextHeal()
+	asked, letGo := f.rec.holdNextReseed()
 	f.primary.Stop()
 	f.replica.Resume()
-	f.healing(t, asked, letGo)
+	f.reseeding(t, asked, letGo)
 	require.Equal(t, f.replica.Addr, redistest.SentinelPrimary(sentinels[0], "s0"), "the replica was promoted")
-	f.untilHealed(t)
+	f.untilReseeded(t)
 	w := f.read(t, k)
 	require.EqualValues(t, 15, w.Used, "every unit reserved, the ones the replica never got included")
-	st := f.store.HealStats()
-	require.EqualValues(t, 1, st.Heals)
+	st := f.store.ReseedStats()
+	require.EqualValues(t, 1, st.Reseeds)
 	require.Zero(t, st.Opened, "the promoted replica held the window")
 	require.Positive(t, f.store.ScriptReloads(), "the scripts loaded again on the new primary")
 }
 
-// reseed.lua, claim by claim (the heal's epoch given).
+// reseed.lua, claim by claim (the reseed's epoch given).
 func TestReseedClaims(t *testing.T) {
-	f := newHealFixture(t, plainShard)
+	f := newReseedFixture(t, plainShard)
 	ctx := context.Background()
 	send := func(epoch string, cs ...limiter.Claim) {
 		t.Helper()
@@ -360,7 +361,7 @@ func TestReseedClaims(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, []limiter.Outcome{limiter.Applied, limiter.Applied, limiter.Applied, limiter.Applied},
 			outcomes(res.Results))
-		require.EqualValues(t, 14, res.Results[0].Used, "event 5: counted by the heal, applied then")
+		require.EqualValues(t, 14, res.Results[0].Used, "event 5: counted by the reseed, applied then")
 		require.EqualValues(t, 10, f.read(t, k).Used)
 		res, err = f.store.Apply(ctx, 0, time.Now(), []limiter.Event{release("edge-a", 5, k, g.ResetAt, 3)})
 		require.NoError(t, err)
@@ -372,10 +373,10 @@ func TestReseedClaims(t *testing.T) {
 		g := f.reserve(t, k, "edge-a", "edge-a.1", 2)
 		c := claim(k, g, "edge-b", "edge-b.1", 7)
 		c.ResetAt, c.Start = g.ResetAt.Add(-time.Second), g.Start.Add(-time.Second)
-		before := f.store.HealStats().Conflicts
+		before := f.store.ReseedStats().Conflicts
 		send(e1, c)
 		require.EqualValues(t, 2, f.read(t, k).Used)
-		require.Equal(t, before+1, f.store.HealStats().Conflicts)
+		require.Equal(t, before+1, f.store.ReseedStats().Conflicts)
 	})
 
 	t.Run("a window that reset is not opened again", func(t *testing.T) {
@@ -428,3 +429,29 @@ func TestReseedClaims(t *testing.T) {
 }
 
 func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+// Anyone on Redis can write the reseed marker; no process sets one without
+// an expiry or for longer than the longest reseed_for, and such a marker
+// halts nothing. One that looks like a reseed's halts writes until it
+// expires, as a reseed would (docs/security.md, A primary that changes).
+func TestForgedReseedMarker(t *testing.T) {
+	f := newReseedFixture(t, plainShard)
+	ctx := context.Background()
+	k := f.keys.Key("core", "alice")
+	f.reserve(t, k, "edge-a", "edge-a.1", 1)
+	rdb := f.primary.Client()
+	take := func() error {
+		_, err := f.store.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: minute, Limit: 1000, Need: 1, Want: 1, Producer: "edge-a"})
+		return err
+	}
+	require.NoError(t, rdb.Set(ctx, "tally:reseed", "0000000000000bad", 0).Err())
+	time.Sleep(100 * time.Millisecond) // a few probes
+	require.NoError(t, take(), "a marker without an expiry")
+	require.NoError(t, rdb.Set(ctx, "tally:reseed", "0000000000000bad", 365*24*time.Hour).Err())
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, take(), "a marker beyond the longest reseed_for")
+	require.NoError(t, rdb.Set(ctx, "tally:reseed", "0000000000000bad", 500*time.Millisecond).Err())
+	testutil.WaitFor(t, "writes halted by the marker", func() bool { return errors.Is(take(), redisstore.ErrReseeding) })
+	testutil.WaitFor(t, "writes again once it expired", func() bool { return take() == nil })
+	require.Zero(t, f.store.ReseedStats().Reseeds, "no reseed began: the epoch record names this primary")
+}

@@ -22,120 +22,124 @@ import (
 // without persistence restarts empty (and its replicas resync to nothing).
 // Either way the windows lose the end of what was done to them, while the
 // edges still remember what they were given and still admit against it. A
-// heal puts that back before anyone reserves again:
+// reseed puts that back before anyone reserves again:
 //
-//  1. Every connection to a primary, and a probe every HealCheck, asks it
-//     (lua/heal.lua) whether it is the primary the shard's epoch record
+//  1. Every connection to a primary, and a probe every EpochCheck, asks it
+//     (lua/epoch.lua) whether it is the primary the shard's epoch record
 //     names. A primary that is not (another run id: a restart or a
-//     promotion; no record: an emptied dataset) begins a heal: a new epoch,
-//     and a marker that lasts HealFor.
+//     promotion; no record: an emptied dataset) begins a reseed: a new epoch,
+//     and a marker that lasts ReseedFor.
 //  2. While the marker lasts, no process that reached the primary writes to
 //     the shard: reservations, accounting events, reports, finishes and
-//     leases fail at once with ErrHealing, and the request path decides
+//     leases fail at once with ErrReseeding, and the request path decides
 //     from what it knows (credit, full windows) or by its on_redis_error
 //     rule. A connection made to the primary meanwhile fails the command it
 //     was made for, so that nothing slips in before its process learns of
-//     the heal.
+//     the reseed.
 //  3. Each process re-asserts what it holds in the shard's windows
-//     (Healer.Claims, lua/reseed.lua) and keeps the marker alive while it
+//     (Reseeder.Claims, lua/reseed.lua) and keeps the marker alive while it
 //     does; then what it applied on the primary itself is delivered again
-//     (Healer.Healed), and the accountants read the shard's subject again
+//     (Reseeder.Reseeded), and the accountants read the shard's subject again
 //     from its oldest message (Epoch).
 //
-// The heal ends when the marker expires: HealFor after it began, or a
+// The reseed ends when the marker expires: ReseedFor after it began, or a
 // little after the last process finished re-asserting. A process that
-// learns of a heal only after it ended re-asserts late (HealStats.Late):
+// learns of a reseed only after it ended re-asserts late (ReseedStats.Late):
 // others may have reserved in between.
 
-// ErrHealing is returned for a write to a shard whose primary changed while
+// ErrReseeding is returned for a write to a shard whose primary changed while
 // the processes that reached it re-assert what they hold in its windows.
-// It is transient: the heal lasts about Options.HealFor.
-var ErrHealing = errors.New("redisstore: the shard's primary changed; its windows are being re-asserted")
+// It is transient: the reseed lasts about Options.ReseedFor.
+var ErrReseeding = errors.New("redisstore: the shard's primary changed; its windows are being re-asserted")
 
-// Healer is what a process holds in the shards' windows, for a heal: the
+// Reseeder is what a process holds in the shards' windows, for a reseed: the
 // edge's decision core and its outbox.
-type Healer interface {
+type Reseeder interface {
 	// Claims lists what this process was given in shard i's windows live
 	// at now, and the accounting events it sent for them.
 	Claims(shard int, now time.Time) []limiter.Claim
-	// Healed says that this process has re-asserted its claims on shard
+	// Reseeded says that this process has re-asserted its claims on shard
 	// i: what it applied on the primary itself may have been lost with the
 	// old one, and is to be delivered again.
-	Healed(shard int)
+	Reseeded(shard int)
 }
 
-// HealStats counts a store's heals.
-type HealStats struct {
-	// Heals this process took part in: begun, joined, or learnt of late.
-	Heals uint64
-	// Late: heals this process learnt of after they ended.
+// ReseedStats counts a store's reseeds.
+type ReseedStats struct {
+	// Reseeds this process took part in: begun, joined, or learnt of late.
+	Reseeds uint64
+	// Late: reseeds this process learnt of after they ended.
 	Late uint64
 	// Claims re-asserted; Opened of them opened their window; Conflicts
 	// found another window of their key live (nothing changed); Added
 	// units added to windows.
 	Claims, Opened, Conflicts, Added uint64
 	// CheckErrors: asking a primary whether it changed failed (an ACL
-	// without the commands heal.lua runs, or a script error).
+	// without the commands epoch.lua runs, or a script error).
 	CheckErrors uint64
 }
 
 var (
-	healScript   = redis.NewScript(lua.Heal)
+	epochScript  = redis.NewScript(lua.Epoch)
 	reseedScript = redis.NewScript(lua.Reseed)
 )
 
-// healing is one shard's heal state in this process.
-type healing struct {
+// reseeding is one shard's reseed state in this process.
+type reseeding struct {
 	mu sync.Mutex
 	// epoch is the shard's epoch as this process last knew it ("": none).
 	epoch string
-	// until: no writes before then (the heal marker's end as last read).
+	// until: no writes before then (the reseed marker's end as last read).
 	until time.Time
 	// reseeding: this process re-asserts what it holds.
 	reseeding bool
-	// active: a heal is, or may be, in progress: gate takes its slow path.
+	// active: a reseed is, or may be, in progress: gate takes its slow path.
 	active atomic.Bool
-	// heals counts the heals this process learnt of (Epoch).
-	heals atomic.Uint64
+	// reseeds counts the reseeds this process learnt of (Epoch).
+	reseeds atomic.Uint64
 }
 
-// healReply is heal.lua's answer.
-type healReply struct {
+// epochReply is epoch.lua's answer.
+type epochReply struct {
 	state int64 // 0 same, 1 began, 2 joined, 3 late, 4 adopted
 	epoch string
 	pttl  time.Duration
 }
 
 const (
-	healSame = iota
-	healBegan
-	healJoined
-	healLate
-	healAdopted
+	epochSame = iota
+	epochBegan
+	epochJoined
+	epochLate
+	epochAdopted
 )
+
+// maxReseedFor is the longest Options.ReseedFor: a reseed marker that
+// lasts longer was not set by a process (epoch.lua ignores it too).
+const maxReseedFor = 10 * time.Minute
 
 // claimBatch is the most claims sent in one pipeline.
 const claimBatch = 128
 
-// SetHealer names what this process holds in the shards' windows: what a
-// heal re-asserts. Set it before the first request; nil: nothing.
-func (s *Store) SetHealer(h Healer) {
+// SetReseeder names what this process holds in the shards' windows: what a
+// reseed re-asserts. Set it before the first request; nil: nothing.
+func (s *Store) SetReseeder(h Reseeder) {
 	if h == nil {
-		s.healer.Store(nil)
+		s.reseeder.Store(nil)
 		return
 	}
-	s.healer.Store(&h)
+	s.reseeder.Store(&h)
 }
 
-// Epoch counts the heals of shard i this process learnt of: what was
+// Epoch counts the reseeds of shard i this process learnt of: what was
 // applied on the shard before a change of it may have been lost, and is to
 // be applied again.
-func (s *Store) Epoch(i int) uint64 { return s.shards[i].heal.heals.Load() }
+func (s *Store) Epoch(i int) uint64 { return s.shards[i].reseed.reseeds.Load() }
 
-// Healing reports whether shard i takes no writes from this process now:
-// a heal is in progress.
-func (s *Store) Healing(i int) bool {
-	h := &s.shards[i].heal
+// Reseeding reports whether shard i takes no writes from this process now:
+// a reseed is in progress.
+func (s *Store) Reseeding(i int) bool {
+	h := &s.shards[i].reseed
 	if !h.active.Load() {
 		return false
 	}
@@ -144,16 +148,16 @@ func (s *Store) Healing(i int) bool {
 	return h.reseeding || time.Now().Before(h.until)
 }
 
-// HealStats reads the heal counters.
-func (s *Store) HealStats() HealStats {
-	return HealStats{Heals: s.heals.Load(), Late: s.late.Load(), Claims: s.claims.Load(), Opened: s.opened.Load(),
+// ReseedStats reads the reseed counters.
+func (s *Store) ReseedStats() ReseedStats {
+	return ReseedStats{Reseeds: s.reseeds.Load(), Late: s.late.Load(), Claims: s.claims.Load(), Opened: s.opened.Load(),
 		Conflicts: s.conflicts.Load(), Added: s.added.Load(), CheckErrors: s.checkErrors.Load()}
 }
 
-// gate refuses a write to shard i while it heals. A store that has seen no
-// heal pays one atomic load.
+// gate refuses a write to shard i while it reseeds. A store that has seen no
+// reseed pays one atomic load.
 func (s *Store) gate(ctx context.Context, i int) error {
-	if !s.shards[i].heal.active.Load() {
+	if !s.shards[i].reseed.active.Load() {
 		return nil
 	}
 	return s.gateSlow(ctx, i)
@@ -161,21 +165,24 @@ func (s *Store) gate(ctx context.Context, i int) error {
 
 func (s *Store) gateSlow(ctx context.Context, i int) error {
 	n := s.shards[i]
-	h := &n.heal
+	h := &n.reseed
 	h.mu.Lock()
-	healing := h.reseeding || time.Now().Before(h.until)
+	reseeding := h.reseeding || time.Now().Before(h.until)
 	h.mu.Unlock()
-	if healing {
-		return fmt.Errorf("limiter: shard %s: %w", n.name, ErrHealing)
+	if reseeding {
+		return fmt.Errorf("limiter: shard %s: %w", n.name, ErrReseeding)
 	}
 	// The marker's end as last read has passed; others may have kept it
-	// alive since. (Not under h.mu: a new connection asks heal.lua, which
+	// alive since. (Not under h.mu: a new connection asks epoch.lua, which
 	// takes it.)
-	c, cancel := context.WithTimeout(ctx, s.opts.ReadTimeout)
+	c, cancel := context.WithTimeout(reseedCtx(ctx), s.opts.ReadTimeout)
 	defer cancel()
-	left, err := n.healc.PTTL(c, s.keys.HealKey()).Result()
+	left, err := n.primary.PTTL(c, s.keys.ReseedKey()).Result()
 	if err != nil {
-		return fmt.Errorf("limiter: shard %s: %w (reading the heal marker: %v)", n.name, ErrHealing, err)
+		return fmt.Errorf("limiter: shard %s: %w (reading the reseed marker: %v)", n.name, ErrReseeding, err)
+	}
+	if left > maxReseedFor {
+		left = 0 // no process sets it so long: not a reseed's (docs/security.md)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -183,58 +190,58 @@ func (s *Store) gateSlow(ctx context.Context, i int) error {
 		if end := time.Now().Add(left); end.After(h.until) {
 			h.until = end
 		}
-		return fmt.Errorf("limiter: shard %s: %w", n.name, ErrHealing)
+		return fmt.Errorf("limiter: shard %s: %w", n.name, ErrReseeding)
 	}
 	if h.reseeding || time.Now().Before(h.until) {
-		return fmt.Errorf("limiter: shard %s: %w", n.name, ErrHealing)
+		return fmt.Errorf("limiter: shard %s: %w", n.name, ErrReseeding)
 	}
 	if h.active.CompareAndSwap(true, false) {
-		s.log().Info("the shard's heal is over; reservations resume", "shard", n.name, "epoch", h.epoch)
+		s.log().Info("the shard's reseed is over; reservations resume", "shard", n.name, "epoch", h.epoch)
 	}
 	return nil
 }
 
-// check asks shard i's primary, through c, whether it changed (heal.lua),
-// and takes the answer in; it reports ErrHealing while the shard heals.
+// check asks shard i's primary, through c, whether it changed (epoch.lua),
+// and takes the answer in; it reports ErrReseeding while the shard reseeds.
 func (s *Store) check(ctx context.Context, i int, c redis.Scripter) error {
 	n := s.shards[i]
-	n.heal.mu.Lock()
-	known := n.heal.epoch
-	n.heal.mu.Unlock()
-	v, err := healScript.Run(ctx, c, []string{s.keys.EpochKey(), s.keys.HealKey()}, "check", newEpoch(), known,
-		s.opts.HealFor.Milliseconds()).Slice()
+	n.reseed.mu.Lock()
+	known := n.reseed.epoch
+	n.reseed.mu.Unlock()
+	v, err := epochScript.Run(ctx, c, []string{s.keys.EpochKey(), s.keys.ReseedKey()}, "check", newEpoch(), known,
+		s.opts.ReseedFor.Milliseconds()).Slice()
 	if err != nil {
 		return err
 	}
-	r, err := parseHeal(v)
+	r, err := parseEpoch(v)
 	if err != nil {
 		return err
 	}
 	if s.observe(i, r) {
-		return fmt.Errorf("limiter: shard %s: %w", n.name, ErrHealing)
+		return fmt.Errorf("limiter: shard %s: %w", n.name, ErrReseeding)
 	}
 	return nil
 }
 
-func parseHeal(v []any) (healReply, error) {
+func parseEpoch(v []any) (epochReply, error) {
 	if len(v) != 3 {
-		return healReply{}, fmt.Errorf("unexpected heal reply %v", v)
+		return epochReply{}, fmt.Errorf("unexpected reseed reply %v", v)
 	}
 	state, ok1 := v[0].(int64)
 	epoch, ok2 := v[1].(string)
 	pttl, ok3 := v[2].(int64)
 	if !ok1 || !ok2 || !ok3 {
-		return healReply{}, fmt.Errorf("unexpected heal reply %v", v)
+		return epochReply{}, fmt.Errorf("unexpected reseed reply %v", v)
 	}
-	return healReply{state: state, epoch: epoch, pttl: time.Duration(pttl) * time.Millisecond}, nil
+	return epochReply{state: state, epoch: epoch, pttl: time.Duration(pttl) * time.Millisecond}, nil
 }
 
-// observe takes a heal.lua answer into shard i's state, starting this
+// observe takes a epoch.lua answer into shard i's state, starting this
 // process's re-assertion when the shard entered an epoch this process did
 // not know. It reports whether the shard takes no writes now.
-func (s *Store) observe(i int, r healReply) bool {
+func (s *Store) observe(i int, r epochReply) bool {
 	n := s.shards[i]
-	h := &n.heal
+	h := &n.reseed
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := time.Now()
@@ -245,21 +252,21 @@ func (s *Store) observe(i int, r healReply) bool {
 		h.active.Store(true)
 	}
 	switch r.state {
-	case healBegan, healJoined, healLate:
+	case epochBegan, epochJoined, epochLate:
 		if r.epoch == h.epoch {
 			break
 		}
 		first := h.epoch == ""
 		h.epoch = r.epoch
-		h.heals.Add(1)
-		s.heals.Add(1)
-		if r.state == healLate {
+		h.reseeds.Add(1)
+		s.reseeds.Add(1)
+		if r.state == epochLate {
 			s.late.Add(1)
-			s.log().Error("the shard's primary changed and its heal ended before this process learnt of it: "+
+			s.log().Error("the shard's primary changed and its reseed ended before this process learnt of it: "+
 				"re-asserting late; windows may have let more through meanwhile", "shard", n.name, "epoch", r.epoch)
 		} else if !first {
 			s.log().Warn("the shard's primary changed: re-asserting what this process holds in its windows; "+
-				"no reservation there until the heal ends", "shard", n.name, "epoch", r.epoch, "heal_for", r.pttl)
+				"no reservation there until the reseed ends", "shard", n.name, "epoch", r.epoch, "reseed_for", r.pttl)
 		}
 		h.reseeding = true
 		h.active.Store(true)
@@ -274,12 +281,12 @@ func (s *Store) observe(i int, r healReply) bool {
 }
 
 // reseed re-asserts this process's claims on shard i for epoch, keeping
-// the heal alive meanwhile, then says so to the healer.
+// the reseed alive meanwhile, then says so to the reseeder.
 func (s *Store) reseed(i int, epoch string) {
 	defer s.wg.Done()
 	n := s.shards[i]
-	var hl Healer
-	if p := s.healer.Load(); p != nil {
+	var hl Reseeder
+	if p := s.reseeder.Load(); p != nil {
 		hl = *p
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -291,12 +298,13 @@ func (s *Store) reseed(i int, epoch string) {
 		case <-ctx.Done():
 		}
 	}()
+	var expired atomic.Bool
+	var keep sync.WaitGroup
+	keep.Go(func() { s.keepReseeding(ctx, i, &expired) })
 	var claims []limiter.Claim
 	if hl != nil {
 		claims = hl.Claims(i, s.opts.Clock.Now())
 	}
-	var keep sync.WaitGroup
-	keep.Go(func() { s.keepHealing(ctx, i) })
 	delay := 20 * time.Millisecond
 	for sent := 0; sent < len(claims) && ctx.Err() == nil; {
 		batch := claims[sent:min(sent+claimBatch, len(claims))]
@@ -313,34 +321,44 @@ func (s *Store) reseed(i int, epoch string) {
 	}
 	cancel()
 	keep.Wait()
-	if hl != nil && len(claims) > 0 {
+	switch {
+	case len(claims) > 0 && expired.Load():
+		s.late.Add(1)
+		s.log().Error("re-asserted what this process holds in the shard's windows after the reseed ended: "+
+			"those windows may have let more through meanwhile (raise redis.reseed_for)", "shard", n.name, "windows", len(claims))
+	case len(claims) > 0:
 		s.log().Info("re-asserted what this process holds in the shard's windows", "shard", n.name, "windows", len(claims))
 	}
 	if hl != nil {
-		hl.Healed(i)
+		hl.Reseeded(i)
 	}
-	n.heal.mu.Lock()
-	n.heal.reseeding = false
-	n.heal.mu.Unlock()
+	n.reseed.mu.Lock()
+	n.reseed.reseeding = false
+	n.reseed.mu.Unlock()
 }
 
-// keepHealing keeps shard i's heal marker alive while this process
-// re-asserts (until ctx ends), so that nobody reserves before it is done.
-func (s *Store) keepHealing(ctx context.Context, i int) {
+// keepReseeding keeps shard i's reseed marker alive while this process
+// re-asserts (until ctx ends), so that nobody reserves before it is done:
+// at once, then every ReseedFor/5. It sets expired when it finds the reseed
+// over before this process is done.
+func (s *Store) keepReseeding(ctx context.Context, i int, expired *atomic.Bool) {
 	n := s.shards[i]
-	every := max(20*time.Millisecond, s.opts.HealFor/5)
+	every := max(20*time.Millisecond, s.opts.ReseedFor/5)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
+		c, cancel := context.WithTimeout(reseedCtx(ctx), s.opts.ReadTimeout)
+		v, err := epochScript.Run(c, n.primary, []string{s.keys.EpochKey(), s.keys.ReseedKey()}, "extend", newEpoch(), "",
+			max(100, (3*every).Milliseconds())).Slice()
+		cancel()
+		if r, perr := parseEpoch(v); err == nil && perr == nil && r.epoch == "" && ctx.Err() == nil {
+			expired.Store(true)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		c, cancel := context.WithTimeout(ctx, s.opts.ReadTimeout)
-		_ = healScript.Run(c, n.healc, []string{s.keys.EpochKey(), s.keys.HealKey()}, "extend", newEpoch(), "",
-			max(100, (3*every).Milliseconds())).Err()
-		cancel()
 	}
 }
 
@@ -348,9 +366,10 @@ func (s *Store) keepHealing(ctx context.Context, i int) {
 func (s *Store) sendClaims(ctx context.Context, i int, epoch string, claims []limiter.Claim) error {
 	n := s.shards[i]
 	now := ms(s.opts.Clock.Now())
+	ctx = reseedCtx(ctx)
 	for attempt := 0; ; attempt++ {
 		c, cancel := context.WithTimeout(ctx, 2*time.Second)
-		pipe := n.healc.Pipeline()
+		pipe := n.primary.Pipeline()
 		cmds := make([]*redis.Cmd, len(claims))
 		for j, cl := range claims {
 			if err := cl.Validate(); err != nil {
@@ -386,7 +405,7 @@ func (s *Store) sendClaims(ctx context.Context, i int, epoch string, claims []li
 			}
 		}
 		if noscript && attempt == 0 {
-			if err := s.reload(ctx, n.healc, reseedScript); err != nil {
+			if err := s.reload(ctx, n.primary, reseedScript); err != nil {
 				return err
 			}
 			continue
@@ -411,12 +430,12 @@ func (s *Store) tally(c limiter.Claim, v []int64) {
 	}
 }
 
-// watch checks every shard's primary every HealCheck until the store
+// watch checks every shard's primary every EpochCheck until the store
 // closes: a probe, in case no connection of this process breaks (an idle
 // process, credit in hand) while the primary changes.
 func (s *Store) watch() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.opts.HealCheck)
+	t := time.NewTicker(s.opts.EpochCheck)
 	defer t.Stop()
 	for {
 		select {
@@ -430,57 +449,65 @@ func (s *Store) watch() {
 	}
 }
 
-// probe reads shard i's epoch record and heal marker, and asks the primary
+// probe reads shard i's epoch record and reseed marker, and asks the primary
 // the whole question (check) only when either says something changed. A
 // connection the probe makes asks it in any case (its OnConnect).
 func (s *Store) probe(i int) {
 	n := s.shards[i]
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ReadTimeout)
+	ctx, cancel := context.WithTimeout(reseedCtx(context.Background()), s.opts.ReadTimeout)
 	defer cancel()
-	pipe := n.healc.Pipeline()
+	pipe := n.primary.Pipeline()
 	rec := pipe.Get(ctx, s.keys.EpochKey())
-	left := pipe.PTTL(ctx, s.keys.HealKey())
+	left := pipe.PTTL(ctx, s.keys.ReseedKey())
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return // unreachable: the next connection asks
 	}
-	n.heal.mu.Lock()
-	known := n.heal.epoch
-	n.heal.mu.Unlock()
-	if left.Val() <= 0 && known != "" && epochOf(rec.Val()) == known {
+	n.reseed.mu.Lock()
+	known := n.reseed.epoch
+	n.reseed.mu.Unlock()
+	marked := left.Val() > 0 && left.Val() <= maxReseedFor
+	if !marked && known != "" && epochOf(rec.Val()) == known {
 		return
 	}
-	if err := s.check(ctx, i, n.healc); err != nil && !errors.Is(err, ErrHealing) {
+	if err := s.check(ctx, i, n.primary); err != nil && !errors.Is(err, ErrReseeding) {
 		s.checkErrors.Add(1)
 		s.log().Error("asking the shard's primary whether it changed failed", "shard", n.name, "err", err)
 	}
 }
 
 // onConnect is the OnConnect of a primary's connections: a connection to a
-// primary that changed fails, and its command with it, until the heal ends.
-// A check that fails for another reason (an ACL without the commands
-// heal.lua runs) is counted and logged, and the connection is used.
+// primary that changed fails, and its command with it, until the reseed ends
+// — but for a reseed's own calls (reseedCtx). A check that fails for another
+// reason (an ACL without the commands epoch.lua runs) is counted and logged,
+// and the connection is used. (A Sentinel shard's client runs it on its
+// connections to the sentinels too, which know no scripts.)
 func (s *Store) onConnect(i int) func(ctx context.Context, cn *redis.Conn) error {
 	return func(ctx context.Context, cn *redis.Conn) error {
 		err := s.check(ctx, i, cn)
-		if err != nil && !errors.Is(err, ErrHealing) {
-			s.checkErrors.Add(1)
-			s.log().Error("asking the shard's primary whether it changed failed", "shard", s.shards[i].name, "err", err)
+		switch {
+		case err == nil:
 			return nil
+		case errors.Is(err, ErrReseeding):
+			if ctx.Value(reseedCtxKey{}) != nil {
+				return nil
+			}
+			return err
+		case redis.HasErrorPrefix(err, "ERR unknown command"):
+			return nil // a sentinel
 		}
-		return err
-	}
-}
-
-// healConnect is the OnConnect of the heal client's connections: it
-// learns of a change as any connection does, and is used during heals.
-func (s *Store) healConnect(i int) func(ctx context.Context, cn *redis.Conn) error {
-	return func(ctx context.Context, cn *redis.Conn) error {
-		if err := s.check(ctx, i, cn); err != nil && !errors.Is(err, ErrHealing) {
-			s.checkErrors.Add(1)
-		}
+		s.checkErrors.Add(1)
+		s.log().Error("asking the shard's primary whether it changed failed", "shard", s.shards[i].name, "err", err)
 		return nil
 	}
 }
+
+// reseedCtx marks ctx as a reseed's own: its calls go through while the shard
+// reseeds.
+func reseedCtx(ctx context.Context) context.Context {
+	return context.WithValue(ctx, reseedCtxKey{}, true)
+}
+
+type reseedCtxKey struct{}
 
 // epochOf is the epoch id in an epoch record ("<run id>:<epoch>:<how>").
 func epochOf(rec string) string {

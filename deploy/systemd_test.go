@@ -112,4 +112,3 @@ func parseUnit(t *testing.T, raw []byte) map[string][]string {
 	require.NoError(t, sc.Err())
 	return out
 }
-

@@ -202,3 +202,18 @@ func TestVersionEverywhere(t *testing.T) {
 	require.Less(t, strings.Index(string(changelog), "## [Unreleased]"), strings.Index(string(changelog), "## ["+v+"]"))
 	require.Contains(t, string(changelog), "["+v+"]: https://github.com/tallyhq/tally/releases/tag/v"+v)
 }
+
+// Without git, the commit and its time come from TALLY_COMMIT and
+// SOURCE_DATE_EPOCH, both or neither.
+func TestSourceFromTheEnvironment(t *testing.T) {
+	t.Setenv("TALLY_COMMIT", "0123abc")
+	t.Setenv("SOURCE_DATE_EPOCH", "1764115200")
+	src, err := dist.ReadSource(context.Background(), root)
+	require.NoError(t, err)
+	require.Equal(t, "0123abc", src.Commit)
+	require.Equal(t, time.Date(2025, 11, 26, 0, 0, 0, 0, time.UTC), src.Time)
+	require.Equal(t, built.src.Version, src.Version)
+	t.Setenv("SOURCE_DATE_EPOCH", "")
+	_, err = dist.ReadSource(context.Background(), root)
+	require.ErrorContains(t, err, "set both")
+}

@@ -42,19 +42,28 @@ type Source struct {
 }
 
 // ReadSource reads the version and the commit of the repository at root
-// (git must be on the PATH).
+// with git; without git (a source tarball), from TALLY_COMMIT and
+// SOURCE_DATE_EPOCH (seconds since 1970), which must then both be set.
 func ReadSource(ctx context.Context, root string) (Source, error) {
 	raw, err := os.ReadFile(filepath.Join(root, "VERSION"))
 	if err != nil {
 		return Source{}, err
 	}
 	s := Source{Root: root, Version: strings.TrimSpace(string(raw))}
+	if commit, epoch := os.Getenv("TALLY_COMMIT"), os.Getenv("SOURCE_DATE_EPOCH"); commit != "" || epoch != "" {
+		sec, err := strconv.ParseInt(epoch, 10, 64)
+		if err != nil || commit == "" {
+			return Source{}, fmt.Errorf("TALLY_COMMIT %q and SOURCE_DATE_EPOCH %q: set both, the commit and its time in seconds", commit, epoch)
+		}
+		s.Commit, s.Time = commit, time.Unix(sec, 0).UTC()
+		return s, nil
+	}
 	git := func(args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, "git", args...)
 		cmd.Dir = root
 		out, err := cmd.Output()
 		if err != nil {
-			return "", fmt.Errorf("git %s: %w (a release is built from a git checkout)", strings.Join(args, " "), err)
+			return "", fmt.Errorf("git %s: %w (a release is built from a git checkout, or with TALLY_COMMIT and SOURCE_DATE_EPOCH set)", strings.Join(args, " "), err)
 		}
 		return strings.TrimSpace(string(out)), nil
 	}

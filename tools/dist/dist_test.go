@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		start := time.Now()
-		built.src, built.dir = dist.Source{}, dir
+		built.dir = dir
 		if built.src, err = dist.ReadSource(context.Background(), root); err == nil {
 			if built.files, err = dist.Release(context.Background(), built.src, dir, "go"); err == nil {
 				var image string

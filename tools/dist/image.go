@@ -3,11 +3,13 @@ package dist
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
 	"encoding/pem"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -36,7 +38,7 @@ const (
 	// CACerts is the CA bundle (Mozilla's roots, as golang.org/x/crypto's
 	// x509roots/fallback carries them), where Go looks for it on Linux.
 	CACerts = "/etc/ssl/certs/ca-certificates.crt"
-	// Source is the repository the image is built from.
+	// RepoURL is the repository the image is built from.
 	RepoURL = "https://github.com/tallyhq/tally"
 )
 
@@ -193,7 +195,7 @@ func layer(entries []entry, at time.Time) (v1.Layer, error) {
 	all := map[string]entry{}
 	for _, e := range entries {
 		all[e.name] = e
-		for d := filepath.Dir(strings.TrimSuffix(e.name, "/")); d != "."; d = filepath.Dir(d) {
+		for d := path.Dir(strings.TrimSuffix(e.name, "/")); d != "."; d = path.Dir(d) {
 			if _, ok := all[d+"/"]; !ok {
 				all[d+"/"] = entry{name: d + "/", mode: 0o755}
 			}
@@ -231,11 +233,11 @@ func layer(entries []entry, at time.Time) (v1.Layer, error) {
 // pinned.
 func tarDir(dir string, at time.Time) ([]byte, error) {
 	var names []string
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || path == dir {
+	err := filepath.WalkDir(dir, func(file string, d fs.DirEntry, err error) error {
+		if err != nil || file == dir {
 			return err
 		}
-		names = append(names, path)
+		names = append(names, file)
 		return nil
 	})
 	if err != nil {
@@ -244,9 +246,9 @@ func tarDir(dir string, at time.Time) ([]byte, error) {
 	sort.Strings(names)
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, path := range names {
-		rel, _ := filepath.Rel(dir, path)
-		info, err := os.Stat(path)
+	for _, file := range names {
+		rel, _ := filepath.Rel(dir, file)
+		info, err := os.Stat(file)
 		if err != nil {
 			return nil, err
 		}
@@ -254,7 +256,7 @@ func tarDir(dir string, at time.Time) ([]byte, error) {
 		var body []byte
 		if info.IsDir() {
 			h.Typeflag, h.Name, h.Mode = tar.TypeDir, h.Name+"/", 0o755
-		} else if body, err = os.ReadFile(path); err != nil {
+		} else if body, err = os.ReadFile(file); err != nil {
 			return nil, err
 		}
 		h.Size = int64(len(body))
@@ -271,14 +273,14 @@ func tarDir(dir string, at time.Time) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// checkSum fails unless the file at path has the SHA-256 want (hex).
-func checkSum(path, want string) error {
-	raw, err := os.ReadFile(path)
+// checkSum fails unless file has the SHA-256 want (hex).
+func checkSum(file, want string) error {
+	raw, err := os.ReadFile(file)
 	if err != nil {
 		return err
 	}
-	if got := fmt.Sprintf("%x", sha256Sum(raw)); got != want {
-		return fmt.Errorf("%s: SHA-256 %s, but SHA256SUMS says %q: make release again", path, got, want)
+	if got := fmt.Sprintf("%x", sha256.Sum256(raw)); got != want {
+		return fmt.Errorf("%s: SHA-256 %s, but SHA256SUMS says %q: make release again", file, got, want)
 	}
 	return nil
 }

@@ -53,7 +53,7 @@ func TestImageRunsUnderPodman(t *testing.T) {
 		require.NoError(t, err, "podman %s: %s", strings.Join(args, " "), stderr.String())
 		return strings.TrimSpace(string(out))
 	}
-	out := run("pull", "--quiet", "--arch", runtimeArch(), "oci-archive:"+filepath.Join(built.dir, built.src.ImageFile()))
+	out := run("pull", "--quiet", "--arch", runtime.GOARCH, "oci-archive:"+filepath.Join(built.dir, built.src.ImageFile()))
 	id := lastLine(out)
 	require.NotEmpty(t, id)
 	t.Cleanup(func() { _ = exec.Command(podman, "rmi", "--force", id).Run() })
@@ -118,8 +118,6 @@ func rlimit(t *testing.T, resource int, upTo uint64) string {
 	require.NoError(t, unix.Getrlimit(resource, &l))
 	return fmt.Sprint(min(l.Max, upTo))
 }
-
-func runtimeArch() string { return runtime.GOARCH }
 
 func firstLine(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
 

@@ -312,5 +312,3 @@ func ReadTarball(path string) (map[string][]byte, error) {
 		files[rest] = b.Bytes()
 	}
 }
-
-func sha256Sum(b []byte) [32]byte { return sha256.Sum256(b) }

@@ -109,6 +109,8 @@ func (f *Files) TLSConfig(nextProtos ...string) *tls.Config {
 			l := f.files()
 			c := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: nextProtos, Certificates: []tls.Certificate{l.cert}}
 			if l.cas != nil {
+				// A resumed session's chain is checked again against these
+				// CAs (crypto/tls): a CA taken out lets none of its clients in.
 				c.ClientCAs, c.ClientAuth = l.cas, tls.RequireAndVerifyClientCert
 			}
 			return c, nil

@@ -194,3 +194,40 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+// A client CA replaced on disk is enforced on the next connection: a
+// client whose CA was taken out is refused, even one that connected
+// before and offers to resume its session, and a client of the new CA is
+// served.
+func TestClientCARotation(t *testing.T) {
+	ca, next := testpki.NewCA(t, "tally CA"), testpki.NewCA(t, "next CA")
+	dir := t.TempDir()
+	cert, key := ca.Server("edge")
+	clientCA := filepath.Join(dir, "client-ca.pem")
+	raw, err := os.ReadFile(ca.File)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(clientCA, raw, 0o600))
+	files, err := servertls.Load(servertls.Config{CertFile: cert, KeyFile: key, ClientCAFile: clientCA}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	url := serve(t, files, io.Discard)
+
+	oldCert, oldKey := ca.Client("old-gateway")
+	old := testpki.ClientTLS(t, ca, oldCert, oldKey)
+	old.ClientSessionCache = tls.NewLRUClientSessionCache(8)
+	require.NoError(t, get(client(old), url))
+
+	raw, err = os.ReadFile(next.File)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(clientCA+".new", raw, 0o600))
+	require.NoError(t, os.Rename(clientCA+".new", clientCA))
+	newCert, newKey := next.Client("new-gateway")
+	testutil.WaitFor(t, "the new client CA in effect", func() bool {
+		c := client(testpki.ClientTLS(t, ca, newCert, newKey))
+		defer c.CloseIdleConnections()
+		return get(c, url) == nil
+	})
+	c := client(old) // a new transport: a new connection, the session cache kept
+	err = get(c, url)
+	require.Error(t, err, "a client of the CA taken out")
+	require.ErrorContains(t, err, "unknown certificate authority")
+}

@@ -51,7 +51,8 @@ func TestSystemdUnits(t *testing.T) {
 		require.Equal(t, []string{u.exec}, s["Service.ExecStart"], u.file)
 		require.Equal(t, []string{u.user}, s["Service.User"], "%s: a user of its own, not root", u.file)
 		for key, want := range map[string]string{"NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes",
-			"CapabilityBoundingSet": "", "AmbientCapabilities": "", "Restart": "on-failure", "ProtectHome": "yes"} {
+			"CapabilityBoundingSet": "", "AmbientCapabilities": "", "Restart": "on-failure", "ProtectHome": "yes",
+			"SystemCallErrorNumber": "EPERM"} {
 			require.Equal(t, []string{want}, s["Service."+key], "%s: %s", u.file, key)
 		}
 		require.Len(t, s["Service.EnvironmentFile"], 1, "%s: secrets from an environment file", u.file)

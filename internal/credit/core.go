@@ -524,13 +524,13 @@ const lostSettle = 2 * time.Second
 
 // resolveLost reads the windows of entries whose reservations failed and
 // takes back what those reservations got (reconcile), until lostSettle
-// after the failure.
-func (c *Core) resolveLost(ctx context.Context, lost []*entry, now time.Time) {
+// after the failure; each read waits up to budget.
+func (c *Core) resolveLost(ctx context.Context, lost []*entry, now time.Time, budget time.Duration) {
 	for _, e := range lost {
 		if ctx.Err() != nil {
 			return
 		}
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisBudget)
+		rctx, cancel := context.WithTimeout(ctx, budget)
 		g, err := c.d.Reserver.Take(rctx, e.key, now, limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit,
 			Producer: c.d.Producer, Holder: e.holder})
 		cancel()

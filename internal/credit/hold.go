@@ -138,9 +138,9 @@ func (c *Core) holdNow(ctx context.Context, e *entry, target int64, now, deadlin
 	c.endHold(e, h, r, err, c.d.Clock.Now())
 }
 
-// reportHolds sends the pending reports, a call per shard, and takes in
-// their answers.
-func (c *Core) reportHolds(ctx context.Context, pending []pendingHold) {
+// reportHolds sends the pending reports, a call per shard, each waiting up
+// to budget, and takes in their answers.
+func (c *Core) reportHolds(ctx context.Context, pending []pendingHold, budget time.Duration) {
 	byShard := map[int][]pendingHold{}
 	for _, p := range pending {
 		byShard[p.e.at()] = append(byShard[p.e.at()], p)
@@ -150,7 +150,7 @@ func (c *Core) reportHolds(ctx context.Context, pending []pendingHold) {
 		for i, p := range ps {
 			hs[i] = p.h
 		}
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisBudget)
+		rctx, cancel := context.WithTimeout(ctx, budget)
 		rs, err := c.d.Reserver.Hold(rctx, shard, hs)
 		cancel()
 		if err == nil && len(rs) != len(hs) {

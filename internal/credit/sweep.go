@@ -104,8 +104,8 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 			e.quiet(until.UnixNano())
 		}
 	})
-	c.reportHolds(ctx, holds)
-	c.resolveLost(ctx, lost, now)
+	c.reportHolds(ctx, holds, c.cfg.RedisBudget)
+	c.resolveLost(ctx, lost, now, c.cfg.RedisBudget)
 	for _, e := range recheck {
 		if ctx.Err() != nil {
 			return
@@ -138,7 +138,10 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 
 // ReleaseAll gives back every credit: the edge is stopping. Reservations
 // whose answer was lost are resolved first (within ctx), so that what they
-// got goes back too. Call it after Wait.
+// got goes back too, and frozen credit is unfrozen. No request waits any
+// more: each call may take up to shutdownBudget (a slow primary would
+// otherwise keep what the edge froze, or a lost reservation's units, until
+// the window resets). Call it after Wait.
 func (c *Core) ReleaseAll(ctx context.Context, now time.Time) {
 	var lost []*entry
 	c.table.each(func(e *entry) {
@@ -148,7 +151,7 @@ func (c *Core) ReleaseAll(ctx context.Context, now time.Time) {
 		}
 		e.mu.Unlock()
 	})
-	c.resolveLost(ctx, lost, now)
+	c.resolveLost(ctx, lost, now, max(c.cfg.RedisBudget, shutdownBudget))
 	// Frozen credit is unfrozen first, so that all of it goes back; what a
 	// failed report leaves frozen, others take back once it expires.
 	var holds []pendingHold
@@ -159,13 +162,17 @@ func (c *Core) ReleaseAll(ctx context.Context, now time.Time) {
 		}
 		e.mu.Unlock()
 	})
-	c.reportHolds(ctx, holds)
+	c.reportHolds(ctx, holds, max(c.cfg.RedisBudget, shutdownBudget))
 	c.table.each(func(e *entry) {
 		e.mu.Lock()
 		c.release(e, now)
 		e.mu.Unlock()
 	})
 }
+
+// shutdownBudget is how long each of ReleaseAll's calls may wait for its
+// primary.
+const shutdownBudget = 2 * time.Second
 
 // Wait waits for the reservations in flight in the background.
 func (c *Core) Wait() { c.wg.Wait() }

@@ -171,6 +171,15 @@ func (r *lossRun) verify(t *testing.T) []*jetstream.RawStreamMsg {
 		}
 	}
 	hotUsed, hotAllowed := c.usage(t, r.hot), r.hot.charged()
+	// What an edge froze of its credit and could not unfreeze as it stopped
+	// (a report that failed) stays counted until another edge takes it
+	// back (docs/operations.md, Credit held by an edge that dies).
+	detail, err := c.store.Inspect(context.Background(), r.hot.key, time.Now())
+	require.NoError(t, err)
+	var frozen int64
+	for _, f := range detail.Frozen {
+		frozen += f.Units
+	}
 	now := metrics(t, c.acc.AdminAddr)
 	counted := now["tally_accountant_over_limit_units_total"]
 	if c.acc == r.acc {
@@ -179,11 +188,12 @@ func (r *lossRun) verify(t *testing.T) []*jetstream.RawStreamMsg {
 	unreserved := r.sum[`tally_edge_decisions_total{path="borrow",result="allowed"}`] +
 		r.sum[`tally_edge_decisions_total{path="fail-open",result="allowed"}`]
 	over := max(0, hotAllowed-busy.Limit)
-	t.Logf("cold windows: %d of %d wrong (%d units lost, %d extra); hot window: %d allowed of %d, it holds %d; "+
+	t.Logf("cold windows: %d of %d wrong (%d units lost, %d extra); hot window: %d allowed of %d, it holds %d (%d frozen); "+
 		"%v units charged over a limit, %v admissions without a reservation", len(wrong), len(l.targets)-1, lost, extra,
-		hotAllowed, busy.Limit, hotUsed, counted, unreserved)
+		hotAllowed, busy.Limit, hotUsed, frozen, counted, unreserved)
 	require.Empty(t, wrong, "windows that do not hold what their clients were allowed net of refunds")
-	require.Equal(t, hotAllowed, hotUsed, "the hot window does not hold what its clients were allowed")
+	require.GreaterOrEqual(t, hotUsed, hotAllowed, "the hot window lost what its clients were allowed")
+	require.LessOrEqual(t, hotUsed, hotAllowed+frozen, "the hot window holds more than its clients were allowed and its frozen credit")
 	require.LessOrEqual(t, float64(over), counted, "units allowed beyond the hot key's limit that the accountant did not count")
 	require.LessOrEqual(t, counted, unreserved, "over the limit, beyond the admissions made without a reservation")
 	require.Zero(t, r.sum[`tally_edge_reseeds_total{timing="late"}`], "an edge learnt of a reseed after it ended")

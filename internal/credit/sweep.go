@@ -120,7 +120,11 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 		e.mu.Lock()
 		switch {
 		case !w.Live:
-			e.expire()
+			// No window where the edge knows one: an operator's reset (a
+			// room notice says so too), or a primary that lost it and is
+			// being re-seeded from what the edges hold. The edge keeps
+			// what it knows, and the next request's reservation says which.
+			e.full = false
 		case w.ResetAt.Equal(e.reset) && w.Used < e.used:
 			e.used = w.Used
 			if e.policy.Limit-e.used >= max(1, e.lastCost) {

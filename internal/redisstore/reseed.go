@@ -458,11 +458,21 @@ func (s *Store) probe(i int) {
 	n := s.shards[i]
 	ctx, cancel := context.WithTimeout(reseedCtx(context.Background()), s.opts.ReadTimeout)
 	defer cancel()
-	pipe := n.primary.Pipeline()
-	rec := pipe.Get(ctx, s.keys.EpochKey())
-	left := pipe.PTTL(ctx, s.keys.ReseedKey())
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return // unreachable: the next connection asks
+	var rec *redis.StringCmd
+	var left *redis.DurationCmd
+	for attempt := 0; ; attempt++ {
+		pipe := n.primary.Pipeline()
+		rec = pipe.Get(ctx, s.keys.EpochKey())
+		left = pipe.PTTL(ctx, s.keys.ReseedKey())
+		_, err := pipe.Exec(ctx)
+		if err == nil || errors.Is(err, redis.Nil) {
+			break
+		}
+		if attempt > 0 || ctx.Err() != nil {
+			return // unreachable: the next probe, or connection, asks
+		}
+		// A connection the primary's restart or death broke: a new one asks
+		// at once (its OnConnect), not a probe later.
 	}
 	n.reseed.mu.Lock()
 	known := n.reseed.epoch

@@ -434,6 +434,9 @@ func (s *Store) Check(ctx context.Context, k limiter.Key) (limiter.Window, error
 
 func (s *Store) checkOn(ctx context.Context, i int, k limiter.Key) (limiter.Window, error) {
 	n := s.shards[i]
+	if err := s.gate(ctx, i); err != nil {
+		return limiter.Window{}, err // its replicas hold what the primary lost
+	}
 	now := s.opts.Clock.Now()
 	keys, arg := []string{k.String()}, ms(now)
 	var buf [8]int

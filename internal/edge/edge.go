@@ -334,6 +334,9 @@ func New(o Options) (*Server, error) {
 	}
 	s.done.Go(s.sweep)
 	s.done.Go(s.warm)
+	if o.DenyOnRedisError {
+		s.done.Go(s.watchPrimaries)
+	}
 	return s, nil
 }
 

@@ -407,8 +407,10 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	if !g.Live {
 		return false
 	}
-	if !g.ResetAt.Equal(e.reset) { // a new window, or one another edge opened
-		e.expire()
+	if !g.ResetAt.Equal(e.reset) || e.start.IsZero() { // a new window, or one another edge opened
+		if !g.ResetAt.Equal(e.reset) {
+			e.expire()
+		}
 		e.reset, e.start = g.ResetAt, g.Start
 	}
 	e.shard.Store(int32(g.Shard)) // where the window is: it moves with a new window only

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/backoff"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
@@ -229,4 +231,46 @@ func adminLimits(t *testing.T, e *edgeUnderTest, method, body string) (*http.Res
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp, b
+}
+
+// An operator lowers a client's limit below the credit an edge holds for
+// it: the credit the new limit leaves no room for goes back by the stream
+// (an event of more units than the new limit, which an edge could not
+// encode before), and an accountant configured with the deployment's
+// policies applies it although the client's limit is not the policy's.
+// The window then counts exactly what was admitted.
+func TestLoweredLimitGivesCreditBackThroughTheStream(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute}
+	pl.stopAcc()
+	pl.accConfig = func(c *accountant.Config) { c.Policies = pl.policies }
+	pl.startAccountant()
+	clock := limiter.NewManualClock(time.Now())
+	var logs testutil.Buffer
+	e := pl.edge(func(o *edge.Options) {
+		o.Clock = clock
+		o.Log = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	admitted := 0
+	for range 40 { // a busy client: the edge reserves ahead of it
+		clock.Advance(10 * time.Millisecond)
+		if get(t, e.proxy.URL, "busy").StatusCode == 200 {
+			admitted++
+		}
+	}
+	require.Equal(t, 40, admitted)
+	k := pl.keys.Key("core", "h:busy")
+	require.Greater(t, pl.used(k), int64(admitted), "the edge holds credit")
+
+	resp, body := adminLimits(t, e, "POST", `{"policy":"core","identity":"busy","limit":3,"for":"1m","by":"ops"}`)
+	require.Equal(t, 200, resp.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "the limit at the edge", temporaryBound, func() bool { return len(e.srv.Temporary(clock.Now())) == 1 })
+	require.Equal(t, 429, get(t, e.proxy.URL, "busy").StatusCode, "40 of 3")
+	clock.Advance(2 * time.Second) // the credit idle: the edge gives it back
+	pl.waitUsed(k, int64(admitted))
+	testutil.WaitFor(t, "the release applied by the accountant", func() bool { return pl.acc.Stats().Released > 0 })
+	require.Zero(t, metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`), "published, not applied by the edge")
+	require.Zero(t, pl.acc.Stats().DeadLettered)
+	require.NotContains(t, logs.String(), "could not be encoded")
+	require.NotContains(t, logs.String(), `"level":"ERROR"`)
 }

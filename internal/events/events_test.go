@@ -203,7 +203,7 @@ func TestAccountingRejects(t *testing.T) {
 		"bad policy":              {func(e *events.Accounting) { e.Policy = "Core" }, "policy"},
 		"zero limit":              {func(e *events.Accounting) { e.Limit = 0 }, "limit"},
 		"huge window":             {func(e *events.Accounting) { e.WindowSeconds = 400 * 86400 }, "window_s"},
-		"units over limit":        {func(e *events.Accounting) { e.Units = 101 }, "units"},
+		"units over 10^9":         {func(e *events.Accounting) { e.Units = limiter.MaxLimit + 1 }, "units"},
 		"no start":                {func(e *events.Accounting) { e.StartedAt = time.Time{} }, "started_at"},
 		"fractional reset":        {func(e *events.Accounting) { e.ResetAt = reset.Add(time.Millisecond) }, "reset_at"},
 		"bad request id":          {func(e *events.Accounting) { e.RequestID = "a/b" }, "request_id"},

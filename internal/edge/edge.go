@@ -196,6 +196,8 @@ type Server struct {
 	healDenied  [2]atomic.Uint64
 	// denied counts the most denied clients (denials.go).
 	denied *topDenied
+	// strangers limits the log lines about callers that are not gateways.
+	strangers strangers
 }
 
 // New validates o and starts the server's background work. Call Close to

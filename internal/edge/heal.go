@@ -161,15 +161,27 @@ func (s *Server) backedOff(p limiter.Policy, cost int64, dg limiter.Digest, now 
 
 // followLimits reads the limits stream from its start and applies every
 // signed entry (SetTemporary), until ctx ends; an entry that is not signed
-// with the deployment's key is counted and ignored. The ordered consumer
-// starts again by itself after NATS comes back.
+// with the deployment's key is counted and ignored. It starts once the
+// edge's streams exist (warm creates them: a fresh edge has nothing to warn
+// about before), logs when it starts reading, and, when it cannot, says so
+// and tries again every second. The ordered consumer starts again by itself
+// after NATS comes back.
 func (s *Server) followLimits(ctx context.Context, js jetstream.JetStream) {
+	for !s.ready.streams.Load() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	failed := false
 	for {
-		err := s.consumeLimits(ctx, js)
+		err := s.consumeLimits(ctx, js, failed)
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("the limits stream cannot be read yet; temporary limits wait", "err", err)
+		failed = true
+		s.log.Warn("the limits stream cannot be read; temporary limits wait", "err", err)
 		select {
 		case <-ctx.Done():
 			return
@@ -178,7 +190,10 @@ func (s *Server) followLimits(ctx context.Context, js jetstream.JetStream) {
 	}
 }
 
-func (s *Server) consumeLimits(ctx context.Context, js jetstream.JetStream) error {
+// consumeLimits applies the limits stream's entries until ctx ends, or
+// returns why it cannot read the stream. again says whether an earlier
+// attempt failed (the log says it is read again).
+func (s *Server) consumeLimits(ctx context.Context, js jetstream.JetStream, again bool) error {
 	prefix := s.o.Streams.WithDefaults().Limits.SubjectPrefix
 	c, err := js.OrderedConsumer(ctx, s.o.Streams.WithDefaults().Limits.Name, jetstream.OrderedConsumerConfig{})
 	if err != nil {
@@ -203,6 +218,11 @@ func (s *Server) consumeLimits(ctx context.Context, js jetstream.JetStream) erro
 	if err != nil {
 		return err
 	}
+	msg := "the limits stream is read; temporary limits apply"
+	if again {
+		msg = "the limits stream is read again; temporary limits apply"
+	}
+	s.o.Log.Info(msg, "stream", s.o.Streams.WithDefaults().Limits.Name)
 	<-ctx.Done()
 	cc.Stop()
 	return nil

@@ -4,14 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/accountant"
@@ -19,6 +24,7 @@ import (
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/testutil"
 )
 
@@ -273,4 +279,36 @@ func TestLoweredLimitGivesCreditBackThroughTheStream(t *testing.T) {
 	require.Zero(t, pl.acc.Stats().DeadLettered)
 	require.NotContains(t, logs.String(), "could not be encoded")
 	require.NotContains(t, logs.String(), `"level":"ERROR"`)
+}
+
+// A fresh edge whose NATS is not up yet does not warn that the limits
+// stream cannot be read: it reads it once its streams exist, and says so
+// when it does.
+func TestLimitsStreamIsReadOnceTheStreamsExist(t *testing.T) {
+	pl := newPipeline(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), append(natstest.Options("edge"), nats.RetryOnFailedConnect(true))...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	var logs testutil.Buffer
+	srv, err := edge.New(edge.Options{Store: pl.newStore(), Keys: pl.keys, NATS: nc,
+		Limits: edge.Limits{Policies: pl.policies, DefaultPolicy: "core"}, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	testutil.WaitFor(t, "the edge to try its streams", func() bool {
+		return strings.Contains(logs.String(), "the streams cannot be found or created yet")
+	})
+	natstest.StartWith(t, func(o *server.Options) { o.Port = port })
+	testutil.WaitFor(t, "the edge ready", srv.Ready)
+	testutil.WaitFor(t, "the limits stream read", func() bool {
+		return strings.Contains(logs.String(), `"msg":"the limits stream is read; temporary limits apply"`)
+	})
+	require.NotContains(t, logs.String(), "the limits stream cannot be read")
 }

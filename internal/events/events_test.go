@@ -230,6 +230,10 @@ func TestAccountingRejects(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, events.ErrInvalidEvent)
+			// One order for every reason (the accountant's own checks say
+			// the same): what is wrong, then which event, then why.
+			require.True(t, strings.HasPrefix(err.Error(), "events: invalid event: event 1: "), "%v", err)
+			require.ErrorContains(t, err, c.want)
 		})
 	}
 	good := events.AppendAccounting(nil, "s0", ptr(sample(events.Started, 1)))

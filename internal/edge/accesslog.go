@@ -25,8 +25,9 @@ import (
 //     are the request ids and the status;
 //   - a JSON access-log entry (Caddy: log { output net udp/… format json }):
 //     "status", and the Tally-Request-Id header among "resp_headers" or the
-//     request's "headers"; or Traefik's JSON access log, shipped to Tally
-//     by a log shipper: "DownstreamStatus" and "request_Tally-Request-Id".
+//     request's "headers"; or Traefik's JSON access log, which Traefik
+//     writes to a file only, sent on by `tally ship-access-log`:
+//     "DownstreamStatus" and "request_Tally-Request-Id".
 //
 // Only 304s are acted on (nothing else gives anything back, so other
 // statuses cost no Redis call), each request finished once on its window's

@@ -16,7 +16,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/natstest"
@@ -34,11 +33,12 @@ const limit = 5
 // addresses and the upstream's.
 func tally(t *testing.T) (fa, logAddr, upstream string) {
 	t.Helper()
-	return tallyFor(t, "127.0.0.1")
+	return tallyFor(t, "127.0.0.1", "")
 }
 
-// tallyFor is tally answering the gateways given (a YAML list's items).
-func tallyFor(t *testing.T, gateways string) (fa, logAddr, upstream string) {
+// tallyFor is tally answering the gateways given (a YAML list's items),
+// with the identity's trusted proxies given (likewise; "" for none).
+func tallyFor(t *testing.T, gateways, trustedProxies string) (fa, logAddr, upstream string) {
 	t.Helper()
 	rs := redistest.Start(t)
 	ns := natstest.Start(t)
@@ -54,7 +54,7 @@ func tallyFor(t *testing.T, gateways string) (fa, logAddr, upstream string) {
 	fa, admin, logAddr := freeAddr(t), freeAddr(t), freeUDP(t)
 	src := "redis:\n  shards:\n    - name: s0\n      primary: {addr: \"" + rs.Addr + "\"}\n" +
 		"nats:\n  url: " + ns.ClientURL() + "\n" +
-		"edge:\n  admin_listen: " + admin + "\n  default_policy: core\n  identity: {header: Authorization}\n" +
+		"edge:\n  admin_listen: " + admin + "\n  default_policy: core\n  identity: {header: Authorization, trusted_proxies: [" + trustedProxies + "]}\n" +
 		"  forward_auth:\n    listen: " + fa + "\n    gateways: [" + gateways + "]\n    log_listen: " + logAddr + "\n" +
 		fmt.Sprintf("policies:\n  - {name: core, limit: %d, window: 1h, mode: exact}\n", limit)
 	cfg, err := config.Parse([]byte(src), func(k string) string {
@@ -250,7 +250,7 @@ func TestCaddyListensOnLoopbackOnly(t *testing.T) {
 // look like rate limiting: nginx answers 500 (Tally's 421 is not the 403
 // its error_page makes a 429) and logs why; Caddy passes the 421 on.
 func TestGatewayNotInTheList(t *testing.T) {
-	fa, logAddr, upstream := tallyFor(t, "10.9.9.9")
+	fa, logAddr, upstream := tallyFor(t, "10.9.9.9", "")
 	nginx, dir := startNginx(t, fa, logAddr, upstream)
 	resp := get(t, nginx, "alice", "")
 	require.Equal(t, 500, resp.StatusCode)
@@ -279,56 +279,4 @@ func freeUDP(t *testing.T) string {
 	require.NoError(t, err)
 	defer c.Close()
 	return c.LocalAddr().String()
-}
-
-// Traefik is not packaged: its ForwardAuth middleware is played from the
-// example (deploy/traefik: the address, and the headers it copies) with
-// the headers Traefik documents sending: the original method, proto, host,
-// URI and client in X-Forwarded-*, beside the client's own headers. Exactly
-// limit get through; the denial Traefik passes on is a 429 with Retry-After.
-func TestTraefikForwardAuth(t *testing.T) {
-	var dyn struct {
-		HTTP struct {
-			Middlewares map[string]struct {
-				ForwardAuth struct {
-					Address             string   `yaml:"address"`
-					AuthResponseHeaders []string `yaml:"authResponseHeaders"`
-				} `yaml:"forwardAuth"`
-			} `yaml:"middlewares"`
-		} `yaml:"http"`
-	}
-	b, err := os.ReadFile("../../deploy/traefik/dynamic.yml")
-	require.NoError(t, err)
-	require.NoError(t, yaml.Unmarshal(b, &dyn))
-	mw := dyn.HTTP.Middlewares["tally"].ForwardAuth
-	require.Contains(t, mw.AuthResponseHeaders, "Tally-Request-Id")
-	fa, _, _ := tally(t)
-	address := strings.Replace(mw.Address, "127.0.0.1:8082", fa, 1)
-	ask := func() *http.Response {
-		req, err := http.NewRequest("GET", address, nil)
-		require.NoError(t, err)
-		for k, v := range map[string]string{"X-Forwarded-Method": "GET", "X-Forwarded-Proto": "https",
-			"X-Forwarded-Host": "api.example.com", "X-Forwarded-Uri": "/repos?page=2", "X-Forwarded-For": "198.51.100.4",
-			"Authorization": "Bearer carol"} {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp
-	}
-	for i := range limit {
-		resp := ask()
-		require.Equal(t, 200, resp.StatusCode, "request %d", i+1)
-		for _, h := range mw.AuthResponseHeaders {
-			if h != "X-RateLimit-Used" || i > 0 {
-				require.NotEmpty(t, resp.Header.Get(h), h)
-			}
-		}
-	}
-	resp := ask()
-	require.Equal(t, 429, resp.StatusCode)
-	require.NotEmpty(t, resp.Header.Get("Retry-After"))
-	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
 }

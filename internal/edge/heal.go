@@ -108,21 +108,29 @@ func (s *Server) temporaryTerms(p *limiter.Policy, dg limiter.Digest, now time.T
 }
 
 // blockedVerdict is the denial of a request of c while an operator blocks
-// its client: nothing is read or charged, and the client is told to come
-// back when the block lifts.
+// its client: nothing is read or charged, its limit is 0, and the client is
+// told to come back when the block lifts (Retry-After). The reset shown is
+// the window's, when the edge knows the client's window; else, with no
+// window to speak of, the block's end.
 func (s *Server) blockedVerdict(c limitCheck, now time.Time, reqNum uint64) credit.Verdict {
 	p := c.policy
 	p.Limit = 0
 	s.healDenied[0].Add(1)
-	return s.heldVerdict(p, c.cost, c.digest, now, reqNum, credit.PathBlocked, limiter.Decision{RetryAt: c.blocked, ResetAt: c.blocked})
+	reset, ok := s.core.Known(c.digest, now)
+	if !ok {
+		reset = c.blocked
+	}
+	return s.heldVerdict(p, c.cost, c.digest, now, reqNum, credit.PathBlocked, limiter.Decision{RetryAt: c.blocked, ResetAt: reset})
 }
 
 // backoffVerdict is the denial of a request that came back before the
 // Retry-After its client was given (a strike): nothing is read or charged.
+// Its reset is the window's that denied the client, as its earlier
+// answers said; only Retry-After says when to come back.
 func (s *Server) backoffVerdict(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64, a backoff.Answer) credit.Verdict {
 	s.healDenied[1].Add(1)
 	return s.heldVerdict(p, cost, dg, now, reqNum, credit.PathBackoff, limiter.Decision{Used: p.Limit,
-		ResetAt: a.Until.Add(time.Second - 1).Truncate(time.Second), RetryAt: a.Until, Strikes: a.Strikes})
+		ResetAt: a.Reset, RetryAt: a.Until, Strikes: a.Strikes})
 }
 
 // heldVerdict is a denial decided by the edge alone (path), d's times and

@@ -312,3 +312,70 @@ func TestLimitsStreamIsReadOnceTheStreamsExist(t *testing.T) {
 	})
 	require.NotContains(t, logs.String(), "the limits stream cannot be read")
 }
+
+// Backoff's answers: Retry-After grows up to the cap and never past it
+// (factor 2, max 12 s, a window of 5 s), never earlier than RateLimit's t;
+// X-RateLimit-Reset stays the window's reset on every answer, also once the
+// window has reset while the client is still backed off. The edge's clock
+// is injected, starting 300 ms into a second.
+func TestBackoffRetryAfterAtItsCapAndTheWindowsReset(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 2, Window: 5 * time.Second}
+	clock := limiter.NewManualClock(time.Now().Truncate(time.Second).Add(300 * time.Millisecond))
+	e := pl.edge(func(o *edge.Options) {
+		o.Clock = clock
+		o.Backoff = map[string]backoff.Config{"core": {Factor: 2, Max: 12 * time.Second}}
+	})
+	var reset string
+	for range 2 {
+		r := get(t, e.proxy.URL, "eager")
+		require.Equal(t, 200, r.StatusCode)
+		reset = r.Header.Get("X-RateLimit-Reset")
+	}
+	r := get(t, e.proxy.URL, "eager")
+	require.Equal(t, 429, r.StatusCode)
+	require.Equal(t, reset, r.Header.Get("X-RateLimit-Reset"))
+	require.LessOrEqual(t, retryAfter(t, r), 5*time.Second)
+	resetAt, err := strconv.ParseInt(reset, 10, 64)
+	require.NoError(t, err)
+	var told []time.Duration
+	for clock.Now().Before(time.Unix(resetAt, 0).Add(2 * time.Second)) { // past the window's reset too
+		clock.Advance(700 * time.Millisecond)
+		r = get(t, e.proxy.URL, "eager")
+		require.Equal(t, 429, r.StatusCode, "came back early")
+		ra := retryAfter(t, r)
+		told = append(told, ra)
+		require.LessOrEqual(t, ra, 12*time.Second, "never past the cap: %v", told)
+		require.Equal(t, reset, r.Header.Get("X-RateLimit-Reset"), "the window's reset, not the backoff's end")
+		_, tv, ok := strings.Cut(r.Header.Get("RateLimit"), ";t=")
+		require.True(t, ok)
+		tsec, err := strconv.Atoi(tv)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, ra, time.Duration(tsec)*time.Second, "never earlier than t")
+	}
+	require.Contains(t, told, 12*time.Second, "the cap was reached: %v", told)
+}
+
+// A blocked client's answer agrees with itself: the decision API's body
+// says the limit its headers say (0: blocked), and X-RateLimit-Reset is
+// the window's reset the client saw before; Retry-After says when the
+// block lifts.
+func TestBlockAnswersAgree(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute}
+	clock := limiter.NewManualClock(time.Now())
+	e := pl.edge(func(o *edge.Options) { o.Clock = clock })
+	resp, _ := check(t, e, "blocked-client")
+	require.Equal(t, 200, resp.StatusCode)
+	reset := resp.Header.Get("X-RateLimit-Reset")
+	r, body := adminLimits(t, e, "POST", `{"policy":"core","identity":"blocked-client","block":true,"for":"2h","by":"ops"}`)
+	require.Equal(t, 200, r.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "the block at the edge", temporaryBound, func() bool { return len(e.srv.Temporary(clock.Now())) == 1 })
+	resp, m := check(t, e, "blocked-client") // check asserts the body's limit and remaining are the headers'
+	require.Equal(t, 429, resp.StatusCode)
+	require.Equal(t, "0", resp.Header.Get("X-RateLimit-Limit"))
+	require.EqualValues(t, 0, m["limit"])
+	require.Equal(t, reset, resp.Header.Get("X-RateLimit-Reset"), "the window's reset")
+	require.InDelta(t, 7200, retryAfter(t, resp).Seconds(), 1, "when the block lifts")
+	require.EqualValues(t, retryAfter(t, resp).Seconds(), m["retry_after"])
+}

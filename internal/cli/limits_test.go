@@ -84,20 +84,29 @@ func TestTemporaryLimitsFromTheCLI(t *testing.T) {
 	}
 }
 
-// check-config lists every problem of a file with its line, and exits 1;
-// a good file is ok. version and help say what they should.
+// check-config lists every problem of a file with its line, and exits 1:
+// those the YAML decoder finds (an unknown field, a value of the wrong
+// type) hide none of the others, nor does a shard's bad address hide a
+// duplicate shard name; a good file is ok. version and help say what they
+// should.
 func TestCheckConfigVersionAndHelp(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	require.NoError(t, os.WriteFile(bad, []byte(`redis:
   shards:
     - name: s0
-      primary: {addr: "127.0.0.1:6379"}
+      primary: {addr: "127.0.0.1"}
+    - name: s0
+      primary: {addr: "127.0.0.1:6380"}
 policies:
   - {name: core, limit: -5, window: 1m}
   - {name: search, limit: 10, window: 1m, backoff: {factor: 50}}
+  - {name: admin, limit: lots, window: 1m}
+  - {name: other, limit: 5, window: 1m, mode: exact, moed: async}
 edge:
   on_redis_error: maybe
+  listen: 127.0.0.1:8080
+  upstrem: http://127.0.0.1:9000
 `), 0o600))
 	env := func(k string) string {
 		return map[string]string{"TALLY_KEY_SECRET": hex.EncodeToString(tallytest.Secret)}[k]
@@ -109,10 +118,13 @@ edge:
 	}
 	r := run("check-config", bad)
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, bad+":6: policies[0].limit: -5")
-	require.Contains(t, r.stderr, bad+":7: policies[1].backoff.factor: 50")
-	require.Contains(t, r.stderr, bad+":9: edge.on_redis_error")
-	require.Contains(t, r.stderr, "3 problems found")
+	for _, want := range []string{":4: redis.shards[0].primary: addr", ":5: redis.shards[1].name: \"s0\": duplicate shard name",
+		":8: policies[0].limit: -5", ":9: policies[1].backoff.factor: 50", ":10: policies[2].limit: cannot unmarshal",
+		":11: policies[3].moed: field moed not found", ":13: edge.on_redis_error", ":15: edge.upstrem: field upstrem not found",
+		":12: edge.upstream: \"\": proxy mode (edge.listen) needs an http(s) upstream URL"} { // the misspelt one's: none
+		require.Contains(t, r.stderr, bad+want)
+	}
+	require.Contains(t, r.stderr, "9 problems found", r.stderr)
 
 	good := filepath.Join(dir, "good.yaml")
 	require.NoError(t, os.WriteFile(good, []byte(`redis:

@@ -43,13 +43,13 @@ func TestTemporaryLimitsFromTheCLI(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	testutil.WaitForWithin(t, "the block lifted", 2*time.Second, func() bool { return apiCheck(t, d, "alice") == 200 })
 	require.Contains(t, d.run(t, "limits", "list").stdout, "no temporary limits in force")
-	r = d.run(t, append([]string{"limits", "clear"}, alice...)...)
+	r = d.run(t, append([]string{"limits", "clear", "--by", "ops"}, alice...)...)
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "nothing to clear")
 
 	// A tighter limit for three seconds: two requests, then denied, until
 	// it lifts itself with no one acting.
-	r = d.run(t, "limits", "set", "--policy", "core", "--identity", "api:carol", "--limit", "2", "--for", "3s")
+	r = d.run(t, "limits", "set", "--policy", "core", "--identity", "api:carol", "--limit", "2", "--for", "3s", "--by", "ops")
 	require.Equal(t, 0, r.code, r.stderr)
 	testutil.WaitForWithin(t, "the limit at the edge", 2*time.Second, func() bool {
 		resp, err := http.Get("http://" + d.EdgeAdmin + "/v1/limits") // what the edge applies
@@ -68,6 +68,9 @@ func TestTemporaryLimitsFromTheCLI(t *testing.T) {
 	rs := operatorRecords(t, d)
 	require.True(t, hasRecord(rs, "limit_set", "ops: scraping"))
 	require.True(t, hasRecord(rs, "limit_cleared", "ops"))
+	for _, r := range rs {
+		require.NotEmpty(t, r["note"], "every operator's record names who: %v", r)
+	}
 
 	for _, c := range []struct {
 		args []string
@@ -148,7 +151,7 @@ policies:
 	r = run()
 	require.Equal(t, 2, r.code)
 	for _, name := range []string{"check-config", "inspect", "reset", "decisions", "dead-letters list", "dead-letters replay",
-		"limits set", "limits list", "limits clear", "version"} {
+		"dead-letters discard", "limits set", "limits list", "limits clear", "ship-access-log", "version"} {
 		require.Contains(t, r.stdout, "tally "+name+" ", "the command list names %s", name)
 	}
 	r = run("help", "limits", "set")

@@ -186,6 +186,11 @@ func TestTemporaryLimitsAcrossEdges(t *testing.T) {
 		}
 	}
 	require.Equal(t, 3, allowed, "the temporary limit, across both edges")
+	testutil.WaitFor(t, "the change recorded naming who: the edge asked, when the caller named no one", func() bool {
+		return slices.ContainsFunc(records(), func(d decisionRecord) bool {
+			return d.Outcome == "limit_set" && d.Note == "admin API of "+a.srv.Producer()
+		})
+	})
 	clock.Advance(time.Minute + time.Second) // expired (and the window reset)
 	require.Empty(t, a.srv.Temporary(clock.Now()))
 	for range 5 {

@@ -79,7 +79,10 @@
 -- Returns: a flat list, 4 values per event: outcome, used, reset_at, amount
 --   outcome 1 applied    used: the window's units after it, amount: added or
 --                        given back (for a refund, at most what the producer
---                        held in the window)
+--                        held in the window). An event a reseed's
+--                        re-assertion of its window counted already
+--                        (v:<producer>, reseed.lua) is applied too: it
+--                        changes nothing more, and amount is its units
 --           2 duplicate  the producer's event was applied before (or its
 --                        number is older than every gap remembered)
 --           3 late       its window has ended or been replaced (or, for a
@@ -252,8 +255,12 @@ local function mark(p, seq)
 end
 
 local touched = {}
--- held is what producer prod holds in window i (c:<producer>), read once.
+-- held is what producer prod holds in window i (c:<producer>), read once,
+-- with the events of the producer a reseed's re-assertion covers there
+-- (v:<producer>, reseed.lua: from < seq <= to). opened marks the windows
+-- this call opened: nothing is stored for them yet.
 local held = {}
+local opened = {}
 local function holding(i, prod)
   local h = held[i]
   if h == nil then
@@ -261,7 +268,16 @@ local function holding(i, prod)
     held[i] = h
   end
   if h[prod] == nil then
-    h[prod] = { n = tonumber(redis.call("HGET", KEYS[i], "c:" .. names[prod])) or 0, dirty = false }
+    if opened[i] then
+      h[prod] = { n = 0, dirty = false }
+    else
+      local f = redis.call("HMGET", KEYS[i], "c:" .. names[prod], "v:" .. names[prod])
+      h[prod] = { n = tonumber(f[1]) or 0, dirty = false }
+      if f[2] then
+        local from, to = string.match(f[2], "^%x+:(%d+):(%d+)$")
+        h[prod].from, h[prod].to = tonumber(from), tonumber(to)
+      end
+    end
   end
   return h[prod]
 end
@@ -305,6 +321,7 @@ local function charge(e, p)
     end
     wins[e.win] = w
     held[e.win] = {} -- a new window: nobody holds anything in it yet
+    opened[e.win] = true
   end
   w.u = w.u + e.units
   local h = holding(e.win, e.prod)
@@ -338,13 +355,27 @@ local function giveback(e)
   return 1, w.u, w.r, amount
 end
 
+-- covered reports whether a reseed's re-assertion of the event's window
+-- counted the event already (reseed.lua): it took effect then.
+local function covered(e)
+  local w = window(e.win)
+  if e.reset == 0 or w == nil or w.r ~= e.reset or w.r <= now then
+    return false
+  end
+  local h = holding(e.win, e.prod)
+  return h.from ~= nil and e.seq > h.from and e.seq <= h.to
+end
+
 local out = {}
 for i = 1, nev do
   local e = evs[i]
   local p = producer(e.prod)
   local o, u, r, a = 2, 0, 0, 0
   if unapplied(p, e.seq) then
-    if e.kind == "c" then
+    if covered(e) then
+      local w = window(e.win)
+      o, u, r, a = 1, w.u, w.r, e.units
+    elseif e.kind == "c" then
       o, u, r, a = charge(e, p)
     else
       o, u, r, a = giveback(e)

@@ -2,9 +2,10 @@
 //
 // Each script opens with its contract: the KEYS and ARGV it takes, what it
 // returns, and which node it runs on. The scripts that change windows (take,
-// apply, finish) share the window model in window.lua, which is prepended to
-// them here; check runs alone, read-only, on replicas; lease keeps one
-// accountant active per shard.
+// apply, finish, hold, reseed) share the window model in window.lua, which
+// is prepended to them here; check runs alone, read-only, on replicas; lease
+// keeps one accountant active per shard; reseed tells when a shard's primary
+// changed and its windows must be re-asserted.
 //
 // Scripts touch only the keys passed in KEYS, validate every argument before
 // their first write (Lua has no rollback), and take all times from the
@@ -32,6 +33,12 @@ var (
 	Finish = withWindow("finish.lua")
 	// Hold records the share of an edge's credit it will not spend.
 	Hold = withWindow("hold.lua")
+	// Epoch tells whether a shard's primary is the one its windows were
+	// written on, and begins a reseed when it is not.
+	Epoch = read("epoch.lua")
+	// Reseed re-asserts, during a reseed, what one holder was given in one
+	// window.
+	Reseed = withWindow("reseed.lua")
 )
 
 func read(name string) string {

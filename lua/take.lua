@@ -54,7 +54,9 @@
 --
 -- A reservation that finds too little room first takes back the frozen
 -- shares (hold.lua's "z:<holder>" fields) whose expiry has passed: the
--- credit of edges that stopped reporting, which they will not spend.
+-- credit of edges that stopped reporting, which they will not spend. It
+-- leaves "t:<holder>" behind, so that a reseed does not make the share again
+-- (reseed.lua).
 --
 -- Returns: {granted, used, reset_at, start, opened, applied, mine, frozen}
 --   granted   units reserved: 0, or from need to want (as much as is left)
@@ -186,7 +188,7 @@ if room < need and opened == 0 then
         back = back + fr
         local cf = "c:" .. pr
         local c = math.max(0, (tonumber(redis.call("HGET", KEYS[1], cf)) or 0) - fr)
-        redis.call("HSET", KEYS[1], cf, num(c))
+        redis.call("HSET", KEYS[1], cf, num(c), "t:" .. string.sub(all[i], 3), "1")
         if cf == held_field then
           held = c
         end

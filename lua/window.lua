@@ -19,6 +19,12 @@
 --   z:<holder>    the units of its credit a holder will not spend, until
 --       when, and its producer (hold.lua); taken back by take.lua once
 --       expired
+--   t:<holder>    set when take.lua took a holder's share back: a reseed does
+--       not make that share again (reseed.lua)
+--   h   the reseed that opened the window, when one did (reseed.lua)
+--   v:<producer>  "<reseed>:<from>:<to>": the producer's accounting events
+--       for this window numbered from < seq <= to are counted in it by that
+--       reseed's re-assertion; apply.lua takes them as applied
 --
 -- The hash expires at r + grace; expiry is garbage collection only, every
 -- read compares r with the caller's clock.

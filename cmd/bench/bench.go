@@ -178,6 +178,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 		{"latency, open loop at 25/50/75/90% of saturation", b.latency},
 		{"key counts: 1, 100, 10k and 1M keys, closed loop; 3,000/s over 1M keys, open loop", b.keyCounts},
 		{"Envoy's rate-limit service over gRPC, beside a no-op gRPC handler", b.grpcDoor},
+		{"reservations on a Sentinel shard and on a shard of fixed addresses, mode exact", b.shardKinds},
 		{"the denied path (windows full)", b.denied},
 		{"one hot key offered 5x its limit from 1, 2 and 4 edges, modes auto and async", b.hotKey},
 		{"accountant throughput, with and without WAIT", b.accountantThroughput},

@@ -31,6 +31,7 @@ type report struct {
 	KeyCounts  []keyCountResult   `json:"key_counts"`
 	GRPC       []grpcResult       `json:"grpc"`
 	OpenKeys   []openKeysResult   `json:"open_loop_many_keys"`
+	ShardKinds []shardKindResult  `json:"reservations_by_shard_kind"`
 }
 
 type roundTrips struct {
@@ -303,6 +304,7 @@ func (r *report) markdown(w *strings.Builder, chart, raw string) {
 	p("")
 	r.keysMarkdown(p)
 	r.grpcMarkdown(p)
+	r.shardKindsMarkdown(p)
 	p("## Latency against offered load")
 	p("")
 	p("Open loop (latency counted from each request's scheduled send time), at shares of each target's")

@@ -3,6 +3,7 @@ package accountant_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -173,10 +174,17 @@ func (f *fixture) take(producer string, k limiter.Key, units int64) limiter.Gran
 	return g
 }
 
+// used is k's window's count on the primary; while the shard reseeds (its
+// primary changed) it waits, bounded, for the reseed's end.
 func (f *fixture) used(k limiter.Key) int64 {
-	g, err := f.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
-	require.NoError(f.t, err)
-	return g.Used
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		g, err := f.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
+		if errors.Is(err, redisstore.ErrReseeding) && time.Now().Before(deadline) {
+			continue
+		}
+		require.NoError(f.t, err)
+		return g.Used
+	}
 }
 
 // waitUsed waits (bounded) until k's window shows want, and fails otherwise.

@@ -2,6 +2,7 @@ package accountant
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -203,7 +204,14 @@ func (w *worker) applyRun(ctx context.Context, items []item, run limiter.Run) bo
 			}
 			continue
 		}
-		a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
+		if w.reseeded() {
+			return false // read again from the oldest message (errReseeded)
+		}
+		if errors.Is(err, redisstore.ErrReseeding) {
+			a.log.Info("the shard's primary changed; applying resumes when its reseed ends", "shard", w.name)
+		} else {
+			a.log.Warn("applying events failed; retrying", "shard", w.name, "events", len(ops), "retry_in", w.delay, "err", err)
+		}
 		if !sleep(ctx, w.delay) {
 			if !w.settleLost(run, items, ops) {
 				seqs := make([]uint64, len(items))

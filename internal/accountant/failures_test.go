@@ -291,3 +291,26 @@ func TestShutdownLeavesNothingHalfDone(t *testing.T) {
 	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	require.EqualValues(t, 200-charged, b.Stats().Charged)
 }
+
+// A primary that comes back without its data (no persistence) loses what
+// the accountant applied there. Events applied and not yet deleted from the
+// stream are applied again once the shard has reseeded: the accountant reads
+// the shard's subject again from its oldest message.
+func TestAppliedEventsComeBackAfterAnEmptyRestart(t *testing.T) {
+	f := newFixture(t)
+	k, r := f.keys.Key("core", "alice"), reset()
+	a := f.start()
+	f.replica.Stop() // no replica confirms: applied events stay in the stream
+	for i := range uint64(5) {
+		f.publish([]events.Accounting{started("edge-1", i+1, k, r, 1)})
+	}
+	f.waitUsed(k, 5)
+	testutil.WaitFor(t, "an unconfirmed purge", func() bool { return a.Stats().Unconfirmed > 0 })
+	require.EqualValues(t, 5, f.streamMsgs())
+	f.primary.Restart() // empty: no persistence in tests
+	f.replica.Restart()
+	f.waitUsed(k, 5)
+	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
+	require.EqualValues(t, 10, a.Stats().Charged, "each event applied on both primaries")
+	require.Zero(t, a.Stats().DeadLettered)
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tallyhq/tally/internal/redisstore"
 )
 
 // serveShard holds shard i's lease and reads its events while it holds it,
@@ -21,6 +23,12 @@ func (a *Accountant) serveShard(ctx context.Context, i int) {
 	for ctx.Err() == nil {
 		held, err := a.hold(ctx, i)
 		switch {
+		case errors.Is(err, redisstore.ErrReseeding):
+			// The shard's primary changed: the lease (and applying) waits
+			// for the reseed's end, which is near.
+			a.setState(i, false, err)
+			sleep(ctx, a.cfg.RetryMin)
+			continue
 		case err != nil:
 			a.setState(i, false, err)
 			a.log.Warn("shard lease unavailable; retrying", "shard", name, "err", err)
@@ -36,6 +44,11 @@ func (a *Accountant) serveShard(ctx context.Context, i int) {
 		a.setState(i, true, nil)
 		a.log.Info("serving shard", "shard", name, "owner", a.cfg.Owner)
 		err = a.lead(ctx, i)
+		if errors.Is(err, errReseeded) {
+			a.log.Info("the shard's primary changed: reading its events again from the oldest", "shard", name)
+			a.setState(i, false, nil)
+			continue
+		}
 		a.setState(i, false, err)
 		if err != nil && ctx.Err() == nil {
 			a.log.Error("shard stopped; restarting it", "shard", name, "err", err)

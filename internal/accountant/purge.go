@@ -30,6 +30,12 @@ func (w *worker) purge(final bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		l, err := w.a.store.ConfirmApplied(ctx, w.shard, w.a.cfg.Owner, w.a.cfg.LeaseTTL)
+		if err == nil && w.reseeded() {
+			// Confirmed on a primary that is not the one the events were
+			// applied on: they are applied again first.
+			w.purgeFailed.Store(true)
+			return
+		}
 		if err != nil || l.Replicated < l.Waited {
 			w.purgeFailed.Store(true)
 			w.a.unconfirmed.Add(1)

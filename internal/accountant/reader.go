@@ -2,6 +2,7 @@ package accountant
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -58,17 +59,30 @@ func (a *Accountant) consume(ctx context.Context, i int) error {
 	defer it.Stop()
 
 	w := &worker{a: a, shard: i, name: name, subject: subject, stream: stream, delay: a.cfg.RetryMin,
-		attempts: map[uint64]int{}, idle: time.NewTimer(a.cfg.PurgeEvery)}
+		attempts: map[uint64]int{}, idle: time.NewTimer(a.cfg.PurgeEvery), epoch: a.store.Epoch(i)}
 	c := a.takeOver(i)
 	w.applied, w.lost = c.applied, c.lost
-	defer func() { a.leave(i, carry{applied: w.applied, lost: w.lost}) }()
+	defer func() {
+		if w.reseeded() {
+			// What this process applied before the primary changed may
+			// be lost: the next worker applies it all again.
+			w.applied = 0
+		}
+		a.leave(i, carry{applied: w.applied, lost: w.lost})
+	}()
 	defer w.purge(true)
 	for {
 		msgs, err := w.collect(in)
 		if len(msgs) > 0 && !w.process(ctx, msgs) {
 			// Stopped short: nothing after an unapplied message is read,
 			// so that nothing purges it.
+			if w.reseeded() {
+				return errReseeded
+			}
 			return nil
+		}
+		if w.reseeded() {
+			return errReseeded
 		}
 		w.purge(false)
 		if err != nil {
@@ -101,7 +115,23 @@ type worker struct {
 	// lost is a run whose answer was lost, to send again as itself when
 	// its messages are read (carry.go).
 	lost *lostRun
+	// epoch is the store's count of the shard's reseeds when the worker
+	// began (redisstore.Store.Epoch).
+	epoch uint64
 }
+
+// reseedPoll is how long, at most, an idle worker waits before it looks
+// whether its shard reseeded.
+const reseedPoll = 250 * time.Millisecond
+
+// errReseeded ends a worker whose shard's primary changed (a reseed): what it
+// applied may have been lost with the old primary, and the shard's subject
+// is read again from its oldest message.
+var errReseeded = errors.New("the shard's primary changed: reading its events again from the oldest")
+
+// reseeded reports whether the shard's primary changed since the worker
+// began.
+func (w *worker) reseeded() bool { return w.a.store.Epoch(w.shard) != w.epoch }
 
 // received is one message read from the stream, or the error that ended
 // reading.
@@ -110,11 +140,12 @@ type received struct {
 	err error
 }
 
-// collect waits up to PurgeEvery for one message, then takes those that
-// have arrived since (waiting up to BatchWait for more when it is set), up
-// to BatchSize messages. No message is no error.
+// collect waits up to PurgeEvery (at most reseedPoll, so that a reseed of the
+// shard is seen) for one message, then takes those that have arrived since
+// (waiting up to BatchWait for more when it is set), up to BatchSize
+// messages. No message is no error.
 func (w *worker) collect(in <-chan received) ([]jetstream.Msg, error) {
-	w.idle.Reset(w.a.cfg.PurgeEvery)
+	w.idle.Reset(min(w.a.cfg.PurgeEvery, reseedPoll))
 	var r received
 	select {
 	case r = <-in:

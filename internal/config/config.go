@@ -30,6 +30,7 @@ import (
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/outbox"
 	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/internal/servertls"
 	"github.com/tallyhq/tally/internal/setting"
 	"github.com/tallyhq/tally/internal/shard"
 )
@@ -80,6 +81,11 @@ type Redis struct {
 	// deletes applied events from the stream.
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
+	// ReseedFor is how long, at least, a shard whose primary changed (a
+	// promotion, a restart) takes no reservation while the edges re-assert
+	// what they hold in its windows (docs/operations.md, When a primary
+	// changes). Default 1s.
+	ReseedFor time.Duration `yaml:"reseed_for"`
 	// Placement names the shards keys are placed on (default: every
 	// shard); PreviousPlacement, while shards are added or removed, the
 	// placement before (docs/operations.md, Resharding).
@@ -128,10 +134,16 @@ type Edge struct {
 	// Listen serves proxy mode (requires Upstream). Empty: no proxy.
 	Listen   string `yaml:"listen"`
 	Upstream string `yaml:"upstream"`
+	// TLS is the proxy listener's TLS. Off by default.
+	TLS servertls.Config `yaml:"tls"`
 	// APIListen serves the decision API (/v1/check, /v1/finish). Empty: none.
 	APIListen string `yaml:"api_listen"`
+	// APITLS is the decision API's TLS. Off by default.
+	APITLS servertls.Config `yaml:"api_tls"`
 	// AdminListen serves /healthz, /readyz and /metrics. Default 127.0.0.1:9090.
 	AdminListen string `yaml:"admin_listen"`
+	// AdminTLS is the admin listener's TLS. Off by default.
+	AdminTLS servertls.Config `yaml:"admin_tls"`
 	// OnRedisError is "allow" (default: fail open) or "deny" (503).
 	OnRedisError string `yaml:"on_redis_error"`
 	// MaxHeaderBytes bounds request headers (431 above). Default 16 KiB.
@@ -180,6 +192,8 @@ type ForwardAuth struct {
 	// syslog, Caddy's JSON), from which 304s get their charge back.
 	// Empty: none.
 	LogListen string `yaml:"log_listen"`
+	// TLS is the forward-auth listener's TLS. Off by default.
+	TLS servertls.Config `yaml:"tls"`
 }
 
 // RLS serves Envoy's rate-limit service over gRPC
@@ -188,6 +202,8 @@ type ForwardAuth struct {
 type RLS struct {
 	// Listen is the gRPC listener. Empty: no rate-limit service.
 	Listen string `yaml:"listen"`
+	// TLS is the gRPC listener's TLS. Off by default.
+	TLS servertls.Config `yaml:"tls"`
 	// Config is the directory of envoyproxy/ratelimit's configuration
 	// files: every file in it but dot files, one domain each (what the
 	// reference reads from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config).
@@ -225,6 +241,8 @@ type Accountant struct {
 	accountant.Config `yaml:",inline"`
 	// AdminListen serves /healthz, /readyz and /metrics. Empty: none.
 	AdminListen string `yaml:"admin_listen"`
+	// AdminTLS is the admin listener's TLS. Off by default.
+	AdminTLS servertls.Config `yaml:"admin_tls"`
 }
 
 // Policy is one rate limit.
@@ -561,7 +579,7 @@ func (f *File) StoreOptions() redisstore.Options {
 	return redisstore.Options{
 		Grace: f.Redis.Grace, SkewTolerance: f.Redis.SkewTolerance, ReadPolicy: f.Redis.ReadPolicy,
 		DialTimeout: f.Redis.Timeout, ReadTimeout: f.Redis.Timeout, WriteTimeout: f.Redis.Timeout,
-		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout, TLS: f.redisTLS,
+		WaitReplicas: f.Redis.WaitReplicas, WaitTimeout: f.Redis.WaitTimeout, ReseedFor: f.Redis.ReseedFor, TLS: f.redisTLS,
 		Placement: f.Redis.Placement, PreviousPlacement: f.Redis.PreviousPlacement,
 		// Ample for a stream that keeps events up to its max age.
 		ProducerTTL: max(25*time.Hour, f.NATS.Streams.WithDefaults().Accounting.MaxAge+time.Hour),

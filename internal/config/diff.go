@@ -65,7 +65,8 @@ func (f *File) Changes(next *File) (limits []string, restart []string) {
 
 func edgeListeners(e Edge) []any {
 	return []any{e.Listen, e.Upstream, e.APIListen, e.AdminListen, e.OnRedisError, e.MaxHeaderBytes, e.ReadHeaderTimeout,
-		e.ReadTimeout, e.WriteTimeout, e.IdleTimeout, e.ShutdownTimeout, e.Source, e.Pprof, e.RLS.Listen}
+		e.ReadTimeout, e.WriteTimeout, e.IdleTimeout, e.ShutdownTimeout, e.Source, e.Pprof, e.RLS.Listen,
+		e.TLS, e.APITLS, e.AdminTLS, e.ForwardAuth.TLS}
 }
 
 // rlsSettings are the rate-limit service's settings but its rules (which

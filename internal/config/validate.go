@@ -25,6 +25,7 @@ import (
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/internal/servertls"
 	"github.com/tallyhq/tally/internal/setting"
 	"github.com/tallyhq/tally/internal/shard"
 )
@@ -468,11 +469,38 @@ func (f *File) validateSecurity(ps *problems) {
 				l.addr, EnvAdminToken)
 		}
 	}
+	for _, l := range f.serverTLS() {
+		if l.TLS.On() && l.Addr == "" {
+			ps.field(l.Field, "set, but %s is empty: nothing listens with it", l.Listen)
+			continue
+		}
+		ps.in(l.Field, l.TLS.Validate())
+	}
 	var err error
 	if f.redisTLS, err = f.Redis.TLS.Config(); err != nil {
 		ps.field("redis.tls", "%v", err)
 	}
 	f.natsOpts = f.NATS.options(ps)
+}
+
+// listenerTLS is one listener's TLS settings: the field they are under,
+// the listener's address and the field that sets it.
+type listenerTLS struct {
+	Field, Listen, Addr string
+	TLS                 servertls.Config
+}
+
+// serverTLS are the TLS settings of every listener of both binaries.
+func (f *File) serverTLS() []listenerTLS {
+	e := &f.Edge
+	return []listenerTLS{
+		{"edge.tls", "edge.listen", e.Listen, e.TLS},
+		{"edge.api_tls", "edge.api_listen", e.APIListen, e.APITLS},
+		{"edge.admin_tls", "edge.admin_listen", e.AdminListen, e.AdminTLS},
+		{"edge.rls.tls", "edge.rls.listen", e.RLS.Listen, e.RLS.TLS},
+		{"edge.forward_auth.tls", "edge.forward_auth.listen", e.ForwardAuth.Listen, e.ForwardAuth.TLS},
+		{"accountant.admin_tls", "accountant.admin_listen", f.Accountant.AdminListen, f.Accountant.AdminTLS},
+	}
 }
 
 // Loopback reports whether a listen address (host:port) accepts

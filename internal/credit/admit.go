@@ -15,7 +15,7 @@ func (c *Core) borrow(v Verdict, e *entry, cost int64) (Verdict, bool) {
 	if units <= 0 || len(e.debts) >= limiter.MaxOwed {
 		return v, false
 	}
-	seq := c.d.Ledger.Record(e.at(), limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
+	seq := c.record(e, limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
 		ResetAt: e.reset, Start: v.Now, Time: c.d.Clock.Now(), RequestID: v.RequestID()})
 	if seq == 0 {
 		return v, false
@@ -104,25 +104,28 @@ func (c *Core) counted(e *entry, path Path, allowed int) {
 // inside the edge: nothing outside can send its finish again.
 func (c *Core) Refund(v Verdict) (absorbed bool) {
 	now := c.d.Clock.Now()
-	if v.ChargeSeq == 0 && v.Policy.Mode.OrDefault() != limiter.ModeExact {
-		if e := c.table.lookup(v.Key.Digest()); e != nil {
-			e.lock()
-			ok := e.reset.Equal(v.Reset) && e.live(now)
-			if ok {
-				e.credit += v.Cost
-			}
-			e.mu.Unlock()
-			if ok {
-				c.stats.absorbed.Add(1)
-				return true
-			}
-		}
-	}
 	if v.ChargeSeq == 0 && v.Reset.IsZero() {
 		return false // admitted without a window and without a charge: nothing to give back
 	}
-	c.d.Ledger.Record(v.Shard, limiter.Entry{Kind: limiter.Refund, Key: v.Key, Policy: v.Policy, Units: v.Cost, ResetAt: v.Reset,
-		Start: v.Now, Time: now, RequestID: v.RequestID(), TraceParent: v.TraceParent, ChargeSeq: v.ChargeSeq})
+	ev := limiter.Entry{Kind: limiter.Refund, Key: v.Key, Policy: v.Policy, Units: v.Cost, ResetAt: v.Reset,
+		Start: v.Now, Time: now, RequestID: v.RequestID(), TraceParent: v.TraceParent, ChargeSeq: v.ChargeSeq}
+	if e := c.table.lookup(v.Key.Digest()); e != nil {
+		e.lock()
+		mine := e.reset.Equal(v.Reset) && e.live(now)
+		if mine && v.ChargeSeq == 0 && v.Policy.Mode.OrDefault() != limiter.ModeExact {
+			e.credit += v.Cost
+			e.mu.Unlock()
+			c.stats.absorbed.Add(1)
+			return true
+		}
+		if mine {
+			c.record(e, ev) // the entry's window: noted for a reseed
+			e.mu.Unlock()
+			return false
+		}
+		e.mu.Unlock()
+	}
+	c.d.Ledger.Record(v.Shard, ev)
 	return false
 }
 

@@ -72,6 +72,12 @@ type entry struct {
 	// served numbers the admissions of this entry in its window (a
 	// request's finish is marked by its number: lua/finish.lua).
 	served uint64
+	// What this entry sent for its window, for a reseed (claims.go): the
+	// units it charged and gave back by its accounting events numbered
+	// sentFrom < seq <= sentTo, and by the finishes of its requests.
+	charged, givenBack int64
+	sentFrom, sentTo   uint64
+
 	counts *[2]atomic.Uint64 // the policy's decisions, by [allowed] (Core.byPolicy)
 
 	// Mode async: units admitted over credit whose charges are not yet known
@@ -154,6 +160,7 @@ func (e *entry) expire() {
 	e.reset, e.start, e.used, e.credit, e.full, e.doubtful = time.Time{}, time.Time{}, 0, 0, false, false
 	e.frozen, e.held = 0, 0 // the share went with the window
 	e.served = 0
+	e.charged, e.givenBack, e.sentFrom, e.sentTo = 0, 0, 0, 0
 	e.debts = e.debts[:0]
 	e.deniedSince = false
 }

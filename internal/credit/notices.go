@@ -125,9 +125,25 @@ func (c *Core) finish(ctx context.Context, v Verdict, status int, back int64, no
 	}
 	res, err := c.d.Reserver.Finish(ctx, v.Key, now, a)
 	if err == nil && res.Outcome == limiter.Finished && res.Amount > 0 {
+		c.finished(v, res)
 		c.Learn(v.Shard, v.Key.Digest(), res.ResetAt, res.Used)
 	}
 	return res, err
+}
+
+// finished notes in this edge's entry what a finish of one of its own
+// requests gave back in its window, for a reseed (claims.go).
+func (c *Core) finished(v Verdict, res limiter.FinishResult) {
+	if v.Producer != c.d.Producer {
+		return
+	}
+	if e := c.table.lookup(v.Key.Digest()); e != nil {
+		e.lock()
+		if e.holderNum == v.HolderNum && e.reset.Equal(res.ResetAt) {
+			e.sent(false, res.Amount)
+		}
+		e.mu.Unlock()
+	}
 }
 
 // Charge applies a cost known only once a request is done (the tokens a
@@ -201,7 +217,7 @@ func (c *Core) overdraw(v Verdict, units int64, now time.Time) {
 // number (0: dropped). When it is e's window, e remembers it as owed, and a
 // window it fills is full for every edge. Callers hold e.mu.
 func (c *Core) overdrawLocked(e *entry, v Verdict, units int64, reset, now time.Time) uint64 {
-	seq := c.d.Ledger.Record(e.at(), limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
+	seq := c.record(e, limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
 		ResetAt: reset, Start: v.Now, Time: now, RequestID: v.RequestID(), TraceParent: v.TraceParent})
 	if seq == 0 || reset.IsZero() || !reset.Equal(e.reset) || !e.live(now) {
 		return seq

@@ -20,6 +20,7 @@ type counters struct {
 	noticesIn, noticesUp, noticesRefused atomic.Uint64
 	unavailable                          atomic.Uint64
 	frozen, takenBack, holdErrors        atomic.Uint64
+	claims                               atomic.Uint64
 }
 
 // Stats is what the core did since it started, read at once (the metrics
@@ -53,6 +54,9 @@ type Stats struct {
 	// that failed; TakenBack units of this edge's frozen credit another
 	// edge took back while its reports did not arrive.
 	Holds, HoldErrors, TakenBack uint64
+	// Claims are windows this edge re-asserted on a primary that changed
+	// (a reseed: claims.go).
+	Claims uint64
 	// Keys are the keys remembered; Evicted those forgotten to bound
 	// memory.
 	Keys    int64
@@ -68,7 +72,7 @@ func (c *Core) Stats() Stats {
 		Absorbed: c.stats.absorbed.Load(), Rechecks: c.stats.rechecks.Load(), NoticesIn: c.stats.noticesIn.Load(),
 		NoticesSent: c.stats.noticesUp.Load(), NoticesRefused: c.stats.noticesRefused.Load(),
 		Unavailable: c.stats.unavailable.Load(), Holds: c.stats.frozen.Load(), HoldErrors: c.stats.holdErrors.Load(),
-		TakenBack: c.stats.takenBack.Load(), Keys: max(0, c.table.size.Load()), Evicted: c.table.evicted.Load()}
+		TakenBack: c.stats.takenBack.Load(), Claims: c.stats.claims.Load(), Keys: max(0, c.table.size.Load()), Evicted: c.table.evicted.Load()}
 	for p := range s.Decisions {
 		s.Decisions[p] = [2]uint64{c.stats.byPath[p][0].Load(), c.stats.byPath[p][1].Load()}
 	}

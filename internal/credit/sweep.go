@@ -31,7 +31,7 @@ func (c *Core) releaseUnits(e *entry, units int64, now time.Time) {
 		return
 	}
 	ev := limiter.Entry{Kind: limiter.Release, Key: e.key, Policy: e.policy, Units: units, ResetAt: e.reset, Start: e.start, Time: now}
-	if c.d.Ledger.Record(e.at(), ev) != 0 {
+	if c.record(e, ev) != 0 {
 		c.stats.released.Add(uint64(units))
 		e.used -= units
 		e.credit -= units

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/tallyhq/tally/internal/credit"
+	"github.com/tallyhq/tally/internal/redisstore"
 )
 
 // AdminHandler serves /healthz (the process is up), /readyz, /metrics
@@ -114,8 +115,14 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	recordMessages := counter("tally_edge_decision_messages", "Decision messages JetStream acknowledged.")
 	recordsQueued := gauge("tally_edge_decision_records_queued", "Decision records waiting to be published (beyond edge.decisions.buffer: dropped).")
 	reloads := counter("tally_edge_script_reloads", "Lua scripts sent again to a Redis node that did not have them (NOSCRIPT).")
-	unreplicated := counter("tally_edge_unreplicated_reservations",
-		"Reservations on a Sentinel shard that no replica confirmed in time: a failover right after may lose them.")
+	reseeds := counter("tally_edge_reseeds", "Reseeds of shards whose primary changed (a promotion, a restart) this edge took part in, "+
+		"by timing: in_time, or late (learnt of after the reseed ended: the shard's windows may have let more through meanwhile).")
+	reseeded := counter("tally_edge_reseeded_windows", "Windows this edge re-asserted in reseeds, by outcome: seeded (the new "+
+		"primary held them), opened (it had lost them), conflict (another window of the key was live: not re-asserted).")
+	reseededUnits := counter("tally_edge_reseeded_units", "Units reseeds put back into windows from what this edge re-asserted.")
+	epochChecks := counter("tally_edge_epoch_check_errors", "Failed checks of whether a shard's primary changed (an ACL "+
+		"without the commands they run, a script error): while they fail, a change of primary goes unnoticed.")
+	reseeding := gauge("tally_edge_shard_reseeding", "1 while a shard reseeds: it takes no reservation from this edge.")
 	tempLimits := gauge("tally_edge_temporary_limits", "Operators' temporary limits the edge applies now.")
 	badLimits := counter("tally_edge_temporary_limits_refused", "Entries of the limits stream refused: not signed with the deployment's secret, or not valid.")
 	clientDenials := gauge("tally_edge_client_denials", "The clients denied most in the last whole minute, by policy and window key digest "+
@@ -197,14 +204,32 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 		if st, ok := s.o.Store.(interface{ ScriptReloads() uint64 }); ok {
 			o.ObserveInt64(reloads, u(st.ScriptReloads()))
 		}
-		if st, ok := s.o.Store.(interface{ Unreplicated() uint64 }); ok {
-			o.ObserveInt64(unreplicated, u(st.Unreplicated()))
+		o.ObserveInt64(accEvents, u(st.Redelivered), attr("outcome", "redelivered"))
+		if st, ok := s.o.Store.(reseedReporter); ok {
+			h := st.ReseedStats()
+			o.ObserveInt64(reseeds, u(h.Reseeds-h.Late), attr("timing", "in_time"))
+			o.ObserveInt64(reseeds, u(h.Late), attr("timing", "late"))
+			o.ObserveInt64(reseeded, u(h.Claims-h.Opened-h.Conflicts), attr("outcome", "seeded"))
+			o.ObserveInt64(reseeded, u(h.Opened), attr("outcome", "opened"))
+			o.ObserveInt64(reseeded, u(h.Conflicts), attr("outcome", "conflict"))
+			o.ObserveInt64(reseededUnits, u(h.Added))
+			o.ObserveInt64(epochChecks, u(h.CheckErrors))
+			for i := range s.o.Store.Shards() {
+				o.ObserveInt64(reseeding, u(boolValue(st.Reseeding(i))), attr("shard", s.o.Store.ShardName(i)))
+			}
 		}
 		return nil
 	}, decisions, byPolicy, natsUp, primaryUp, unavailable, takes, takeErrors, recovered, released, absorbed, notices, finishes,
-		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, unreplicated,
-		accessLog, holds, takenBack, tempLimits, badLimits, backedOff, clientDenials)
+		rechecks, keys, evicted, bad, accEvents, accMessages, queued, records, recordMessages, recordsQueued, reloads, reseeds,
+		reseeded, reseededUnits, epochChecks, reseeding, accessLog, holds, takenBack, tempLimits, badLimits, backedOff, clientDenials)
 	return err
+}
+
+// reseedReporter is what the edge reports of its store's reseeds
+// (redisstore.Store).
+type reseedReporter interface {
+	ReseedStats() redisstore.ReseedStats
+	Reseeding(shard int) bool
 }
 
 func boolValue(b bool) uint64 {

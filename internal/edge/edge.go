@@ -43,7 +43,20 @@ type Store interface {
 	credit.Reserver
 	outbox.Applier
 	LoadScripts(ctx context.Context, shard int) error
+	// SetReseeder names what re-seeding a shard whose primary changed
+	// re-asserts: the core's claims; then the outbox delivers again what
+	// it applied there itself.
+	SetReseeder(h redisstore.Reseeder)
 }
+
+// reseeder is what this edge holds in the shards' windows, for re-seeding.
+type reseeder struct {
+	core   *credit.Core
+	outbox *outbox.Outbox
+}
+
+func (h reseeder) Claims(shard int, now time.Time) []limiter.Claim { return h.core.Claims(shard, now) }
+func (h reseeder) Reseeded(shard int)                              { h.outbox.Redeliver(shard) }
 
 var _ Store = (*redisstore.Store)(nil)
 
@@ -292,6 +305,7 @@ func New(o Options) (*Server, error) {
 		_ = s.outbox.Close(context.Background())
 		return nil, fmt.Errorf("edge: %w", err)
 	}
+	o.Store.SetReseeder(reseeder{core: s.core, outbox: s.outbox})
 	if o.NATS != nil {
 		dnc := o.DecisionsNATS
 		if dnc == nil {

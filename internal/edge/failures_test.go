@@ -20,11 +20,13 @@ import (
 
 // Restarting the accountant, under load and just before a hot key's first
 // request, never lets more than the limit through: charges are made on the
-// primary before the answer, whatever the accountant does.
+// primary before the answer, whatever the accountant does. (Patient edges:
+// an edge that stops waiting for a slow primary admits by its
+// on_redis_error rule instead, which TestPrimaryDownFollowsPolicy covers.)
 func TestAccountantRestartsNeverLetMoreThrough(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 200, Window: time.Minute}
-	a, b := pl.edge(nil), pl.edge(nil)
+	a, b := pl.edge(patient), pl.edge(patient)
 	pl.stopAcc() // just before the hot key's first request
 	done := make(chan int64)
 	go func() { done <- hammer(t, []*edgeUnderTest{a, b}, "restart", 16, 20) }()
@@ -91,10 +93,14 @@ func TestPrimaryDownFollowsPolicy(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, 200, resp.StatusCode, "an edge that can decide is ready")
 
-	pl.primary.Restart() // empty: the window is gone, the admissions are charged by start
+	// Restarted empty: the edge re-asserts the known window (its first
+	// request's reservation and the admission charged by an event while the
+	// primary was down); the unknown key's admission is charged by its
+	// start.
+	pl.primary.Restart()
 	pl.replica.WaitLinkUp()
 	testutil.WaitFor(t, "the charges", func() bool {
-		return pl.used(pl.keys.Key("core", "h:known")) == 1 && pl.used(pl.keys.Key("core", "h:unknown")) == 1
+		return pl.used(pl.keys.Key("core", "h:known")) == 2 && pl.used(pl.keys.Key("core", "h:unknown")) == 1
 	})
 
 	// The charges' records join the admissions' by request id.
@@ -293,4 +299,55 @@ func TestRolloverUnderLoadChargesEveryRequest(t *testing.T) {
 		require.LessOrEqual(t, charged[r], int64(40), "window %d: charges within the limit", r)
 	}
 	t.Logf("allowed per window %v, charged %v", allowed, charged)
+}
+
+// A primary without persistence restarts empty under two edges. Before
+// anyone reserves there again, the edges re-assert what they hold in its
+// windows: the hot key, full before, admits nothing more in its window
+// (without the reseed the empty primary opened it again, and the edges'
+// rereads of the full window found it gone); the other windows hold
+// exactly what their clients were allowed, their 304s given back. What no
+// live edge held is the bound docs/operations.md states: a window whose
+// only edge stopped before the restart opens again, and its client gets
+// its limit once more.
+func TestPrimaryRestartedEmptyLosesNothing(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 50, Window: time.Minute}
+	a, b, gone := pl.edge(patient), pl.edge(patient), pl.edge(patient)
+	edges := []*edgeUnderTest{a, b}
+	require.EqualValues(t, 50, hammer(t, edges, "hot", 8, 8))
+	require.EqualValues(t, 50, hammer(t, []*edgeUnderTest{gone}, "alone", 8, 8))
+	gone.close(t)
+	var cold []limiter.Key
+	for i := range 20 {
+		e, id := edges[i%2], fmt.Sprintf("cold-%d", i)
+		require.Equal(t, 200, get(t, e.proxy.URL, id).StatusCode)
+		require.Equal(t, 200, get(t, e.proxy.URL, id).StatusCode)
+		require.Equal(t, 304, get(t, e.proxy.URL, id, "If-None-Match", `"v1"`).StatusCode)
+		cold = append(cold, pl.keys.Key("core", "h:"+id))
+	}
+	for _, k := range cold { // what the edges held unused goes back (idle_release)
+		pl.waitUsed(k, 2)
+	}
+
+	pl.primary.Restart()
+	pl.replica.WaitLinkUp()
+	allowed := 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		for _, e := range edges {
+			if resp, _ := check(t, e, "hot"); resp.StatusCode == 200 {
+				allowed++
+			}
+		}
+	}
+	require.Zero(t, allowed, "the full window let more through after its primary came back empty")
+	require.EqualValues(t, 50, pl.used(pl.keys.Key("core", "h:hot")))
+	for _, k := range cold {
+		require.EqualValues(t, 2, pl.used(k))
+	}
+	for _, e := range edges {
+		require.Positive(t, metric(t, e, `tally_edge_reseeded_windows_total{outcome="opened"}`), "windows re-asserted")
+		require.Zero(t, metric(t, e, `tally_edge_reseeds_total{timing="late"}`))
+	}
+	require.EqualValues(t, 50, hammer(t, edges, "alone", 8, 8), "a window no live edge held: its limit once more, no more")
 }

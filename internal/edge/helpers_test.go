@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,6 +128,8 @@ type edgeUnderTest struct {
 	admin *httptest.Server
 	nc    *nats.Conn
 	store *redisstore.Store
+
+	closeOnce sync.Once
 }
 
 // edge starts an edge with its own store and NATS connection; mut may
@@ -150,15 +154,25 @@ func (pl *pipeline) edge(mut func(*edge.Options)) *edgeUnderTest {
 	e := &edgeUnderTest{srv: srv, proxy: httptest.NewServer(srv.ProxyHandler()), api: httptest.NewServer(srv.APIHandler()),
 		admin: httptest.NewServer(srv.AdminHandler()), nc: nc, store: st}
 	testutil.WaitFor(pl.t, "the edge ready", func() bool { return readyz(pl.t, e) == http.StatusOK })
-	pl.t.Cleanup(func() {
+	pl.t.Cleanup(func() { e.close(pl.t) })
+	return e
+}
+
+// close stops the edge as a deploy would (its credit given back, its
+// events delivered, then its Redis connections closed); closing it again
+// does nothing.
+func (e *edgeUnderTest) close(t *testing.T) {
+	e.closeOnce.Do(func() {
 		e.proxy.Close()
 		e.api.Close()
 		e.admin.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = srv.Close(ctx)
+		if err := e.srv.Close(ctx); err != nil {
+			t.Logf("edge closed: %v", err)
+		}
+		_ = e.store.Close()
 	})
-	return e
 }
 
 func get(t *testing.T, base, token string, hdr ...string) *http.Response {
@@ -224,11 +238,18 @@ func postRaw(t *testing.T, url, body string) (*http.Response, []byte) {
 	return resp, b
 }
 
-// used reads the window's count on the primary (0 when none is live).
+// used reads the window's count on the primary (0 when none is live);
+// while the shard reseeds (its primary changed) it waits, bounded, for the
+// reseed's end.
 func (pl *pipeline) used(k limiter.Key) int64 {
-	g, err := pl.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
-	require.NoError(pl.t, err)
-	return g.Used
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		g, err := pl.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
+		if errors.Is(err, redisstore.ErrReseeding) && time.Now().Before(deadline) {
+			continue
+		}
+		require.NoError(pl.t, err)
+		return g.Used
+	}
 }
 
 func (pl *pipeline) waitUsed(k limiter.Key, want int64) {

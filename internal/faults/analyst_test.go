@@ -35,7 +35,8 @@ func analyst(t *testing.T, c *cluster) {
 		c.identities = append(c.identities, id)
 	}
 	second := c.startEdge(t, "edge-analyst-2", nil)
-	l1, l2 := startLoad(r.e.proxy, async), startLoad(second.proxy, async)
+	l1 := startLoad([]string{r.e.proxy}, async, loadClients, loadRate)
+	l2 := startLoad([]string{second.proxy}, async, loadClients, loadRate)
 	time.Sleep(after)
 	l1.finish()
 	l2.finish()

@@ -47,6 +47,7 @@ var routes = []config.Route{
 	{Path: "/async", Policy: loose.Name},
 	{Path: "/hot", Policy: hot.Name},
 	{Path: "/hotx", Policy: hot.Name, Cost: 100},
+	{Path: "/busy", Policy: busy.Name},
 }
 
 // cluster is the deployment every scenario runs against: started once, each
@@ -136,7 +137,7 @@ func newClusterOf(t *testing.T, o clusterOptions) *cluster {
 	}
 	c.upstream = startUpstream(t)
 
-	c.cfg.Policies = []config.Policy{far, exact, tight, loose, hot}
+	c.cfg.Policies = []config.Policy{far, exact, tight, loose, hot, busy}
 	c.cfg.Routes = routes
 	c.cfg.Accountant.AdminListen = stack.FreeAddr()
 	c.cfgPath, err = c.stack.WriteConfig("tally", c.cfg)

@@ -11,7 +11,11 @@
 //   - the accountant killed and replaced;
 //   - the accounting stream full, with no accountant reading it;
 //   - a message that is not an event, and an event Redis refuses
-//     (a window key of the wrong type), on the accounting stream.
+//     (a window key of the wrong type), on the accounting stream;
+//   - with two edges over hundreds of keys (failover_test.go): a Sentinel
+//     shard's primary killed, its replicas short of its last writes, and a
+//     primary without persistence restarted empty — the shard is re-seeded
+//     from what the edges hold.
 //
 // After each fault the load stops, the edge stops as a deploy would (it
 // gives its unused credit back) and the accountant empties the stream. The

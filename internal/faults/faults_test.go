@@ -85,7 +85,7 @@ func (c *cluster) start(t *testing.T, mut func(*config.File)) *run {
 	r := &run{c: c, deadFrom: c.stream(t, c.streams.DeadLetters.Name).LastSeq + 1, acc: c.acc,
 		accFrom: metrics(t, c.acc.AdminAddr)}
 	r.e = c.startEdge(t, "edge-"+name, mut)
-	r.l = startLoad(r.e.proxy, c.targets(name))
+	r.l = startLoad([]string{r.e.proxy}, c.targets(name), loadClients, loadRate)
 	t.Cleanup(func() { // when the scenario failed before the end
 		if r.l.ended.IsZero() {
 			r.l.finish()

@@ -24,6 +24,9 @@ type target struct {
 	ok, notModified, denied, failed atomic.Int64 // 200, 304, 429, anything else
 	// retired: the clients send nothing more for this key.
 	retired atomic.Bool
+	// share, when set, is the part of the load's requests that go to this
+	// key (a hot key); the others share the rest evenly.
+	share float64
 }
 
 // charged is what the window must hold once everything is accounted for:
@@ -46,9 +49,11 @@ var phaseNames = [phases]string{"before", "during", "after"}
 // flight when it stops: every request the edge decided is counted.
 type load struct {
 	targets []*target
-	phase   atomic.Int32
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	// hot are the targets with a share of the load, even the others.
+	hot, even []*target
+	phase     atomic.Int32
+	stop      chan struct{}
+	wg        sync.WaitGroup
 
 	mu      sync.Mutex
 	lat     [phases]*loadgen.Histogram
@@ -68,14 +73,23 @@ const (
 	revalidateEvery = 4
 )
 
-// startLoad starts the clients on the edge's proxy at addr.
-func startLoad(addr string, targets []*target) *load {
+// startLoad starts clients clients, each sending rate requests a second
+// (fewer when answers are slow) to one of the edges' proxies at addrs in
+// turn.
+func startLoad(addrs []string, targets []*target, clients, rate int) *load {
 	l := &load{targets: targets, stop: make(chan struct{}), started: time.Now()}
+	for _, tg := range targets {
+		if tg.share > 0 {
+			l.hot = append(l.hot, tg)
+		} else {
+			l.even = append(l.even, tg)
+		}
+	}
 	for i := range l.lat {
 		l.lat[i] = loadgen.NewHistogram()
 	}
-	for c := range loadClients {
-		l.wg.Go(func() { l.client(addr, uint64(c)) })
+	for c := range clients {
+		l.wg.Go(func() { l.client(addrs[c%len(addrs)], uint64(c), rate) })
 	}
 	return l
 }
@@ -85,14 +99,14 @@ func (l *load) enter(phase int) { l.phase.Store(int32(phase)) }
 
 // client sends requests until the load stops, each waiting for the one
 // before.
-func (l *load) client(addr string, seed uint64) {
+func (l *load) client(addr string, seed uint64, rate int) {
 	tr := &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	// Generous: a request that takes this long is counted as an error, and
 	// the no-stall bound is far below it.
 	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	rnd := rand.New(rand.NewPCG(seed, 42))
-	tick := time.NewTicker(time.Second / loadRate)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
 	lat := [phases]*loadgen.Histogram{}
 	for i := range lat {
@@ -115,40 +129,75 @@ func (l *load) client(addr string, seed uint64) {
 		if tg == nil {
 			continue
 		}
-		req, _ := http.NewRequest("GET", "http://"+addr+tg.path, nil)
-		req.Header.Set("Authorization", tg.identity)
-		if n%revalidateEvery == revalidateEvery-1 {
-			req.Header.Set("If-None-Match", `"v1"`)
-		}
 		phase := l.phase.Load()
 		began := time.Now()
-		resp, err := hc.Do(req)
-		if err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
+		err := send(hc, addr, tg, n%revalidateEvery == revalidateEvery-1)
 		lat[phase].Record(time.Since(began))
 		if err != nil {
 			l.transportError(err)
-			continue
-		}
-		switch resp.StatusCode {
-		case http.StatusOK:
-			tg.ok.Add(1)
-		case http.StatusNotModified:
-			tg.notModified.Add(1)
-		case http.StatusTooManyRequests:
-			tg.denied.Add(1)
-		default:
-			tg.failed.Add(1)
 		}
 	}
 }
 
-// pick chooses a target that is not retired, or nil.
+// send sends one request for tg (revalidating: If-None-Match, which the
+// API answers 304) and counts its answer.
+func send(hc *http.Client, addr string, tg *target, revalidate bool) error {
+	req, _ := http.NewRequest("GET", "http://"+addr+tg.path, nil)
+	req.Header.Set("Authorization", tg.identity)
+	if revalidate {
+		req.Header.Set("If-None-Match", `"v1"`)
+	}
+	resp, err := hc.Do(req)
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if err != nil {
+		return err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		tg.ok.Add(1)
+	case http.StatusNotModified:
+		tg.notModified.Add(1)
+	case http.StatusTooManyRequests:
+		tg.denied.Add(1)
+	default:
+		tg.failed.Add(1)
+	}
+	return nil
+}
+
+// warm sends one request for each target through the proxy at addr, one
+// after the other, before the load starts: every key then has a window.
+func warm(addr string, targets []*target) error {
+	hc := &http.Client{Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	for _, tg := range targets {
+		if err := send(hc, addr, tg, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pick chooses a target that is not retired, or nil: a hot one by its
+// share of the load, else any other.
 func (l *load) pick(rnd *rand.Rand) *target {
+	x := rnd.Float64()
+	for _, tg := range l.hot {
+		if x -= tg.share; x < 0 {
+			if tg.retired.Load() {
+				return nil
+			}
+			return tg
+		}
+	}
+	if len(l.even) == 0 {
+		return nil
+	}
 	for range 8 {
-		if tg := l.targets[rnd.IntN(len(l.targets))]; !tg.retired.Load() {
+		if tg := l.even[rnd.IntN(len(l.even))]; !tg.retired.Load() {
 			return tg
 		}
 	}

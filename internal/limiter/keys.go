@@ -295,6 +295,14 @@ func (ks *KeySpace) LeaseKey(shardName string) string {
 	return ks.prefix + ":lease:" + shardName
 }
 
+// EpochKey is a shard primary's epoch record: which primary the shard's
+// windows were last reseeded for (lua/epoch.lua). ReseedKey is the marker that
+// exists while a reseed of the shard is in progress.
+func (ks *KeySpace) EpochKey() string { return ks.prefix + ":epoch" }
+
+// ReseedKey: see EpochKey.
+func (ks *KeySpace) ReseedKey() string { return ks.prefix + ":reseed" }
+
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s

@@ -144,3 +144,51 @@ type HoldResult struct {
 	Outcome HoldOutcome
 	Have    int64
 }
+
+// Claim is what one holder (an edge's table entry) re-asserts in one live
+// window during a reseed, after the window's primary changed or came back
+// empty (lua/reseed.lua): what it was given there, and the accounting
+// events its producer sent for the window. The primary that took over
+// keeps the larger of what it holds and the claim; a window it does not
+// hold is opened as the claim says, with the producer's whole part.
+type Claim struct {
+	Key            Key
+	Window         time.Duration
+	ResetAt, Start time.Time
+	Holder         string
+	Producer       string
+	// Reserved is every unit reserved for the holder in the window.
+	Reserved int64
+	// Charged and GivenBack are the units of the producer's charge events,
+	// and of its refund and release events, for this window numbered From <
+	// seq <= To: a window the reseed opens counts them, and takes those events
+	// as applied.
+	Charged, GivenBack int64
+	From, To           uint64
+	// Frozen is the holder's share as it last had it recorded (0: none),
+	// until FrozenExpiry.
+	Frozen       int64
+	FrozenExpiry time.Time
+}
+
+// Validate refuses a claim reseed.lua would refuse.
+func (c Claim) Validate() error {
+	const most = 999_999_999_999_999
+	switch {
+	case c.Key.IsZero():
+		return fmt.Errorf("%w: claim: no key", ErrInvalidArgument)
+	case !ValidProducer(c.Producer):
+		return fmt.Errorf("%w: claim: producer %q", ErrInvalidArgument, truncate(c.Producer, 70))
+	case !validID(c.Holder, MaxHolderLen) || (c.Holder != c.Producer && !strings.HasPrefix(c.Holder, c.Producer+".")):
+		return fmt.Errorf("%w: claim: holder %q of producer %q", ErrInvalidArgument, truncate(c.Holder, 70), c.Producer)
+	case c.ResetAt.UnixMilli()%1000 != 0 || !c.Start.Before(c.ResetAt) || c.ResetAt.After(c.Start.Add(c.Window+61*time.Second)):
+		return fmt.Errorf("%w: claim: window %v to %v", ErrInvalidArgument, c.Start, c.ResetAt)
+	case c.Reserved < 0 || c.Reserved > most || c.Charged < 0 || c.Charged > most || c.GivenBack < 0 || c.GivenBack > most:
+		return fmt.Errorf("%w: claim: units %d, %d, %d", ErrInvalidArgument, c.Reserved, c.Charged, c.GivenBack)
+	case c.To < c.From || c.To > MaxSeq:
+		return fmt.Errorf("%w: claim: events %d to %d", ErrInvalidArgument, c.From, c.To)
+	case c.Frozen < 0 || c.Frozen > MaxLimit || (c.Frozen > 0 && c.FrozenExpiry.Before(time.UnixMilli(0))):
+		return fmt.Errorf("%w: claim: frozen %d", ErrInvalidArgument, c.Frozen)
+	}
+	return validWindow(c.Window)
+}

@@ -64,6 +64,9 @@ type Stats struct {
 	Direct    uint64 // events the edge applied on a primary itself
 	Dropped   uint64 // events dropped: NATS and the primary unreachable and the queue full, or undelivered at close
 	Queued    int    // events not delivered yet
+	// Redelivered: events applied directly and delivered again after their
+	// primary changed (Redeliver).
+	Redelivered uint64
 }
 
 // Outbox numbers, batches and delivers an edge's accounting entries
@@ -75,6 +78,7 @@ type Outbox struct {
 	queues []*queue
 
 	published, messages, direct, dropped atomic.Uint64
+	redelivered                          atomic.Uint64
 	wg                                   sync.WaitGroup
 	stop                                 chan struct{}
 	closed                               atomic.Bool
@@ -94,7 +98,23 @@ type queue struct {
 	items   []item       // not sent yet
 	pending atomic.Int64 // not delivered yet: queued and in flight
 	wake    chan struct{}
+	// applied are the last items the edge applied on the primary itself,
+	// with when: a primary that changes can lose them (Redeliver).
+	applied []appliedItem
 }
+
+type appliedItem struct {
+	item
+	at time.Time
+}
+
+// Items applied on a primary are kept for Redeliver this long, and at most
+// this many per shard: a primary that takes over lacks only its
+// predecessor's last writes.
+const (
+	keepApplied    = 30 * time.Second
+	keepAppliedMax = 4096
+)
 
 // take removes up to n items from the queue.
 func (q *queue) take(n int) []item {
@@ -286,6 +306,7 @@ func (ob *Outbox) deliver(q *queue, batch []item) bool {
 		err := ob.apply(q, batch)
 		if err == nil {
 			ob.direct.Add(uint64(len(batch)))
+			q.remember(batch)
 			q.pending.Add(-int64(len(batch)))
 			return true
 		}
@@ -378,9 +399,54 @@ func (ob *Outbox) apply(q *queue, batch []item) error {
 	return nil
 }
 
+// remember keeps batch, just applied on the primary, for Redeliver.
+func (q *queue) remember(batch []item) {
+	now := time.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	drop := 0
+	for drop < len(q.applied) && (now.Sub(q.applied[drop].at) > keepApplied || len(q.applied)-drop+len(batch) > keepAppliedMax) {
+		drop++
+	}
+	q.applied = q.applied[drop:]
+	for _, it := range batch[max(0, len(batch)-keepAppliedMax):] {
+		q.applied = append(q.applied, appliedItem{item: it, at: now})
+	}
+}
+
+// Redeliver delivers again what the edge applied on shard's primary itself
+// in the last keepApplied: that primary was replaced, or restarted without
+// its data, and its successor may lack them. Each event keeps its number,
+// so that one the successor has is a duplicate there.
+func (ob *Outbox) Redeliver(shard int) int {
+	q := ob.queues[shard]
+	now := time.Now()
+	q.mu.Lock()
+	var again []item
+	for _, a := range q.applied {
+		if now.Sub(a.at) <= keepApplied {
+			again = append(again, a.item)
+		}
+	}
+	q.applied = nil
+	q.items = append(again, q.items...)
+	q.mu.Unlock()
+	if len(again) == 0 {
+		return 0
+	}
+	q.pending.Add(int64(len(again)))
+	ob.redelivered.Add(uint64(len(again)))
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return len(again)
+}
+
 // Stats reads the outbox's counters.
 func (ob *Outbox) Stats() Stats {
-	s := Stats{Published: ob.published.Load(), Messages: ob.messages.Load(), Direct: ob.direct.Load(), Dropped: ob.dropped.Load()}
+	s := Stats{Published: ob.published.Load(), Messages: ob.messages.Load(), Direct: ob.direct.Load(), Dropped: ob.dropped.Load(),
+		Redelivered: ob.redelivered.Load()}
 	for _, q := range ob.queues {
 		s.Queued += int(q.pending.Load())
 	}

@@ -16,7 +16,7 @@ import (
 
 // documentedACL is the Redis user docs/operations.md gives Tally.
 const documentedACL = "on >tally-password ~tally:* resetchannels -@all +evalsha +eval +evalsha_ro +eval_ro +script|load " +
-	"+info +ping +wait +hmget +hget +hset +hincrby +hdel +hgetall +hexists +del +get +set +getbit +setbit +pexpire +pexpireat"
+	"+info +ping +wait +hmget +hget +hset +hincrby +hdel +hgetall +hexists +del +get +set +getbit +setbit +pexpire +pexpireat +pttl"
 
 // Everything Tally does on a primary runs as the least-privileged user the
 // operations guide documents: every script (whose commands the ACL checks

@@ -57,6 +57,9 @@ func (s *Store) ApplyRun(ctx context.Context, i int, now time.Time, run limiter.
 // are the call's number and reply key (0, "": none).
 func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, reply string, evs []limiter.Event, results []limiter.Result) error {
 	n := s.shards[i]
+	if err := s.gate(ctx, i); err != nil {
+		return err
+	}
 	out := limiter.ApplyResult{Results: results}
 	keys := make([]string, 0, 16)
 	names := make([]string, 0, 4) // the producer ids of the producer keys, in order
@@ -156,6 +159,8 @@ func (s *Store) HoldLease(ctx context.Context, i int, owner string, ttl time.Dur
 // for replicas (Redis WAIT, Options.WaitReplicas): replication keeps order,
 // so when Lease.Replicated reaches Lease.Waited everything the primary
 // applied before the call is on a replica, and a failover cannot lose it.
+// It confirms nothing applied on a primary the shard had before a change:
+// the caller compares Epoch before and after.
 func (s *Store) ConfirmApplied(ctx context.Context, i int, owner string, ttl time.Duration) (Lease, error) {
 	return s.holdLease(ctx, i, owner, ttl, true)
 }
@@ -163,6 +168,9 @@ func (s *Store) ConfirmApplied(ctx context.Context, i int, owner string, ttl tim
 func (s *Store) holdLease(ctx context.Context, i int, owner string, ttl time.Duration, confirm bool) (Lease, error) {
 	n := s.shards[i]
 	out := Lease{}
+	if err := s.gate(ctx, i); err != nil {
+		return out, err
+	}
 	if confirm {
 		out.Waited = n.wait
 	}
@@ -195,6 +203,9 @@ func (s *Store) holdLease(ctx context.Context, i int, owner string, ttl time.Dur
 // FreeLease gives up owner's lease on shard i, if it holds it.
 func (s *Store) FreeLease(ctx context.Context, i int, owner string) error {
 	n := s.shards[i]
+	if err := s.gate(ctx, i); err != nil {
+		return err
+	}
 	if err := s.run(ctx, n.primary, leaseScript, false, []string{s.keys.LeaseKey(n.name)}, "free", owner, 0).Err(); err != nil {
 		return fmt.Errorf("limiter: lease on shard %s: %w", n.name, scriptErr(err))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -54,20 +53,7 @@ type takeQueue struct {
 	stop  chan struct{}
 	once  sync.Once
 	wg    sync.WaitGroup
-	// wait, on a shard that fails over by itself, is how many replicas
-	// must confirm a pipeline of takes (WAIT) before its answers count:
-	// a reservation the promoted replica never saw would let the window
-	// admit its units again. After a short WAIT (a replica down or
-	// behind), the takes do not wait for replicas for waitPause, so that
-	// a lost replica costs reservations their durability, not their
-	// speed; Store.Unreplicated counts them.
-	wait       int
-	pauseUntil atomic.Int64 // Unix ns
 }
-
-// waitPause is how long takes go without WAIT after one fell short (each
-// WAIT is bounded by Options.ReservationWait).
-const waitPause = time.Second
 
 func newTakeQueue(s *Store, c *redis.Client) *takeQueue {
 	q := &takeQueue{s: s, c: c, calls: make(chan *takeCall, queueLen), stop: make(chan struct{})}
@@ -138,10 +124,6 @@ func (q *takeQueue) send() {
 		switch len(live) {
 		case 0:
 		case 1:
-			if q.wait > 0 {
-				q.pipeline(live)
-				break
-			}
 			c := live[0]
 			c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
 			close(c.done)
@@ -151,9 +133,9 @@ func (q *takeQueue) send() {
 	}
 }
 
-// pipeline sends calls in one round trip (and WAIT, when takes wait for
-// replicas); the calls the node answers NOSCRIPT (its script cache
-// emptied) are sent again once the script is loaded.
+// pipeline sends calls in one round trip; the calls the node answers
+// NOSCRIPT (its script cache emptied) are sent again once the script is
+// loaded.
 func (q *takeQueue) pipeline(calls []*takeCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
@@ -177,42 +159,15 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 	}
 }
 
-// waiting reports whether takes wait for replicas now.
-func (q *takeQueue) waiting() bool {
-	return q.wait > 0 && time.Now().UnixNano() >= q.pauseUntil.Load()
-}
-
-// exec sends calls in one pipeline, followed by WAIT when takes wait for
-// replicas, and takes in their answers.
+// exec sends calls in one pipeline and takes in their answers.
 func (q *takeQueue) exec(ctx context.Context, calls []*takeCall) {
 	pipe := q.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {
 		cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), c.keys, c.args...)
 	}
-	var wait *redis.Cmd
-	if q.waiting() {
-		wait = pipe.Do(ctx, "WAIT", q.wait, q.s.opts.ReservationWait.Milliseconds())
-	}
 	_, _ = pipe.Exec(ctx)
 	for i, c := range calls {
 		c.v, c.err = cmds[i].Int64Slice()
-	}
-	if q.wait == 0 {
-		return
-	}
-	confirmed := false
-	if wait != nil {
-		n, err := wait.Int64()
-		if confirmed = err == nil && n >= int64(q.wait); !confirmed {
-			q.pauseUntil.Store(time.Now().Add(waitPause).UnixNano())
-		}
-	}
-	if !confirmed {
-		for _, c := range calls {
-			if c.err == nil {
-				q.s.unreplicated.Add(1)
-			}
-		}
 	}
 }

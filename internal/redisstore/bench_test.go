@@ -147,3 +147,76 @@ func BenchmarkApply(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTakeSentinel: BenchmarkTakePrimary/live on a Sentinel shard (a
+// primary, a replica, one sentinel): a reservation there is the same call
+// as on a shard of fixed addresses (a reseed, not a WAIT, keeps what a
+// failover would lose: reseed.go).
+func BenchmarkTakeSentinel(b *testing.B) {
+	p, r := redistest.StartPair(b)
+	sentinels := p.StartSentinels(b, "s0", 1, 1, time.Second)
+	r.WaitLinkUp()
+	ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
+	st := newStore(b, []shard.Config{{Name: "s0", Sentinel: &shard.Sentinel{Master: "s0", Addrs: sentinels}}}, ks, redisstore.Options{})
+	keys := make([]limiter.Key, 1000)
+	for i := range keys {
+		keys[i] = ks.Key("core", fmt.Sprintf("client-%d", i))
+	}
+	var i atomic.Uint64
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			_, err := st.Take(context.Background(), keys[i.Add(1)%1000], time.Now(),
+				limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench"})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkReseed: claims re-asserted in pipelines of 128, as a reseed sends
+// an edge's table: into windows the primary holds (seeded) and into
+// windows it lost (opened). ns/op is per window.
+func BenchmarkReseed(b *testing.B) {
+	for _, lost := range []bool{false, true} {
+		name := "seeded"
+		if lost {
+			name = "opened"
+		}
+		b.Run(name, func(b *testing.B) {
+			st, keys, primary := benchEnvWithPrimary(b)
+			ctx := context.Background()
+			g, err := st.Take(ctx, keys[0], time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Producer: "bench"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			claims := make([]limiter.Claim, 128)
+			before := scriptMicros(b, primary)
+			b.ResetTimer()
+			for done := 0; done < b.N; done += len(claims) {
+				if lost {
+					b.StopTimer()
+					if err := primary.Client().FlushDB(ctx).Err(); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				for j := range claims {
+					claims[j] = limiter.Claim{Key: keys[(done+j)%len(keys)], Window: time.Hour, ResetAt: g.ResetAt, Start: g.Start,
+						Holder: "bench", Producer: "bench", Reserved: int64(done/len(claims) + 2), GivenBack: 1, From: 1, To: 9}
+				}
+				if err := st.SendClaims(ctx, 0, "00000000000000be", claims); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			after := scriptMicros(b, primary)
+			if calls := after.calls - before.calls; calls > 0 {
+				b.ReportMetric((after.us-before.us)/float64(calls), "redis-µs/op")
+			}
+		})
+	}
+}

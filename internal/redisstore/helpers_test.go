@@ -129,14 +129,15 @@ func release(producer string, seq uint64, k limiter.Key, reset time.Time, units 
 }
 
 // eventually retries f a bounded number of times: the first command after a
-// restart may meet a pooled connection the server closed.
+// restart may meet a pooled connection the server closed, and a primary
+// that restarted reseeds before it takes writes (reseed.go, Options.ReseedFor).
 func eventually[T any](t *testing.T, f func() (T, error)) T {
 	t.Helper()
 	var (
 		v   T
 		err error
 	)
-	for range 20 {
+	for range 100 {
 		if v, err = f(); err == nil {
 			return v
 		}

@@ -13,15 +13,18 @@ import (
 var holdScript = redis.NewScript(lua.Hold)
 
 // Hold records, on shard i's primary, the shares of credit holders will
-// not spend (lua/hold.lua), in one pipeline; on a shard that fails over by
-// itself, only once a replica has them (a share lowered on a primary that
-// dies before its replica saw it would come back higher, and could be taken
-// back after the holder spent it). An error means none is known to be
-// recorded: the caller keeps what it froze.
+// not spend (lua/hold.lua), in one pipeline. A share lowered on a primary
+// that dies before its replica saw it comes back as the holder last had it
+// recorded, before anyone can take it back: a reseed re-asserts it
+// (reseed.go). An error means none is known to be recorded: the caller keeps
+// what it froze.
 func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.HoldResult, error) {
 	n := s.shards[i]
 	if len(hs) == 0 {
 		return nil, nil
+	}
+	if err := s.gate(ctx, i); err != nil {
+		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
 		pipe := n.primary.Pipeline()
@@ -29,10 +32,6 @@ func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.H
 		for j, h := range hs {
 			cmds[j] = pipe.EvalSha(ctx, holdScript.Hash(), []string{h.Key.String()}, ms(s.opts.Clock.Now()), ms(h.ResetAt),
 				h.Holder, h.Producer, h.Expected, h.Frozen, ms(h.Expiry))
-		}
-		var wait *redis.Cmd
-		if n.failover && n.wait > 0 {
-			wait = pipe.Do(ctx, "WAIT", n.wait, s.opts.ReservationWait.Milliseconds())
 		}
 		_, _ = pipe.Exec(ctx)
 		// A node without the script answers every call of the pipeline
@@ -53,11 +52,6 @@ func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.H
 				return nil, fmt.Errorf("limiter: hold on shard %s: unexpected reply %v", n.name, v)
 			}
 			out[j] = limiter.HoldResult{Outcome: limiter.HoldOutcome(v[0]), Have: v[1]}
-		}
-		if wait != nil {
-			if r, err := wait.Int64(); err != nil || r < int64(n.wait) {
-				return nil, fmt.Errorf("limiter: hold on shard %s: no replica confirmed it", n.name)
-			}
 		}
 		return out, nil
 	}

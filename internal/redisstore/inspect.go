@@ -100,6 +100,9 @@ func (s *Store) Reset(ctx context.Context, k limiter.Key) (bool, error) {
 	existed := false
 	for _, i := range shards {
 		n := s.shards[i]
+		if err := s.gate(ctx, i); err != nil {
+			return existed, err
+		}
 		deleted, err := n.primary.Del(ctx, k.String()).Result()
 		if err != nil {
 			return existed, fmt.Errorf("limiter: reset on shard %s primary: %w", n.name, err)

@@ -47,17 +47,23 @@ func (s *Store) reload(ctx context.Context, c *redis.Client, sc *redis.Script) e
 func (s *Store) ScriptReloads() uint64 { return s.reloads.Load() }
 
 // LoadScripts sends every script the primaries run to shard i's primary
-// (SCRIPT LOAD), so that its first calls need no second round trip: what
-// an edge does before it reports ready. An error means the primary could
-// not be reached, or refused.
+// (SCRIPT LOAD), so that its first calls need no second round trip, and
+// asks it whether it changed (reseed.go): what an edge does before it
+// reports ready. An error means the primary could not be reached, or
+// refused (an ACL without a command the scripts run), or that the shard
+// reseeds.
 func (s *Store) LoadScripts(ctx context.Context, i int) error {
 	n := s.shards[i]
 	// One by one on the client's own connections (not a pipeline's), so
 	// that the connection the first requests use is open already.
-	for _, sc := range []*redis.Script{takeScript, applyScript, finishScript, leaseScript, checkScript, holdScript} {
+	for _, sc := range []*redis.Script{takeScript, applyScript, finishScript, leaseScript, checkScript, holdScript,
+		epochScript, reseedScript} {
 		if err := sc.Load(ctx, n.primary).Err(); err != nil {
 			return fmt.Errorf("limiter: loading the scripts on shard %s's primary: %w", n.name, err)
 		}
+	}
+	if err := s.check(ctx, i, n.primary); err != nil {
+		return fmt.Errorf("limiter: asking shard %s's primary whether it changed: %w", n.name, err)
 	}
 	return nil
 }

@@ -73,9 +73,19 @@ type Options struct {
 	WaitReplicas int
 	// WaitTimeout bounds that wait. Default 100ms.
 	WaitTimeout time.Duration
-	// ReservationWait bounds the wait for a replica after reservations on
-	// a Sentinel shard (well within a request's budget). Default 20ms.
-	ReservationWait time.Duration
+	// ReseedFor is how long, at least, a shard whose primary changed takes
+	// no reservation and no write while every process re-asserts what it
+	// holds in its windows (reseed.go): long enough for every process to
+	// learn of the change (EpochCheck, a new connection). Default 1s; 100ms
+	// to 10m.
+	ReseedFor time.Duration
+	// EpochCheck is how often each primary is asked whether it changed, for
+	// the processes whose connections do not break when it does (an idle
+	// edge with credit in hand). Default 250ms; 10ms to 1m.
+	EpochCheck time.Duration
+	// Log is where the store says what an operator should know (reseeds);
+	// default: nowhere.
+	Log Log
 	// TLS, when set, is used for every connection to every node (CA,
 	// client certificate, server name).
 	TLS *tls.Config
@@ -121,8 +131,11 @@ func (o Options) WithDefaults() Options {
 	if o.WaitTimeout == 0 {
 		o.WaitTimeout = 100 * time.Millisecond
 	}
-	if o.ReservationWait == 0 {
-		o.ReservationWait = 20 * time.Millisecond
+	if o.ReseedFor == 0 {
+		o.ReseedFor = time.Second
+	}
+	if o.EpochCheck == 0 {
+		o.EpochCheck = 250 * time.Millisecond
 	}
 	if o.ScriptEvents == 0 {
 		o.ScriptEvents = 128
@@ -160,8 +173,10 @@ func (o Options) Validate() error {
 		return bad("wait_replicas", "%d: want -1 (never), 0 (default) or a number of replicas", d.WaitReplicas)
 	case d.WaitTimeout < 0 || d.WaitTimeout > time.Minute:
 		return bad("wait_timeout", "%v: want a duration up to 1m (0: the default)", d.WaitTimeout)
-	case d.ReservationWait < time.Millisecond || d.ReservationWait > 10*time.Second:
-		return bad("reservation_wait", "%v: want 1ms to 10s (0: the default)", d.ReservationWait)
+	case d.ReseedFor < 100*time.Millisecond || d.ReseedFor > maxReseedFor:
+		return bad("reseed_for", "%v: want 100ms to 10m (0: the default)", d.ReseedFor)
+	case d.EpochCheck < 10*time.Millisecond || d.EpochCheck > time.Minute:
+		return bad("epoch_check", "%v: want 10ms to 1m (0: the default)", d.EpochCheck)
 	case d.ScriptEvents < 0 || d.ScriptEvents > limiter.MaxApply:
 		return bad("script_events", "%d: want 1 to %d (0: the default)", d.ScriptEvents, limiter.MaxApply)
 	}
@@ -181,9 +196,13 @@ type Store struct {
 	placed, prevPlace []int
 	producers         sync.Map // producer id → its key (string)
 	reloads           atomic.Uint64
-	// unreplicated counts reservations a primary that fails over by itself
-	// made without the replicas confirming them in time.
-	unreplicated atomic.Uint64
+
+	// Reseeds (reseed.go): what a reseed re-asserts, and its counters.
+	reseeder                                                     atomic.Pointer[Reseeder]
+	reseeds, late, claims, opened, conflicts, added, checkErrors atomic.Uint64
+	stop                                                         chan struct{}
+	closed                                                       sync.Once
+	wg                                                           sync.WaitGroup
 }
 
 type shardNodes struct {
@@ -194,6 +213,28 @@ type shardNodes struct {
 	wait     int // replicas ConfirmApplied waits for
 	takes    *takeQueue
 	failover bool // Sentinel promotes a replica when the primary fails
+	// reseed is the shard's reseed state (reseed.go).
+	reseed reseeding
+}
+
+// Log is where a store says what an operator should know.
+type Log interface {
+	Info(msg string, args ...any)
+	Warn(msg string, args ...any)
+	Error(msg string, args ...any)
+}
+
+type discard struct{}
+
+func (discard) Info(string, ...any)  {}
+func (discard) Warn(string, ...any)  {}
+func (discard) Error(string, ...any) {}
+
+func (s *Store) log() Log {
+	if s.opts.Log == nil {
+		return discard{}
+	}
+	return s.opts.Log
 }
 
 // NewStore connects (lazily) to every node of every shard; keys names the
@@ -210,7 +251,7 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{opts: opts, keys: keys, byName: make(map[string]int, len(shards))}
+	s := &Store{opts: opts, keys: keys, byName: make(map[string]int, len(shards)), stop: make(chan struct{})}
 	for i, sc := range shards {
 		s.byName[sc.Name] = i
 	}
@@ -221,17 +262,21 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 	if s.prev, s.prevPlace, err = s.placement("previous_placement", opts.PreviousPlacement, false); err != nil {
 		return nil, err
 	}
-	for _, sc := range shards {
+	for i, sc := range shards {
 		n := &shardNodes{name: sc.Name, wait: opts.WaitReplicas, failover: sc.Failover()}
 		replicas := len(sc.Replicas)
 		if sc.Failover() {
 			// The sentinels name the primary and the replicas (reads go to
 			// one of them through one client); a failover moves both.
-			n.primary = redis.NewFailoverClient(opts.failover(sc, false))
+			po := opts.failover(sc, false)
+			po.OnConnect = s.onConnect(i)
+			n.primary = redis.NewFailoverClient(po)
 			n.replicas = []*redis.Client{redis.NewFailoverClient(opts.failover(sc, true))}
 			replicas = max(1, n.wait)
 		} else {
-			n.primary = redis.NewClient(opts.client(sc.Primary, -1))
+			po := opts.client(sc.Primary, -1)
+			po.OnConnect = s.onConnect(i)
+			n.primary = redis.NewClient(po)
 			for _, r := range sc.Replicas {
 				n.replicas = append(n.replicas, redis.NewClient(opts.client(r, opts.MaxRetries)))
 			}
@@ -246,11 +291,10 @@ func NewStore(shards []shard.Config, keys *limiter.KeySpace, opts Options) (*Sto
 			n.wait = min(n.wait, replicas)
 		}
 		n.takes = newTakeQueue(s, n.primary)
-		if n.failover {
-			n.takes.wait = n.wait
-		}
 		s.shards = append(s.shards, n)
 	}
+	s.wg.Add(1)
+	go s.watch()
 	return s, nil
 }
 
@@ -323,13 +367,11 @@ func (o *Options) failover(sc shard.Config, replica bool) *redis.FailoverOptions
 	}
 }
 
-// Unreplicated is how many reservations a shard that fails over by itself
-// (Sentinel) made without a replica confirming them within WaitTimeout: a
-// failover right after may lose them (docs/operations.md).
-func (s *Store) Unreplicated() uint64 { return s.unreplicated.Load() }
-
-// Close closes every connection.
+// Close stops the store's probes and re-assertions and closes every
+// connection.
 func (s *Store) Close() error {
+	s.closed.Do(func() { close(s.stop) })
+	s.wg.Wait()
 	var errs []error
 	for _, n := range s.shards {
 		n.takes.close()

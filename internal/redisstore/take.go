@@ -51,7 +51,9 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 		if a.Freeze {
 			args = append(args, a.Keep, a.Share, ms(a.ShareExpiry))
 		}
-		v, err = s.shards[i].takes.do(ctx, keys, args)
+		if err = s.gate(ctx, i); err == nil {
+			v, err = s.shards[i].takes.do(ctx, keys, args)
+		}
 		to, moved := movedTo(err)
 		if !moved || attempt > 0 {
 			break

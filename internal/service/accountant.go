@@ -42,7 +42,7 @@ func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) erro
 	defer stop()
 	l := newListeners(log)
 	if a.AdminListen != "" {
-		admin, err := l.serve(a.AdminListen, GuardAdmin(cfg.AdminToken, acc.AdminHandler(func(context.Context) error {
+		admin, err := l.serve(a.AdminListen, a.AdminTLS, GuardAdmin(cfg.AdminToken, acc.AdminHandler(func(context.Context) error {
 			if !nc.IsConnected() {
 				return fmt.Errorf("nats %s", nc.Status())
 			}

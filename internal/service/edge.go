@@ -62,14 +62,14 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 		WriteTimeout: e.WriteTimeout, IdleTimeout: e.IdleTimeout}
 	var serving []*http.Server
 	if cfg.Edge.Listen != "" {
-		hs, err := l.serve(cfg.Edge.Listen, srv.ProxyHandler(), lim)
+		hs, err := l.serve(cfg.Edge.Listen, cfg.Edge.TLS, srv.ProxyHandler(), lim)
 		if err != nil {
 			return err
 		}
 		serving = append(serving, hs)
 	}
 	if cfg.Edge.APIListen != "" {
-		hs, err := l.serve(cfg.Edge.APIListen, RequireToken(cfg.APIToken, srv.APIHandler()), lim)
+		hs, err := l.serve(cfg.Edge.APIListen, cfg.Edge.APITLS, RequireToken(cfg.APIToken, srv.APIHandler()), lim)
 		if err != nil {
 			return err
 		}
@@ -82,12 +82,12 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 		}
 	}
 	if cfg.Edge.RLS.Listen != "" {
-		if rls, err = serveRLS(cfg.Edge.RLS.Listen, srv, cfg.APIToken, l.failed, log); err != nil {
+		if rls, err = serveRLS(cfg.Edge.RLS.Listen, cfg.Edge.RLS.TLS, srv, cfg.APIToken, l.failed, log); err != nil {
 			return err
 		}
 	}
 	if fa := cfg.Edge.ForwardAuth; fa.Listen != "" {
-		hs, err := l.serve(fa.Listen, srv.ForwardAuthHandler(), lim)
+		hs, err := l.serve(fa.Listen, fa.TLS, srv.ForwardAuthHandler(), lim)
 		if err != nil {
 			return err
 		}
@@ -110,7 +110,7 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
 	go reload(reloadCtx, cfg, srv, reloadInterval, log)
-	admin, err := l.serve(cfg.Edge.AdminListen, GuardAdmin(cfg.AdminToken, srv.AdminHandler()), lim)
+	admin, err := l.serve(cfg.Edge.AdminListen, cfg.Edge.AdminTLS, GuardAdmin(cfg.AdminToken, srv.AdminHandler()), lim)
 	if err != nil {
 		return err
 	}

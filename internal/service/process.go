@@ -29,7 +29,9 @@ func open(ctx context.Context, cfg *config.File, service string, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	store, err := redisstore.NewStore(cfg.Redis.Shards, keys, cfg.StoreOptions())
+	opts := cfg.StoreOptions()
+	opts.Log = telemetry.NewRateLog(log, time.Second)
+	store, err := redisstore.NewStore(cfg.Redis.Shards, keys, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -12,12 +12,14 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/servertls"
 )
 
 // The rate-limit service's gRPC listener: Envoy's
@@ -31,24 +33,34 @@ type rlsServer struct {
 	log *slog.Logger
 }
 
-// serveRLS listens on addr and serves srv's rate-limit service; with a
-// token, every call but the health check must carry "authorization: Bearer
-// <token>" (Envoy: the grpc_service's initial_metadata).
-func serveRLS(addr string, srv *edge.Server, token string, failed chan<- error, log *slog.Logger) (*rlsServer, error) {
+// serveRLS listens on addr and serves srv's rate-limit service, over TLS
+// when tc is on; with a token, every call but the health check must carry
+// "authorization: Bearer <token>" (Envoy: the grpc_service's
+// initial_metadata).
+func serveRLS(addr string, tc servertls.Config, srv *edge.Server, token string, failed chan<- error, log *slog.Logger) (*rlsServer, error) {
+	files, err := loadTLS(tc, log)
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	gs := grpc.NewServer(
+	var creds []grpc.ServerOption
+	if files != nil {
+		creds = append(creds, grpc.Creds(credentials.NewTLS(files.TLSConfig())))
+	}
+	gs := grpc.NewServer(append(creds,
 		grpc.ChainUnaryInterceptor(requireMetadataToken(token)),
 		grpc.MaxRecvMsgSize(1<<20),
 		grpc.ConnectionTimeout(5*time.Second),
 		// Envoy keeps its connection open and may ping it.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv.RateLimitService())
 	healthpb.RegisterHealthServer(gs, rlsHealth{srv: srv})
-	log.Info("listening", "addr", ln.Addr().String(), "serves", "envoy.service.ratelimit.v3.RateLimitService (gRPC)")
+	log.Info("listening", "addr", ln.Addr().String(), "serves", "envoy.service.ratelimit.v3.RateLimitService (gRPC)",
+		"tls", tc.On(), "client_certificates", tc.ClientCAFile != "")
 	go func() {
 		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			failed <- err

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 
+	"github.com/tallyhq/tally/internal/buildinfo"
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/telemetry"
 )
@@ -115,13 +116,24 @@ func GuardAdmin(token string, h http.Handler) http.Handler {
 	})
 }
 
-// Main is the main of a Tally binary: it reads -config, logs to stderr
+// Main is the main of a Tally binary: "name version" (or -version) prints
+// its build information (internal/buildinfo) and exits; otherwise it reads
+// -config, logs to stderr
 // (JSON lines, or text with TALLY_LOG_FORMAT=text; TALLY_LOG_LEVEL sets the
 // level) and, with OTEL_LOGS_EXPORTER, over OpenTelemetry too, runs run
 // until SIGINT or SIGTERM, and exits non-zero when run fails.
 func Main(name string, run func(context.Context, *config.File, *slog.Logger) error) {
 	path := flag.String("config", "tally.yaml", "configuration file (docs/configuration.md)")
+	showVersion := flag.Bool("version", false, "print the version, commit, build date, Go version and licence, and exit")
 	flag.Parse()
+	if *showVersion || flag.Arg(0) == "version" {
+		fmt.Print(buildinfo.Read(name))
+		return
+	}
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "%s: unexpected argument %q (usage: %s [-config FILE] | %s version)\n", name, flag.Arg(0), name, name)
+		os.Exit(2)
+	}
 	h, err := telemetry.NewLogHandler(os.Stderr, os.Getenv("TALLY_LOG_FORMAT"), os.Getenv("TALLY_LOG_LEVEL"))
 	var logs *telemetry.Logs
 	if err == nil {

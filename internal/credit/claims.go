@@ -1,0 +1,67 @@
+package credit
+
+import (
+	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// A window's primary can change under the edge and lose the end of what
+// was done to the window (a promotion, a restart without persistence):
+// the edge then re-asserts, in a reseed, what it holds there
+// (redisstore/reseed.go, lua/reseed.lua). What it knows of each window is in
+// its entry: what it was given (known, mine), and what it sent for the
+// window since the entry learnt it (sent: its charges, refunds and releases,
+// and the finishes it made of its own requests there), which a window the
+// new primary lost counts in full.
+
+// record hands an accounting entry of e's key to the ledger, noting it in
+// e when it is of e's window. Callers hold e.mu.
+func (c *Core) record(e *entry, le limiter.Entry) uint64 {
+	seq := c.d.Ledger.Record(e.at(), le)
+	if seq != 0 && !le.ResetAt.IsZero() && le.ResetAt.Equal(e.reset) {
+		if e.sentTo == 0 {
+			e.sentFrom = seq - 1
+		}
+		e.sentTo = max(e.sentTo, seq)
+		e.sent(le.Kind == limiter.Charge, le.Units)
+	}
+	return seq
+}
+
+// sent counts units e charged (charge) or gave back in its window.
+func (e *entry) sent(charge bool, units int64) {
+	if charge {
+		e.charged += units
+	} else {
+		e.givenBack += units
+	}
+}
+
+// Claims lists what this edge holds in shard's windows live at now: for
+// each entry, what it was given in its window and what it sent for it
+// (limiter.Claim). It walks the whole table.
+func (c *Core) Claims(shard int, now time.Time) []limiter.Claim {
+	var out []limiter.Claim
+	c.table.each(func(e *entry) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.at() != shard || !e.live(now) || e.start.IsZero() {
+			return
+		}
+		cl := limiter.Claim{Key: e.key, Window: max(e.policy.Window, e.reset.Sub(e.start)), ResetAt: e.reset, Start: e.start,
+			Holder: e.holder, Producer: c.d.Producer, Charged: e.charged, GivenBack: e.givenBack, From: e.sentFrom, To: e.sentTo}
+		if e.countsReset.Equal(e.reset) {
+			cl.Reserved = max(e.known, e.mine)
+		}
+		if e.held > 0 {
+			cl.Frozen, cl.FrozenExpiry = e.held, now.Add(holdTTL)
+		}
+		if cl.Reserved == 0 && cl.Charged == 0 && cl.GivenBack == 0 && cl.Frozen == 0 {
+			return // nothing of this edge's in the window
+		}
+		out = append(out, cl)
+	})
+	c.stats.claims.Add(uint64(len(out)))
+	return out
+}

@@ -21,9 +21,11 @@
 --                           the charge, when it comes, nets to zero
 --                They expire ARGV[5] ms after their last write.
 -- KEYS[P+1..] -> window hashes (keys.go), each named once
--- KEYS[#KEYS] -> when ARGV[6] names a call: the caller's reply key (keys.go),
---                a string "<call>|<count>|<reply>" holding what the last call
---                through it returned (<reply> in MessagePack)
+-- KEYS[#KEYS-1] -> when ARGV[6] names a call: the caller's reply key
+--                (keys.go), a string "<call>|<count>|<reply>" holding what
+--                the last call through it returned (<reply> in MessagePack)
+-- KEYS[#KEYS] -> the shard's reseed marker (keys.go): while it lasts, no
+--                event is applied (window.lua's reseeding)
 -- ARGV[1] -> now, ms since the Unix epoch
 -- ARGV[2] -> P, the number of producer hashes (1 .. 1000)
 -- ARGV[3] -> grace, ms (1000 .. 1e12): see window.lua
@@ -92,7 +94,9 @@
 --           5 pending    a refund whose charge has not come yet
 --   used, reset_at and amount are 0 unless the outcome is applied.
 -- Errors: "ERR tally: invalid <argument>", or WRONGTYPE for a key that holds
--- another kind of value; nothing is written then.
+-- another kind of value; nothing is written then. "TALLYRESEEDING": the
+-- shard's primary changed and its windows are being re-asserted; nothing is
+-- written (a call sent again still gets what it did the first time).
 local now = arg_int(1, 0, MAX_MS)
 if now == nil then return redis.error_reply("ERR tally: invalid now") end
 local np = arg_int(2, 1, 1000)
@@ -107,8 +111,10 @@ local call = arg_int(6, 0, 999999999999999)
 if call == nil then return redis.error_reply("ERR tally: invalid call") end
 local replyTTL = arg_int(7, 1000, 1000000000000)
 if replyTTL == nil then return redis.error_reply("ERR tally: invalid reply lifetime") end
-local lastWin = #KEYS
-if call > 0 then lastWin = #KEYS - 1 end
+local marker = #KEYS
+local replyKey = #KEYS - 1
+local lastWin = #KEYS - 1
+if call > 0 then lastWin = #KEYS - 2 end
 if np > lastWin then return redis.error_reply("ERR tally: invalid producer count") end
 local names = {}
 for i = 1, np do
@@ -154,7 +160,7 @@ end
 
 -- A call sent again: what it did the first time.
 if call > 0 then
-  local memo = redis.call("GET", KEYS[#KEYS])
+  local memo = redis.call("GET", KEYS[replyKey])
   if memo then
     local c, n, at = string.match(memo, "^(%d+)|(%d+)|()")
     if c == num(call) then
@@ -164,6 +170,10 @@ if call > 0 then
       return cmsgpack.unpack(string.sub(memo, at))
     end
   end
+end
+
+if reseeding(KEYS[marker]) then
+  return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
 end
 
 local MAXGAPS = 64
@@ -411,6 +421,6 @@ for i, p in pairs(prods) do
   end
 end
 if call > 0 then
-  redis.call("SET", KEYS[#KEYS], num(call) .. "|" .. num(nev) .. "|" .. cmsgpack.pack(out), "PX", num(replyTTL))
+  redis.call("SET", KEYS[replyKey], num(call) .. "|" .. num(nev) .. "|" .. cmsgpack.pack(out), "PX", num(replyTTL))
 end
 return out

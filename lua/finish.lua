@@ -16,6 +16,8 @@
 --            (apply.lua's layout). A request admitted without a window is
 --            marked finished there, in field f:<charge seq>; a refund whose
 --            charge event is not applied yet leaves its marker n:<seq> there
+-- KEYS[4] -> the shard's reseed marker (keys.go): while it lasts, nothing
+--            is finished (window.lua's reseeding)
 -- ARGV[1]  -> now, ms since the Unix epoch
 -- ARGV[2]  -> reset_at, ms, a whole second: the window the response showed;
 --             0 when the request was admitted without knowledge of its window
@@ -53,7 +55,7 @@
 --   5 pending           recorded; the charge event has not been applied yet:
 --                       a marker makes it net to zero when it comes
 -- Errors: "ERR tally: invalid <argument>", or WRONGTYPE; nothing is written
--- then.
+-- then. "TALLYRESEEDING": the shard's primary changed; nothing is written.
 local now = arg_int(1, 0, MAX_MS)
 if now == nil then return redis.error_reply("ERR tally: invalid now") end
 local reset = arg_int(2, 0, MAX_MS)
@@ -83,6 +85,10 @@ local ttl = arg_int(12, 1000, 1000000000000)
 if ttl == nil then return redis.error_reply("ERR tally: invalid producer lifetime") end
 local back = arg_int(13, 0, units)
 if back == nil then return redis.error_reply("ERR tally: invalid back") end
+
+if reseeding(KEYS[4]) then
+  return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
+end
 
 -- Read every key before the first write.
 local w = load(KEYS[1])

@@ -9,6 +9,8 @@
 -- Runs on: the shard primary. lua.go prepends window.lua.
 --
 -- KEYS[1] -> the window hash (keys.go)
+-- KEYS[2] -> the shard's reseed marker (keys.go): while it lasts, nothing
+--            is recorded (window.lua's reseeding)
 -- ARGV[1] -> now, ms since the Unix epoch
 -- ARGV[2] -> reset_at, ms: the window the credit is in
 -- ARGV[3] -> holder, as in take.lua: the edge's table entry
@@ -27,6 +29,7 @@
 --     nothing changed
 --   2 no such window (reset, or another): nothing changed
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
+--         "TALLYRESEEDING": the shard's primary changed; nothing is written.
 --
 -- The share is the window's field "z:<holder>" = "<frozen>:<expiry>:<producer>".
 local now = arg_int(1, 0, MAX_MS)
@@ -48,6 +51,9 @@ if frozen == nil then return redis.error_reply("ERR tally: invalid frozen") end
 local expiry = arg_int(7, 0, MAX_MS)
 if expiry == nil then return redis.error_reply("ERR tally: invalid expiry") end
 
+if reseeding(KEYS[2]) then
+  return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
+end
 local field = "z:" .. holder
 local f = redis.call("HMGET", KEYS[1], "r", field)
 if tonumber(f[1]) ~= reset or reset <= now then

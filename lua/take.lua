@@ -10,6 +10,8 @@
 --            only, and only when the edge owes something (ARGV[9]): what of
 --            the edge's events apply.lua applied, so that the edge can tell
 --            which of its own events the returned count already holds
+-- KEYS[3] -> the shard's reseed marker (keys.go): while it lasts, nothing is
+--            reserved (window.lua's reseeding)
 -- ARGV[1] -> now, ms since the Unix epoch (the edge's clock, read once for
 --            the decision)
 -- ARGV[2] -> window length, ms (1000 .. 1e12)
@@ -73,6 +75,9 @@
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
 --         "TALLYMOVED <shard>": the key has moved to that shard (no live
 --         window here); nothing is reserved here.
+--         "TALLYRESEEDING": the shard's primary changed and its windows
+--         are being re-asserted (need > 0 only; a read goes on); nothing
+--         is written.
 local now = arg_int(1, 0, MAX_MS)
 if now == nil then return redis.error_reply("ERR tally: invalid now") end
 local len = arg_int(2, 1000, 1000000000000)
@@ -119,6 +124,10 @@ for tok in string.gmatch(owedArg, "[^,]+") do
     return redis.error_reply("ERR tally: invalid owed")
   end
   table.insert(owedPairs, { tonumber(sq), tonumber(un) })
+end
+
+if need > 0 and reseeding(KEYS[3]) then
+  return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
 end
 
 -- What the edge owes counts only for the events not applied yet: the

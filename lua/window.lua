@@ -91,6 +91,16 @@ local function applied_prefix(key)
   return applied
 end
 
+-- reseeding reports whether a reseed of the shard halts writes now: its
+-- marker (epoch.lua) lasts, with an expiry no longer than the longest
+-- reseed_for (a marker without one, or a longer one, no process set).
+-- Every script that changes windows calls it first and writes nothing
+-- while it holds: what the edges re-assert must land before anything else.
+local function reseeding(key)
+  local t = redis.call("PTTL", key)
+  return t > 0 and t <= 600000
+end
+
 -- num renders an integer-valued number without an exponent.
 local function num(v)
   return string.format("%.0f", v)

@@ -177,7 +177,7 @@ func (f *fixture) take(producer string, k limiter.Key, units int64) limiter.Gran
 // used is k's window's count on the primary; while the shard reseeds (its
 // primary changed) it waits, bounded, for the reseed's end.
 func (f *fixture) used(k limiter.Key) int64 {
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		g, err := f.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
 		if errors.Is(err, redisstore.ErrReseeding) && time.Now().Before(deadline) {
 			continue
@@ -191,13 +191,12 @@ func (f *fixture) used(k limiter.Key) int64 {
 func (f *fixture) waitUsed(k limiter.Key, want int64) {
 	f.t.Helper()
 	var got int64
-	for range 300 {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if got = f.used(k); got == want {
 			return
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	f.t.Fatalf("used = %d, want %d", got, want)
+	f.t.Fatalf("used = %d, want %d (after 30 s)", got, want)
 }
 
 // streamMsgs is how many messages the accounting stream holds.

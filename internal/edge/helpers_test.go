@@ -242,7 +242,7 @@ func postRaw(t *testing.T, url, body string) (*http.Response, []byte) {
 // while the shard reseeds (its primary changed) it waits, bounded, for the
 // reseed's end.
 func (pl *pipeline) used(k limiter.Key) int64 {
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		g, err := pl.store.Take(context.Background(), k, time.Now(), limiter.TakeArgs{Window: time.Minute, Limit: 1, Producer: "reader"})
 		if errors.Is(err, redisstore.ErrReseeding) && time.Now().Before(deadline) {
 			continue
@@ -255,13 +255,12 @@ func (pl *pipeline) used(k limiter.Key) int64 {
 func (pl *pipeline) waitUsed(k limiter.Key, want int64) {
 	pl.t.Helper()
 	var got int64
-	for range 300 {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if got = pl.used(k); got == want {
 			return
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	pl.t.Fatalf("used = %d, want %d", got, want)
+	pl.t.Fatalf("used = %d, want %d (after 30 s)", got, want)
 }
 
 // streamMsgs is how many messages the accounting stream holds.

@@ -116,6 +116,7 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, re
 	if reply != "" {
 		keys = append(keys, reply)
 	}
+	keys = append(keys, s.keys.ReseedKey())
 
 	v, err := s.run(ctx, n.primary, applyScript, false, keys, args...).Int64Slice()
 	if err != nil {

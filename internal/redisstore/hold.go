@@ -30,7 +30,7 @@ func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.H
 		pipe := n.primary.Pipeline()
 		cmds := make([]*redis.Cmd, len(hs))
 		for j, h := range hs {
-			cmds[j] = pipe.EvalSha(ctx, holdScript.Hash(), []string{h.Key.String()}, ms(s.opts.Clock.Now()), ms(h.ResetAt),
+			cmds[j] = pipe.EvalSha(ctx, holdScript.Hash(), []string{h.Key.String(), s.keys.ReseedKey()}, ms(s.opts.Clock.Now()), ms(h.ResetAt),
 				h.Holder, h.Producer, h.Expected, h.Frozen, ms(h.Expiry))
 		}
 		_, _ = pipe.Exec(ctx)

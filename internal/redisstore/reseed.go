@@ -29,13 +29,15 @@ import (
 //     names. A primary that is not (another run id: a restart or a
 //     promotion; no record: an emptied dataset) begins a reseed: a new epoch,
 //     and a marker that lasts ReseedFor.
-//  2. While the marker lasts, no process that reached the primary writes to
-//     the shard: reservations, accounting events, reports, finishes and
-//     leases fail at once with ErrReseeding, and the request path decides
-//     from what it knows (credit, full windows) or by its on_redis_error
-//     rule. A connection made to the primary meanwhile fails the command it
-//     was made for, so that nothing slips in before its process learns of
-//     the reseed.
+//  2. While the marker lasts, nothing writes to the shard's windows: every
+//     script that would (take, apply, hold, finish) reads the marker first
+//     and refuses (TALLYRESEEDING), whatever connection its call came on,
+//     and a process that knows of the reseed does not send them (gate); they
+//     fail with ErrReseeding, and the request path decides from what it
+//     knows (credit, full windows) or by its on_redis_error rule. A
+//     connection made to the primary meanwhile fails the command it was made
+//     for (but the reseed's own), so that its process learns of the reseed
+//     first.
 //  3. Each process re-asserts what it holds in the shard's windows
 //     (Reseeder.Claims, lua/reseed.lua) and keeps the marker alive while it
 //     does; then what it applied on the primary itself is delivered again

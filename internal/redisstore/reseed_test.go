@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -454,4 +455,46 @@ func TestForgedReseedMarker(t *testing.T) {
 	testutil.WaitFor(t, "writes halted by the marker", func() bool { return errors.Is(take(), redisstore.ErrReseeding) })
 	testutil.WaitFor(t, "writes again once it expired", func() bool { return take() == nil })
 	require.Zero(t, f.store.ReseedStats().Reseeds, "no reseed began: the epoch record names this primary")
+}
+
+// Every script that writes to windows refuses while a reseed's marker lasts,
+// whichever connection its call came on: a call that passed its process's
+// own check before the process learnt of the reseed (here: a store that
+// does not probe) still lands after what the edges re-assert.
+func TestScriptsWaitForTheReseed(t *testing.T) {
+	p := redistest.Start(t)
+	keys, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
+	require.NoError(t, err)
+	st := newStore(t, []shard.Config{{Name: "s0", Primary: node(p)}}, keys, redisstore.Options{EpochCheck: time.Minute})
+	ctx := context.Background()
+	k := keys.Key("core", "alice")
+	now := time.Now()
+	args := limiter.TakeArgs{Window: minute, Limit: 100, Need: 1, Want: 1, Producer: "edge-a"}
+	g, err := st.Take(ctx, k, now, args)
+	require.NoError(t, err)
+	require.NoError(t, p.Client().Set(ctx, "tally:reseed", "00000000000000e1", 3*time.Second).Err())
+
+	_, err = st.Take(ctx, k, now, args)
+	require.ErrorIs(t, err, redisstore.ErrReseeding, "a reservation")
+	_, err = st.Apply(ctx, 0, now, []limiter.Event{release("edge-a", 1, k, g.ResetAt, 1)})
+	require.ErrorIs(t, err, redisstore.ErrReseeding, "an accounting event")
+	_, err = st.Hold(ctx, 0, []limiter.Hold{{Key: k, ResetAt: g.ResetAt, Holder: "edge-a", Producer: "edge-a", Frozen: 1,
+		Expiry: now.Add(time.Second)}})
+	require.ErrorIs(t, err, redisstore.ErrReseeding, "a report of frozen credit")
+	_, err = st.Finish(ctx, k, now, limiter.FinishArgs{ResetAt: g.ResetAt, Start: now, Window: minute, Producer: "edge-a",
+		Holder: "edge-a", Units: 1, Status: 304, Back: 1})
+	require.ErrorIs(t, err, redisstore.ErrReseeding, "a finish")
+	require.False(t, redisstore.Permanent(err), "transient: the edge decides without it, the accountant retries")
+
+	require.NoError(t, p.Client().Del(ctx, "tally:reseed").Err())
+	r := eventually(t, func() (limiter.Grant, error) {
+		return st.Take(ctx, k, now, limiter.TakeArgs{Window: minute, Limit: 100, Producer: "reader"})
+	})
+	require.EqualValues(t, 1, r.Used, "nothing was written meanwhile")
+	require.Equal(t, map[string]string{"u": "1", "s": fmt.Sprint(g.Start.UnixMilli()), "r": fmt.Sprint(g.ResetAt.UnixMilli())},
+		map[string]string{"u": p.Client().HGet(ctx, k.String(), "u").Val(), "s": p.Client().HGet(ctx, k.String(), "s").Val(),
+			"r": p.Client().HGet(ctx, k.String(), "r").Val()})
+	require.Empty(t, p.Client().HGet(ctx, k.String(), "z:edge-a").Val(), "no frozen share recorded")
+	_, err = st.Take(ctx, k, now, args)
+	require.NoError(t, err)
 }

@@ -577,7 +577,8 @@ func Permanent(err error) bool {
 		return false // I/O: EOF, reset connections
 	}
 	msg := re.Error()
-	for _, transient := range []string{"READONLY", "LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "OOM", "NOSCRIPT", "CLUSTERDOWN"} {
+	for _, transient := range []string{"READONLY", "LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "OOM", "NOSCRIPT", "CLUSTERDOWN",
+		"TALLYRESEEDING"} {
 		if strings.HasPrefix(msg, transient) {
 			return false
 		}
@@ -590,10 +591,15 @@ func refused(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "tally: invalid")
 }
 
-// scriptErr marks a script's refusal of its arguments as limiter.ErrInvalidArgument.
+// scriptErr marks a script's refusal of its arguments as
+// limiter.ErrInvalidArgument, and its refusal to write while the shard
+// re-seeds as ErrReseeding.
 func scriptErr(err error) error {
-	if refused(err) {
+	switch {
+	case refused(err):
 		return fmt.Errorf("%w: %v", limiter.ErrInvalidArgument, err)
+	case redis.HasErrorPrefix(err, "TALLYRESEEDING"):
+		return ErrReseeding // the script saw the reseed marker (epoch.lua)
 	}
 	return err
 }

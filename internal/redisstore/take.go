@@ -42,7 +42,7 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 		owed = append(owed, ':')
 		owed = strconv.AppendInt(owed, o.Units, 10)
 	}
-	keys := []string{k.String(), s.producerKey(a.Producer)}
+	keys := []string{k.String(), s.producerKey(a.Producer), s.keys.ReseedKey()}
 	var v []int64
 	var err error
 	for attempt := 0; ; attempt++ {

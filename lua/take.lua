@@ -1,8 +1,8 @@
 -- take.lua: reserve units of a key's live window for one edge, opening the
--- window at now when none is live. The edge then admits requests against
--- what it reserved (its credit) without calling Redis again. A reservation
--- never takes a window past its limit, so whatever the edges admit from
--- credit stays within it.
+-- window at the whole second of now when none is live. The edge then admits
+-- requests against what it reserved (its credit) without calling Redis again.
+-- A reservation never takes a window past its limit, so whatever the edges
+-- admit from credit stays within it.
 -- Runs on: the shard primary. lua.go prepends window.lua.
 --
 -- KEYS[1] -> the window hash of one (resource, identity) key (keys.go)

@@ -3,9 +3,11 @@
 --
 -- A window is one Redis hash per (resource, identity) key:
 --   u   units used in the window, units reserved by edges included
---   s   start of the window, ms since the Unix epoch
---   r   reset_at, ms since the Unix epoch, a whole second; the window is
---       live while now < r and r never changes once written
+--   s   start of the window, ms since the Unix epoch: the whole second its
+--       first request (or event) fell in
+--   r   reset_at, ms since the Unix epoch: s + the window's length, a whole
+--       second (s is one); the window is live while now < r and r never
+--       changes once written
 --   p   the earliest event start the window accepts: the previous window's
 --       reset_at, or (for a first window) the oldest start whose window could
 --       already have been garbage collected
@@ -116,12 +118,19 @@ local function load(key)
   return { u = tonumber(f[1]) or 0, s = s, r = r, p = tonumber(f[4]) or 0 }
 end
 
--- fresh returns a new window starting at t, used 0, reset at t + len rounded
--- up to a whole second, accepting starts back to p. It is written by save.
+-- opening returns the start of the window a request at t opens: the whole
+-- second t falls in, so that the window lasts exactly its length (a window of
+-- one second holds one second of requests, as a clock-aligned one does) and
+-- its reset, s + len, is a whole second.
+local function opening(t)
+  return t - t % 1000
+end
+
+-- fresh returns a new window opened by a request at t, used 0, accepting
+-- starts back to p. It is written by save.
 local function fresh(t, len, p)
-  local r = t + len
-  r = r + (1000 - r % 1000) % 1000
-  return { u = 0, s = t, r = r, p = p, new = true }
+  local s = opening(t)
+  return { u = 0, s = s, r = s + len, p = p, new = true }
 end
 
 -- ending returns a new window that resets at r (a whole second), as opened by
@@ -157,13 +166,13 @@ local function place(w, t, now, len, tol, grace)
   if w == nil then
     -- Nothing stored: any window that held t and was garbage collected
     -- ended at least grace ago, so only a start newer than that may open one.
-    if t > now - grace and t + len > now then
+    if t > now - grace and opening(t) + len > now then
       return "new", now - grace, t
     end
     return "late"
   end
   if t >= w.r then
-    if t + len > now then
+    if opening(t) + len > now then
       return "new", w.r, t
     end
     return "late"

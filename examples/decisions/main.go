@@ -89,34 +89,9 @@ func run(url, stream string, idle time.Duration, opts ...nats.Option) error {
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
-	// An ordered consumer: no state on the server, every record from the
-	// start of the stream, in order.
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	a, err := analyse(context.Background(), js, stream, idle)
 	if err != nil {
 		return err
-	}
-	var a Analysis
-	for {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(idle))
-		if err != nil {
-			return err
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			var recs []record // a message is a JSON array of CloudEvents
-			if err := json.Unmarshal(m.Data(), &recs); err != nil {
-				return fmt.Errorf("message %s: %w", m.Subject(), err)
-			}
-			a.Add(recs...)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return err
-		}
-		if n == 0 {
-			break
-		}
 	}
 	out := json.NewEncoder(os.Stdout)
 	for _, w := range a.Windows() {
@@ -127,12 +102,48 @@ func run(url, stream string, idle time.Duration, opts ...nats.Option) error {
 	return nil
 }
 
-// Analysis joins edges' admissions with what was given back, by request id
-// and key.
+// analyse reads the stream from its first record until none has come for
+// idle.
+func analyse(ctx context.Context, js jetstream.JetStream, stream string, idle time.Duration) (*Analysis, error) {
+	// An ordered consumer: no state on the server, every record from the
+	// start of the stream, in order.
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, err
+	}
+	var a Analysis
+	for {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(idle))
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var recs []record // a message is a JSON array of CloudEvents
+			if err := json.Unmarshal(m.Data(), &recs); err != nil {
+				return nil, fmt.Errorf("message %s: %w", m.Subject(), err)
+			}
+			a.Add(recs...)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, err
+		}
+		if n == 0 {
+			break
+		}
+	}
+	return &a, nil
+}
+
+// Analysis joins admissions with what was given back, by request id and
+// key. An admission is an edge's allowed record, or an accountant's charge
+// that no edge recorded admitting: a service's own charge (an event it
+// published itself, docs/events.md#accounting-events).
 type Analysis struct {
-	admitted map[string]*admission // request id + key
-	refunds  []string              // request id + key, once per refund
-	charged  map[string]time.Time  // request id + key → the window an accountant charged
+	admitted map[string]*admission // request id + key: edges' admissions
+	refunds  []given               // refunded and netted records, once each
+	charges  []charge              // accountants' charged records
 }
 
 type admission struct {
@@ -141,21 +152,37 @@ type admission struct {
 	resetAt     time.Time // zero for a fail-open admission: its charge tells
 }
 
-// Add takes records in stream order.
+// charge is an accountant's record of a charge applied: the window of an
+// edge's admission made without one (fail-open), or a service's charge.
+type charge struct {
+	id string
+	admission
+}
+
+// given is a record of units given back: refunded, or netted (a charge
+// whose refund came first: it never counted).
+type given struct {
+	id     string
+	netted bool
+	admission
+}
+
+// Add takes records in any order.
 func (a *Analysis) Add(recs ...record) {
 	if a.admitted == nil {
-		a.admitted, a.charged = map[string]*admission{}, map[string]time.Time{}
+		a.admitted = map[string]*admission{}
 	}
 	for _, r := range recs {
 		d := r.Data
 		id := d.RequestID + " " + d.Key
+		ad := admission{key: d.Key, policy: d.Policy, limit: d.Limit, cost: d.Cost, resetAt: d.ResetAt}
 		switch {
 		case d.Outcome == "" && d.Allowed: // an edge admitted a request
-			a.admitted[id] = &admission{key: d.Key, policy: d.Policy, limit: d.Limit, cost: d.Cost, resetAt: d.ResetAt}
+			a.admitted[id] = &ad
 		case d.Outcome == "refunded" || d.Outcome == "netted": // given back (netted: before its charge landed)
-			a.refunds = append(a.refunds, id)
+			a.refunds = append(a.refunds, given{id, d.Outcome == "netted", ad})
 		case d.Outcome == "charged" || d.Outcome == "charged_over_limit":
-			a.charged[id] = d.ResetAt
+			a.charges = append(a.charges, charge{id, ad})
 		}
 	}
 }
@@ -163,25 +190,38 @@ func (a *Analysis) Add(recs ...record) {
 // Windows returns every window with an admission, by key then reset.
 func (a *Analysis) Windows() []Window {
 	byWindow := map[string]*Window{}
-	window := func(ad *admission, id string) *Window {
-		reset := ad.resetAt
-		if reset.IsZero() {
-			reset = a.charged[id]
-		}
-		k := ad.key + " " + ad.policy + " " + reset.String()
+	window := func(ad *admission) *Window {
+		k := ad.key + " " + ad.policy + " " + ad.resetAt.String()
 		w := byWindow[k]
 		if w == nil {
-			w = &Window{Key: ad.key, Policy: ad.policy, ResetAt: reset, Limit: ad.limit}
+			w = &Window{Key: ad.key, Policy: ad.policy, ResetAt: ad.resetAt, Limit: ad.limit}
 			byWindow[k] = w
 		}
 		return w
 	}
+	admitted := make(map[string]*admission, len(a.admitted)+len(a.charges))
 	for id, ad := range a.admitted {
-		window(ad, id).Admitted += ad.cost
+		admitted[id] = ad
 	}
-	for _, id := range a.refunds {
-		if ad := a.admitted[id]; ad != nil { // a refund of a request that was recorded as admitted
-			window(ad, id).Refunded += ad.cost
+	for _, c := range a.charges {
+		switch ad := admitted[c.id]; {
+		case ad != nil && ad.resetAt.IsZero(): // a fail-open admission: its charge places it
+			ad.resetAt = c.resetAt
+		case ad == nil && c.id != " "+c.key: // a service's charge, named
+			admitted[c.id] = &c.admission
+		case ad == nil: // a service's charge without a request id: nothing names it
+			window(&c.admission).Admitted += c.cost
+		}
+	}
+	for _, ad := range admitted {
+		window(ad).Admitted += ad.cost
+	}
+	for _, g := range a.refunds {
+		switch ad := admitted[g.id]; {
+		case ad != nil: // a refund of a request that was recorded as admitted
+			window(ad).Refunded += ad.cost
+		case g.id == " "+g.key && !g.netted: // a service's refund of a charge without a request id
+			window(&g.admission).Refunded += g.cost
 		}
 	}
 	out := make([]Window, 0, len(byWindow))

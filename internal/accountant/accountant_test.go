@@ -119,7 +119,7 @@ func (f *fixture) startWithKeys(keys *limiter.KeySpace, mut ...func(*accountant.
 }
 
 // reset is the reset of a one-minute window opened now.
-func reset() time.Time { return time.Now().Add(time.Minute).Truncate(time.Second).Add(time.Second) }
+func reset() time.Time { return time.Now().Truncate(time.Second).Add(time.Minute) }
 
 func started(producer string, seq uint64, k limiter.Key, r time.Time, units int64) events.Accounting {
 	return events.Accounting{Kind: events.Started, Producer: producer, Seq: seq, Source: "test", Time: time.Now(),

@@ -119,10 +119,13 @@ func (w *worker) convert(it *item) error {
 			return fmt.Errorf("%w: event %d: tallykeyid %s is not this deployment's (%s): its key digest was made with another "+
 				"TALLY_KEY_SECRET and names another window", events.ErrInvalidEvent, k+1, e.KeyID, w.a.keys.KeyID())
 		}
+		// The policy and its window are what a window is opened on; a
+		// client's limit differs from its policy's by design (tiers,
+		// overrides, an operator's temporary limit), so it is not compared.
 		if p, ok := w.a.cfg.Policies[e.Policy]; len(w.a.cfg.Policies) > 0 &&
-			(!ok || p.Limit != e.Limit || p.Window != time.Duration(e.WindowSeconds)*time.Second) {
-			return fmt.Errorf("%w: event %d: policy %q with limit %d per %ds is not configured", events.ErrInvalidEvent,
-				k+1, e.Policy, e.Limit, e.WindowSeconds)
+			(!ok || p.Window != time.Duration(e.WindowSeconds)*time.Second) {
+			return fmt.Errorf("%w: event %d: policy %q with a window of %ds is not configured", events.ErrInvalidEvent,
+				k+1, e.Policy, e.WindowSeconds)
 		}
 		op, ok, err := e.Op(w.a.keys)
 		if err != nil {

@@ -43,8 +43,10 @@ type Config struct {
 	// header), linked to the requests its events come from.
 	Tracer trace.Tracer `yaml:"-"`
 	// Policies, when set, are the deployment's policies: an event whose
-	// policy is unknown, or whose limit or window differ, is dead-lettered
-	// instead of opening a window on terms nobody configured.
+	// policy is unknown, or whose window differs, is dead-lettered instead
+	// of opening a window on terms nobody configured. Its limit is not
+	// compared: tiers, overrides and temporary limits give clients limits
+	// of their own.
 	Policies map[string]limiter.Policy `yaml:"-"`
 	// BatchSize is the most events read and applied as one run (the store
 	// splits it into script calls of redisstore.Options.ScriptEvents). Default

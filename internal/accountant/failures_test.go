@@ -139,14 +139,17 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 	dlq, err := f.js.CreateOrUpdateConsumer(ctx, f.streams.DeadLetters.Name, jetstream.ConsumerConfig{Durable: "inspect"})
 	require.NoError(t, err)
 	other := started("edge-9", 1, k, r, 1)
-	other.Policy, other.Limit = "core", 5000 // terms nobody configured
+	other.Policy, other.WindowSeconds = "core", 3600 // a window nobody configured
 	f.publishRaw(`{"not":"an event"`)
 	f.publish([]events.Accounting{other})
 	f.publish([]events.Accounting{started("edge-1", 1, k, r, 2)})
+	tier := started("edge-2", 1, k, r, 1)
+	tier.Limit = 5000 // a client's own limit (a tier, an override, a temporary limit): applied
+	f.publish([]events.Accounting{tier})
 	a := f.start(func(c *accountant.Config) {
 		c.Policies = map[string]limiter.Policy{"core": {Name: "core", Limit: 100, Window: time.Minute}}
 	})
-	f.waitUsed(k, 2)
+	f.waitUsed(k, 3)
 	testutil.WaitFor(t, "dead letters", func() bool { return a.Stats().DeadLettered == 2 })
 	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	var reasons []string

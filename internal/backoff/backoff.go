@@ -16,7 +16,9 @@ type Config struct {
 	// Factor multiplies the wait at each early return: 0 (off), or 1.1 to
 	// 10.
 	Factor float64 `yaml:"factor"`
-	// Max caps the wait one answer gives; default 1h when Factor is set.
+	// Max caps the wait one answer gives (whole seconds, as Retry-After
+	// says them); default 1h when Factor is set. Only the window's own
+	// reset may be later: a client is never told to come back before it.
 	Max time.Duration `yaml:"max"`
 }
 
@@ -42,8 +44,8 @@ func (c Config) Validate() error {
 		return nil
 	case math.IsNaN(c.Factor) || c.Factor < 1.1 || c.Factor > 10:
 		return setting.Errorf(ErrInvalid, "factor", "%v: want 1.1 to 10 (or no backoff at all)", c.Factor)
-	case c.WithDefaults().Max < time.Second || c.Max > 24*time.Hour:
-		return setting.Errorf(ErrInvalid, "max", "%v: want 1s to 24h", c.Max)
+	case c.WithDefaults().Max < time.Second || c.Max > 24*time.Hour || c.Max%time.Second != 0:
+		return setting.Errorf(ErrInvalid, "max", "%v: want whole seconds, 1s to 24h", c.Max)
 	}
 	return nil
 }
@@ -51,14 +53,17 @@ func (c Config) Validate() error {
 // Answer is what backoff says about one request.
 type Answer struct {
 	// Until is when the client may come back; Strikes its early returns in
-	// a row.
+	// a row; Reset the reset of the window that denied it (what its
+	// responses keep showing as the window's: Until is for Retry-After).
 	Until   time.Time
 	Strikes int
+	Reset   time.Time
 }
 
 type client struct {
 	until   time.Time     // what the client was last told
 	base    time.Duration // the first wait it was told
+	reset   time.Time     // the window's reset it was denied by
 	strikes int
 }
 
@@ -107,10 +112,10 @@ func (t *Table) Early(dg limiter.Digest, now time.Time, c Config) (Answer, bool)
 	cl.strikes++
 	wait := float64(cl.base) * math.Pow(c.Factor, float64(cl.strikes))
 	cl.until = now.Add(time.Duration(min(wait, float64(c.Max))))
-	if cl.until.Sub(now) < cl.base {
-		cl.until = now.Add(cl.base) // a cap below the window's own wait
+	if cl.until.Before(cl.reset) {
+		cl.until = cl.reset // a cap below the window's own wait: never before its reset
 	}
-	return Answer{Until: cl.until, Strikes: cl.strikes}, true
+	return Answer{Until: cl.until, Strikes: cl.strikes, Reset: cl.reset}, true
 }
 
 // Denied records that the window denied a request of dg at now, its client
@@ -132,7 +137,7 @@ func (t *Table) Denied(dg limiter.Digest, now, reset time.Time, c Config) {
 		s.m[dg] = cl
 		t.n.Add(1)
 	}
-	*cl = client{until: reset, base: max(time.Second, reset.Sub(now))}
+	*cl = client{until: reset, base: max(time.Second, reset.Sub(now)), reset: reset}
 }
 
 // Allowed forgets dg's client: it was admitted.

@@ -61,7 +61,7 @@ func TestWaitingAsToldIsNeverAStrike(t *testing.T) {
 }
 
 // Without a factor there is no backoff; a cap below the window's own wait
-// never shortens it; the table forgets clients whose wait is over when it
+// never tells a client to come back before the window resets; the table forgets clients whose wait is over when it
 // is full, and backs off no new client while it stays full.
 func TestOffCapAndCapacity(t *testing.T) {
 	tb := backoff.NewTable(1)
@@ -74,7 +74,8 @@ func TestOffCapAndCapacity(t *testing.T) {
 	tb.Denied(dg, t0, t0.Add(base), small)
 	a, early := tb.Early(dg, t0.Add(time.Second), small)
 	require.True(t, early)
-	require.Equal(t, t0.Add(time.Second+base), a.Until, "never shorter than the window's wait")
+	require.Equal(t, t0.Add(base), a.Until, "never before the window's reset, the cap notwithstanding")
+	require.Equal(t, t0.Add(base), a.Reset)
 
 	other := limiter.Digest{2}
 	tb.Denied(other, t0, t0.Add(base), small) // full, and dg's wait is not over
@@ -90,7 +91,8 @@ func TestConfig(t *testing.T) {
 	require.NoError(t, backoff.Config{}.Validate())
 	require.NoError(t, backoff.Config{Factor: 2}.WithDefaults().Validate())
 	require.Equal(t, time.Hour, backoff.Config{Factor: 2}.WithDefaults().Max)
-	for _, bad := range []backoff.Config{{Factor: 1}, {Factor: 11, Max: time.Minute}, {Factor: 2, Max: time.Millisecond}, {Max: time.Minute}} {
+	for _, bad := range []backoff.Config{{Factor: 1}, {Factor: 11, Max: time.Minute}, {Factor: 2, Max: time.Millisecond}, {Max: time.Minute},
+		{Factor: 2, Max: 1500 * time.Millisecond}} {
 		require.Error(t, bad.Validate(), "%+v", bad)
 	}
 }

@@ -9,7 +9,9 @@
 //     window's reset: the base. The key is remembered with no strikes.
 //   - A request before the time the client was last told is an early
 //     return, a strike: it is denied without deciding anything, and told to
-//     wait base × factor^strikes from now, at most the cap.
+//     wait base × factor^strikes from now, at most the cap (whole seconds),
+//     but never to come back before the window's reset (the answer keeps
+//     that reset as the window's: only its Retry-After grows).
 //   - A request at or after the time it was told is decided as usual: the
 //     strikes are forgotten (good behaviour) whatever the window says; if it
 //     is admitted, the key is forgotten altogether.

@@ -165,14 +165,23 @@ func (c *call) key(cl client) (limiter.Policy, limiter.Key, error) {
 
 // record publishes an operator's action on the decisions stream and waits
 // for JetStream to store it.
-func (c *call) record(ctx context.Context, d events.Decision) error {
+func (c *call) record(ctx context.Context, ds ...events.Decision) error {
 	js, err := c.jetstream()
 	if err != nil {
 		return err
 	}
-	d.Source, d.Edge = "tally-cli", "operator"
-	d.Seq = uint64(c.env.Now().UnixNano())
-	body := append(events.AppendDecision([]byte{'['}, &d), ']')
+	body := []byte{'['}
+	seq := uint64(c.env.Now().UnixNano())
+	for i := range ds {
+		d := &ds[i]
+		d.Source, d.Edge = "tally-cli", "operator"
+		d.Seq = seq + uint64(i)
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = events.AppendDecision(body, d)
+	}
+	body = append(body, ']')
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err = js.PublishMsg(ctx, events.DecisionsMsg(c.cfg.NATS.Streams.OperatorDecisionsSubject(), body))

@@ -99,6 +99,7 @@ type deadLetterEntry struct {
 	Reason      string `json:"reason"`
 
 	msg *jetstream.RawStreamMsg
+	evs []events.Accounting // the body's events, when it decodes
 }
 
 // deadLetterOf reads what a dead letter says about itself.
@@ -113,7 +114,7 @@ func deadLetterOf(s events.Streams, m *jetstream.RawStreamMsg) deadLetterEntry {
 		e.DecodeError = err.Error()
 	} else {
 		n := len(evs)
-		e.Events = &n
+		e.Events, e.evs = &n, evs
 	}
 	return e
 }
@@ -207,24 +208,20 @@ func parseSeqs(s string) ([]uint64, error) {
 	return out, nil
 }
 
-// replay publishes the dead letters seqs (every one when nil) again on
-// their original subjects and deletes each from the dead-letter stream
-// once JetStream has stored its copy.
-func (c *call) replay(ctx context.Context, seqs []uint64, yes bool) error {
+// chosen reads the dead letters seqs (every one when nil): all of them, or
+// an error naming those that are not there (what would then be done is
+// not).
+func (c *call) chosen(ctx context.Context, seqs []uint64, what string) ([]deadLetterEntry, jetstream.Stream, events.Streams, error) {
 	var dls []deadLetterEntry
 	if seqs == nil {
 		var err error
 		if dls, err = c.deadLetters(ctx); err != nil {
-			return err
-		}
-		if len(dls) == 0 {
-			c.out("no dead letters\n")
-			return nil
+			return nil, nil, events.Streams{}, err
 		}
 	}
 	st, s, err := c.deadLetterStream(ctx)
 	if err != nil {
-		return err
+		return nil, nil, s, err
 	}
 	if seqs != nil {
 		var missing []string
@@ -234,15 +231,30 @@ func (c *call) replay(ctx context.Context, seqs []uint64, yes bool) error {
 			case errors.Is(err, jetstream.ErrMsgNotFound):
 				missing = append(missing, strconv.FormatUint(seq, 10))
 			case err != nil:
-				return fmt.Errorf("reading %s message %d: %w", s.DeadLetters.Name, seq, err)
+				return nil, nil, s, fmt.Errorf("reading %s message %d: %w", s.DeadLetters.Name, seq, err)
 			default:
 				dls = append(dls, deadLetterOf(s, m))
 			}
 		}
 		if len(missing) > 0 {
-			return fmt.Errorf("no dead letter %s in %s (tally dead-letters list shows what it holds): nothing was replayed",
-				strings.Join(missing, ", "), s.DeadLetters.Name)
+			return nil, nil, s, fmt.Errorf("no dead letter %s in %s (tally dead-letters list shows what it holds): nothing was %s",
+				strings.Join(missing, ", "), s.DeadLetters.Name, what)
 		}
+	}
+	return dls, st, s, nil
+}
+
+// replay publishes the dead letters seqs (every one when nil) again on
+// their original subjects and deletes each from the dead-letter stream
+// once JetStream has stored its copy.
+func (c *call) replay(ctx context.Context, seqs []uint64, yes bool) error {
+	dls, st, s, err := c.chosen(ctx, seqs, "replayed")
+	if err != nil {
+		return err
+	}
+	if len(dls) == 0 {
+		c.out("no dead letters\n")
+		return nil
 	}
 	for _, d := range dls { // every one must say where it goes before any is replayed
 		if !strings.HasPrefix(d.Subject, s.Accounting.SubjectPrefix+".") {

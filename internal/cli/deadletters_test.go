@@ -151,3 +151,74 @@ func TestDeadLettersMistakes(t *testing.T) {
 		require.Contains(t, r.stderr, c.want, c.args)
 	}
 }
+
+// A dead letter that can never apply is discarded with a reason: deleted
+// from the dead-letter stream, and recorded on the decisions stream with
+// who and why — per event with its window, or, for a body that does not
+// decode, once, with no window.
+func TestDeadLettersDiscard(t *testing.T) {
+	d := start(t, "- {name: core, limit: 5, window: 1h}")
+	ctx := context.Background()
+	ks, err := limiter.NewKeySpace("tally", tallytest.Secret)
+	require.NoError(t, err)
+	bob := ks.Key("core", limiter.APIIdentity("bob"))
+	require.NoError(t, d.Redis.Client().Set(ctx, bob.String(), "not a window", 0).Err())
+	nc, js := d.NATS.ConnectAs("billing")
+	keys, err := client.NewKeys("tally", tallytest.Secret, d.Shards)
+	require.NoError(t, err)
+	pub, err := client.NewPublisher(js, client.PublisherConfig{Namespace: "billing", Source: "billing-api", Keys: keys})
+	require.NoError(t, err)
+	_, err = pub.Charge(ctx, client.Charge{Policy: "core", Limit: 5, Window: time.Hour,
+		Identity: client.APIIdentity("bob"), Units: 2, RequestID: "billing-1"})
+	require.NoError(t, err)
+	require.NoError(t, nc.Publish("tally.accounting.s0.billing.junk", []byte("not an event")))
+	testutil.WaitFor(t, "two dead letters", func() bool { return len(dlList(t, d)) == 2 })
+	var charge, junk dlEntry
+	for _, dl := range dlList(t, d) {
+		if dl.Events != nil {
+			charge = dl
+		} else {
+			junk = dl
+		}
+	}
+	require.NotZero(t, charge.Seq)
+	require.NotZero(t, junk.Seq)
+
+	r := d.run(t, "dead-letters", "discard", "--all", "--by", "ops")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--reason")
+	r = d.tally(ctx, "no\n", "dead-letters", "discard", "--all", "--by", "ops", "--reason", "x")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stdout, "Discard 2 dead letters")
+	require.Len(t, dlList(t, d), 2, "not confirmed: nothing discarded")
+
+	r = d.run(t, "dead-letters", "discard", "--seq", strconv.FormatUint(junk.Seq, 10), "--by", "ops", "--reason", "garbage", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "discarded (its body does not decode")
+	require.Equal(t, []dlEntry{charge}, dlList(t, d))
+	r = d.run(t, "dead-letters", "discard", "--all", "--by", "ops", "--reason", "the window is broken", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, dlList(t, d))
+
+	var discarded []map[string]any
+	for _, rec := range operatorRecords(t, d) {
+		if rec["outcome"] == "discarded" {
+			discarded = append(discarded, rec)
+		}
+	}
+	require.Len(t, discarded, 2)
+	byKey := map[string]map[string]any{}
+	for _, rec := range discarded {
+		byKey[rec["key"].(string)] = rec
+	}
+	nothing := byKey[strings.Repeat("0", 32)]
+	require.NotNil(t, nothing, "the undecodable one: no window")
+	require.Equal(t, "-", nothing["policy"])
+	require.Equal(t, "ops: garbage (dead letter "+strconv.FormatUint(junk.Seq, 10)+")", nothing["note"])
+	ev := byKey[bob.Digest().String()]
+	require.NotNil(t, ev, "the charge: its window")
+	require.Equal(t, "core", ev["policy"])
+	require.Equal(t, "billing-1", ev["request_id"])
+	require.Contains(t, ev["note"], "ops: the window is broken (dead letter "+strconv.FormatUint(charge.Seq, 10)+": ")
+	require.Contains(t, ev["note"], ": a charge of 2 units, "+pub.Producer()+" #1)")
+}

@@ -44,6 +44,10 @@ func init() {
 				if !*block && (*limit < p.CostOrDefault() || *limit > limiter.MaxLimit) {
 					return usagef("--limit %d: want %d (what a request of %s costs) to %d", *limit, p.CostOrDefault(), p.Name, limiter.MaxLimit)
 				}
+				actor, err := operator(c, *by)
+				if err != nil {
+					return err
+				}
 				latest, err := c.latestLimit(ctx, k.Digest())
 				if err != nil {
 					return err
@@ -51,7 +55,7 @@ func init() {
 				now := c.env.Now()
 				set := events.After(latest, now)
 				l := events.TemporaryLimit{Policy: p.Name, Key: k.Digest(), Limit: *limit, Block: *block, Set: set,
-					Expires: set.Add(*d), By: operator(c, *by), Reason: *reason}
+					Expires: set.Add(*d), By: actor, Reason: *reason}
 				if err := c.publishLimit(ctx, p, k, l); err != nil {
 					return err
 				}
@@ -68,6 +72,10 @@ func init() {
 				if len(c.args) > 0 {
 					return usagef("unexpected %q", c.args[0])
 				}
+				actor, err := operator(c, *by)
+				if err != nil {
+					return err
+				}
 				p, k, err := c.key(who)
 				if err != nil {
 					return err
@@ -82,7 +90,7 @@ func init() {
 				}
 				set := events.After(cur, now)
 				l := events.TemporaryLimit{Policy: p.Name, Key: k.Digest(), Cleared: true, Set: set, Expires: set.Add(events.MaxTemporary),
-					By: operator(c, *by), Reason: *reason}
+					By: actor, Reason: *reason}
 				if err := c.publishLimit(ctx, p, k, l); err != nil {
 					return err
 				}
@@ -121,7 +129,7 @@ func init() {
 
 // actorFlags are who acts and why, recorded with a change.
 func (c *call) actorFlags() (by, reason *string) {
-	return c.flags.String("by", "", "who makes the change, recorded (`name`; default $USER)"),
+	return c.flags.String("by", "", "who makes the change, recorded (`name`; default $USER, else $LOGNAME: one is needed)"),
 		c.flags.String("reason", "", "why, recorded with the change (`text`, at most 256 bytes)")
 }
 

@@ -43,13 +43,13 @@ func TestTemporaryLimitsFromTheCLI(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	testutil.WaitForWithin(t, "the block lifted", 2*time.Second, func() bool { return apiCheck(t, d, "alice") == 200 })
 	require.Contains(t, d.run(t, "limits", "list").stdout, "no temporary limits in force")
-	r = d.run(t, append([]string{"limits", "clear"}, alice...)...)
+	r = d.run(t, append([]string{"limits", "clear", "--by", "ops"}, alice...)...)
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "nothing to clear")
 
 	// A tighter limit for three seconds: two requests, then denied, until
 	// it lifts itself with no one acting.
-	r = d.run(t, "limits", "set", "--policy", "core", "--identity", "api:carol", "--limit", "2", "--for", "3s")
+	r = d.run(t, "limits", "set", "--policy", "core", "--identity", "api:carol", "--limit", "2", "--for", "3s", "--by", "ops")
 	require.Equal(t, 0, r.code, r.stderr)
 	testutil.WaitForWithin(t, "the limit at the edge", 2*time.Second, func() bool {
 		resp, err := http.Get("http://" + d.EdgeAdmin + "/v1/limits") // what the edge applies
@@ -68,6 +68,9 @@ func TestTemporaryLimitsFromTheCLI(t *testing.T) {
 	rs := operatorRecords(t, d)
 	require.True(t, hasRecord(rs, "limit_set", "ops: scraping"))
 	require.True(t, hasRecord(rs, "limit_cleared", "ops"))
+	for _, r := range rs {
+		require.NotEmpty(t, r["note"], "every operator's record names who: %v", r)
+	}
 
 	for _, c := range []struct {
 		args []string
@@ -84,20 +87,29 @@ func TestTemporaryLimitsFromTheCLI(t *testing.T) {
 	}
 }
 
-// check-config lists every problem of a file with its line, and exits 1;
-// a good file is ok. version and help say what they should.
+// check-config lists every problem of a file with its line, and exits 1:
+// those the YAML decoder finds (an unknown field, a value of the wrong
+// type) hide none of the others, nor does a shard's bad address hide a
+// duplicate shard name; a good file is ok. version and help say what they
+// should.
 func TestCheckConfigVersionAndHelp(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	require.NoError(t, os.WriteFile(bad, []byte(`redis:
   shards:
     - name: s0
-      primary: {addr: "127.0.0.1:6379"}
+      primary: {addr: "127.0.0.1"}
+    - name: s0
+      primary: {addr: "127.0.0.1:6380"}
 policies:
   - {name: core, limit: -5, window: 1m}
   - {name: search, limit: 10, window: 1m, backoff: {factor: 50}}
+  - {name: admin, limit: lots, window: 1m}
+  - {name: other, limit: 5, window: 1m, mode: exact, moed: async}
 edge:
   on_redis_error: maybe
+  listen: 127.0.0.1:8080
+  upstrem: http://127.0.0.1:9000
 `), 0o600))
 	env := func(k string) string {
 		return map[string]string{"TALLY_KEY_SECRET": hex.EncodeToString(tallytest.Secret)}[k]
@@ -109,10 +121,13 @@ edge:
 	}
 	r := run("check-config", bad)
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, bad+":6: policies[0].limit: -5")
-	require.Contains(t, r.stderr, bad+":7: policies[1].backoff.factor: 50")
-	require.Contains(t, r.stderr, bad+":9: edge.on_redis_error")
-	require.Contains(t, r.stderr, "3 problems found")
+	for _, want := range []string{":4: redis.shards[0].primary: addr", ":5: redis.shards[1].name: \"s0\": duplicate shard name",
+		":8: policies[0].limit: -5", ":9: policies[1].backoff.factor: 50", ":10: policies[2].limit: cannot unmarshal",
+		":11: policies[3].moed: field moed not found", ":13: edge.on_redis_error", ":15: edge.upstrem: field upstrem not found",
+		":12: edge.upstream: \"\": proxy mode (edge.listen) needs an http(s) upstream URL"} { // the misspelt one's: none
+		require.Contains(t, r.stderr, bad+want)
+	}
+	require.Contains(t, r.stderr, "9 problems found", r.stderr)
 
 	good := filepath.Join(dir, "good.yaml")
 	require.NoError(t, os.WriteFile(good, []byte(`redis:
@@ -136,7 +151,7 @@ policies:
 	r = run()
 	require.Equal(t, 2, r.code)
 	for _, name := range []string{"check-config", "inspect", "reset", "decisions", "dead-letters list", "dead-letters replay",
-		"limits set", "limits list", "limits clear", "version"} {
+		"dead-letters discard", "limits set", "limits list", "limits clear", "ship-access-log", "version"} {
 		require.Contains(t, r.stdout, "tally "+name+" ", "the command list names %s", name)
 	}
 	r = run("help", "limits", "set")

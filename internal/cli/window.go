@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,10 +32,9 @@ units each holds; frozen shares are credit an edge reported it will not spend.`,
 				now := c.env.Now()
 				tl, tlErr := c.temporaryOf(ctx, k.Digest())
 				if *asJSON {
-					return c.printJSON(inspection{Policy: p.Name, Limit: p.Limit, Window: p.Window.String(),
-						Digest: k.Digest().String(), WindowDetail: w, Temporary: tl})
+					return c.printJSON(inspectionOf(p, k, w, tl))
 				}
-				c.printWindow(p, k, w, now)
+				c.printWindow(p, k, w, tl, now)
 				switch {
 				case tlErr != nil:
 					c.out("temporary limit: unknown (%v)\n", tlErr)
@@ -57,8 +57,12 @@ in the new window (docs/operations.md). The reset is recorded on the decisions s
 			who := c.clientFlags()
 			yes := c.flags.Bool("yes", false, "do not ask for confirmation")
 			reason := c.flags.String("reason", "", "why, recorded with the reset (`text`)")
-			by := c.flags.String("by", "", "who resets it, recorded (`name`; default $USER)")
+			by := c.flags.String("by", "", "who resets it, recorded (`name`; default $USER, else $LOGNAME: one is needed)")
 			return func(ctx context.Context) error {
+				actor, err := operator(c, *by)
+				if err != nil {
+					return err
+				}
 				p, k, w, err := c.window(ctx, who)
 				if err != nil {
 					return err
@@ -87,7 +91,7 @@ in the new window (docs/operations.md). The reset is recorded on the decisions s
 				}
 				d := events.Decision{Time: now, Shard: w.Shard, Key: k.Digest(), Policy: p.Name, Limit: p.Limit,
 					WindowSeconds: int64(p.Window / time.Second), Allowed: true, Path: "operator", Outcome: "reset",
-					Note: events.OperatorNote(operator(c, *by), *reason)}
+					Note: events.OperatorNote(actor, *reason)}
 				if err := c.record(ctx, d); err != nil {
 					return fmt.Errorf("the window was reset and the edges told, but %w", err)
 				}
@@ -116,17 +120,71 @@ func (c *call) window(ctx context.Context, who client) (limiter.Policy, limiter.
 	return p, k, w, err
 }
 
-// inspection is inspect's JSON.
+// inspection is inspect's JSON: one key style, and no time that is not
+// one (a window that is not live has no start or reset; a holding no
+// expiry).
 type inspection struct {
 	Policy string `json:"policy"`
-	Limit  int64  `json:"limit"`
-	Window string `json:"window"`
-	Digest string `json:"digest"`
-	redisstore.WindowDetail
-	Temporary *events.TemporaryLimit `json:"temporary_limit,omitempty"`
+	// Limit is the limit in force: a temporary limit's when one is (0: a
+	// block), else the policy's (PolicyLimit); Left what it leaves.
+	Limit       int64                  `json:"limit"`
+	PolicyLimit int64                  `json:"policy_limit"`
+	Window      string                 `json:"window"`
+	Digest      string                 `json:"digest"`
+	Shard       string                 `json:"shard"`
+	MovedTo     string                 `json:"moved_to,omitempty"`
+	Live        bool                   `json:"live"`
+	Used        int64                  `json:"used"`
+	Left        int64                  `json:"left"`
+	Start       *time.Time             `json:"start,omitempty"`
+	ResetAt     *time.Time             `json:"reset_at,omitempty"`
+	Holders     []holding              `json:"holders"`
+	Frozen      []holding              `json:"frozen"`
+	Temporary   *events.TemporaryLimit `json:"temporary_limit,omitempty"`
 }
 
-func (c *call) printWindow(p limiter.Policy, k limiter.Key, w redisstore.WindowDetail, now time.Time) {
+// holding is units a producer holds in the window (a frozen share: until
+// when).
+type holding struct {
+	Who   string     `json:"who"`
+	Units int64      `json:"units"`
+	Until *time.Time `json:"until,omitempty"`
+}
+
+func inspectionOf(p limiter.Policy, k limiter.Key, w redisstore.WindowDetail, tl *events.TemporaryLimit) inspection {
+	limit, _ := inForce(p, tl)
+	in := inspection{Policy: p.Name, Limit: limit, PolicyLimit: p.Limit, Window: p.Window.String(), Digest: k.Digest().String(),
+		Shard: w.Shard, MovedTo: w.MovedTo, Live: w.Live, Used: w.Used, Left: max(0, limit-w.Used), Temporary: tl,
+		Holders: []holding{}, Frozen: []holding{}}
+	if !w.Live {
+		in.Left = limit
+	} else {
+		start, reset := w.Start.UTC(), w.ResetAt.UTC()
+		in.Start, in.ResetAt = &start, &reset
+	}
+	for _, h := range w.Holders {
+		in.Holders = append(in.Holders, holding{Who: h.Who, Units: h.Units})
+	}
+	for _, f := range w.Frozen {
+		until := f.Until.UTC()
+		in.Frozen = append(in.Frozen, holding{Who: f.Who, Units: f.Units, Until: &until})
+	}
+	return in
+}
+
+// inForce is the limit a client is held to: its temporary limit's while
+// one is in force (a block: 0), else its policy's; and how to say so.
+func inForce(p limiter.Policy, tl *events.TemporaryLimit) (int64, string) {
+	switch {
+	case tl == nil:
+		return p.Limit, ""
+	case tl.Block:
+		return 0, fmt.Sprintf("; blocked by an operator, the policy's limit %d", p.Limit)
+	}
+	return tl.Limit, fmt.Sprintf("; temporary limit %d, the policy's %d", tl.Limit, p.Limit)
+}
+
+func (c *call) printWindow(p limiter.Policy, k limiter.Key, w redisstore.WindowDetail, tl *events.TemporaryLimit, now time.Time) {
 	c.out("policy %s: %d per %v (mode %s), digest %s, shard %s\n", p.Name, p.Limit, p.Window, p.Mode.OrDefault(), k.Digest(), w.Shard)
 	if w.MovedTo != "" {
 		c.out("moved to shard %s (resharding)\n", w.MovedTo)
@@ -135,7 +193,8 @@ func (c *call) printWindow(p limiter.Policy, k limiter.Key, w redisstore.WindowD
 		c.out("window: none live (the next request opens one)\n")
 		return
 	}
-	c.out("window: used %d of %d (%d left), opened %s, resets %s (in %s)\n", w.Used, p.Limit, max(0, p.Limit-w.Used),
+	limit, terms := inForce(p, tl)
+	c.out("window: used %d of %d (%d left%s), opened %s, resets %s (in %s)\n", w.Used, limit, max(0, limit-w.Used), terms,
 		w.Start.UTC().Format(time.RFC3339), w.ResetAt.UTC().Format(time.RFC3339), w.ResetAt.Sub(now).Round(time.Second))
 	for _, h := range w.Holders {
 		c.out("  held by %-28s %d\n", h.Who, h.Units)
@@ -193,10 +252,14 @@ func describeLimit(l events.TemporaryLimit, now time.Time) string {
 	return s
 }
 
-// operator is who acts: --by, else $USER.
-func operator(c *call, by string) string {
-	if by != "" {
-		return by
+// operator is who acts, as operators' records name them: --by, else
+// $USER, else $LOGNAME. A record must name someone: without any of them it
+// is a usage error, before anything changes.
+func operator(c *call, by string) (string, error) {
+	for _, who := range []string{by, c.env.Getenv("USER"), c.env.Getenv("LOGNAME")} {
+		if who = strings.TrimSpace(who); who != "" {
+			return who, nil
+		}
 	}
-	return c.env.Getenv("USER")
+	return "", usagef("say who acts: --by NAME (neither $USER nor $LOGNAME is set); the record names who")
 }

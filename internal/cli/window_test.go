@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallyhq/tally/internal/cli"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/testutil"
 )
@@ -99,7 +101,7 @@ func TestInspectAndReset(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r = d.tally(ctx, "no\n", append([]string{"reset"}, who...)...)
+	r = d.tally(ctx, "no\n", append([]string{"reset", "--by", "ops"}, who...)...)
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "not confirmed")
 	require.Contains(t, d.run(t, append([]string{"inspect"}, who...)...).stdout, "used 3 of 3", "nothing changed")
@@ -111,7 +113,7 @@ func TestInspectAndReset(t *testing.T) {
 	testutil.WaitFor(t, "the edge told: alice admitted again", func() bool { return apiCheck(t, d, "alice") == 200 })
 	require.True(t, hasRecord(operatorRecords(t, d), "reset", "ops: ticket 12"), "the reset recorded")
 
-	r = d.run(t, "reset", "--policy", "core", "--identity", "api:nobody", "--yes")
+	r = d.run(t, "reset", "--policy", "core", "--identity", "api:nobody", "--yes", "--by", "ops")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "nothing to reset")
 }
@@ -138,4 +140,97 @@ func TestWindowCommandMistakes(t *testing.T) {
 		require.Equal(t, c.code, r.code, "%v: %s", c.args, r.stderr)
 		require.Contains(t, r.stderr, c.says, "%v", c.args)
 	}
+}
+
+// inspect counts a temporary limit in what is left, and its JSON has one
+// key style (snake case, as every Tally JSON) and no time that is not one.
+func TestInspectUnderATemporaryLimit(t *testing.T) {
+	d := start(t, "- {name: core, limit: 1000, window: 1h, mode: exact}")
+	for range 5 {
+		require.Equal(t, 200, apiCheck(t, d, "alice"))
+	}
+	who := []string{"--policy", "core", "--identity", "api:alice"}
+	require.Contains(t, d.run(t, append([]string{"inspect"}, who...)...).stdout, "used 5 of 1000 (995 left)")
+	r := d.run(t, append([]string{"limits", "set", "--limit", "3", "--for", "1h", "--by", "ops"}, who...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = d.run(t, append([]string{"inspect"}, who...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "used 5 of 3 (0 left; temporary limit 3, the policy's 1000)")
+
+	r = d.run(t, append([]string{"inspect", "--json"}, who...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), r.stdout)
+	require.EqualValues(t, 3, got["limit"])
+	require.EqualValues(t, 1000, got["policy_limit"])
+	require.EqualValues(t, 5, got["used"])
+	require.EqualValues(t, 0, got["left"])
+	require.NotNil(t, got["temporary_limit"])
+	snake := regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+	var keys func(v any)
+	keys = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				require.Regexp(t, snake, k, r.stdout)
+				keys(x)
+			}
+		case []any:
+			for _, x := range v {
+				keys(x)
+			}
+		}
+	}
+	keys(got)
+	require.NotContains(t, r.stdout, "0001-01-01", "no zero time")
+	holders, ok := got["holders"].([]any)
+	require.True(t, ok && len(holders) > 0, r.stdout)
+	require.NotContains(t, holders[0], "until", "a holding has no expiry")
+
+	// Blocked: nothing is left; and with no live window, no start or reset.
+	r = d.run(t, append([]string{"limits", "set", "--block", "--for", "1h", "--by", "ops"}, who...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, d.run(t, append([]string{"inspect"}, who...)...).stdout, "used 5 of 0 (0 left; blocked by an operator")
+	r = d.run(t, "inspect", "--json", "--policy", "core", "--identity", "api:nobody")
+	require.Equal(t, 0, r.code, r.stderr)
+	got = nil
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got))
+	require.Equal(t, false, got["live"])
+	require.NotContains(t, got, "start")
+	require.NotContains(t, got, "reset_at")
+	require.EqualValues(t, 1000, got["left"])
+}
+
+// An operator's record always names who: without --by, $USER or $LOGNAME,
+// an action that records is refused before anything changes.
+func TestOperatorRecordsNameWho(t *testing.T) {
+	d := start(t, "- {name: core, limit: 3, window: 1h}")
+	require.Equal(t, 200, apiCheck(t, d, "alice"))
+	who := []string{"--policy", "core", "--identity", "api:alice"}
+	for _, args := range [][]string{
+		append([]string{"limits", "set", "--block", "--for", "1h"}, who...),
+		append([]string{"limits", "clear"}, who...),
+		append([]string{"reset", "--yes"}, who...),
+		{"dead-letters", "discard", "--all", "--reason", "stuck"},
+	} {
+		r := d.run(t, args...)
+		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
+		require.Contains(t, r.stderr, "say who acts: --by NAME", args)
+	}
+	require.Equal(t, 200, apiCheck(t, d, "alice"), "nothing changed")
+
+	// $USER, else $LOGNAME, names who when --by does not.
+	env := d.Env("operator")
+	var out, errOut testutil.Buffer
+	code := cli.Main(context.Background(), cli.Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string {
+		switch k {
+		case "TALLY_CONFIG":
+			return d.path
+		case "LOGNAME":
+			return "night-shift"
+		}
+		return env(k)
+	}, Now: time.Now}, append([]string{"limits", "set", "--block", "--for", "1h", "--reason", "paging"}, who...))
+	require.Equal(t, 0, code, errOut.String())
+	testutil.WaitFor(t, "the record", func() bool { return hasRecord(operatorRecords(t, d), "limit_set", "night-shift: paging") })
 }

@@ -42,25 +42,35 @@ func (p Problem) String() string {
 	return strings.Join(parts, ": ")
 }
 
+// maxSyntaxErrors bounds the syntax errors Check reads past.
+const maxSyntaxErrors = 20
+
 // Check reads b as Parse does and returns every problem it finds, in the
 // order of the file's lines (problems without a line last); none for a
-// file Parse accepts. A file that does not decode (a syntax error, an
-// unknown field, a value of the wrong type) gives the decoder's problems
-// only: its settings are checked once it decodes.
+// file Parse accepts. A problem the decoder finds does not hide the
+// others: past fields it cannot place (an unknown field, a value of the
+// wrong type) Check judges the settings it could read, but not those
+// fields again; past a syntax error it reads the file again without that
+// line (up to maxSyntaxErrors times), and then judges only the settings
+// the file writes (a missing one may be on the line left out).
 func Check(b []byte, env func(string) string) []Problem {
-	_, root, ps := read(b, env)
 	var out []Problem
-	for _, err := range ps {
+	for range maxSyntaxErrors {
+		f, root, ps := read(b, env)
 		var de decodeError
-		var se *setting.Error
-		switch {
-		case errors.As(err, &de):
-			out = append(out, decodeProblems(root, de.err)...)
-		case errors.As(err, &se):
-			out = append(out, Problem{Line: lineOf(root, se.Field), Field: se.Field, Msg: se.Msg})
-		default: // the environment's: the key secret
-			out = append(out, Problem{Msg: strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": ")})
+		if f != nil || len(ps) == 0 || !errors.As(ps[0], &de) {
+			out = append(out, checked(root, ps, len(out) > 0)...)
+			break
 		}
+		syntax := decodeProblems(root, de.err)
+		if len(syntax) == 1 && len(out) > 0 && out[len(out)-1] == syntax[0] {
+			break // leaving its line out did not help: nothing more can be read
+		}
+		out = append(out, syntax...)
+		if len(syntax) != 1 || syntax[0].Line == 0 {
+			break // nothing to read past
+		}
+		b = withoutLine(b, syntax[0].Line)
 	}
 	slices.SortStableFunc(out, func(a, b Problem) int {
 		switch {
@@ -76,21 +86,74 @@ func Check(b []byte, env func(string) string) []Problem {
 	return out
 }
 
+// checked turns the problems of a file that decoded, at least in part,
+// into Problems: the fields the decoder could not place are not judged
+// again, and with lines left out (syntax errors before) only settings the
+// file writes are.
+func checked(root *yaml.Node, ps problems, linesLeftOut bool) []Problem {
+	var out []Problem
+	var bad []string // the fields the decoder could not place
+	for _, err := range ps {
+		var de decodeError
+		if errors.As(err, &de) {
+			for _, p := range decodeProblems(root, de.err) {
+				out = append(out, p)
+				bad = append(bad, p.Field)
+			}
+		}
+	}
+	for _, err := range ps {
+		var de decodeError
+		var se *setting.Error
+		switch {
+		case errors.As(err, &de):
+		case errors.As(err, &se):
+			if (linesLeftOut && !written(root, se.Field)) || slices.ContainsFunc(bad, func(f string) bool { return under(se.Field, f) }) {
+				continue // a consequence of what the decoder could not read
+			}
+			out = append(out, Problem{Line: lineOf(root, se.Field), Field: se.Field, Msg: se.Msg})
+		default: // the environment's: the key secret
+			out = append(out, Problem{Msg: strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": ")})
+		}
+	}
+	return out
+}
+
+// under reports whether field is path or a setting within it.
+func under(field, path string) bool {
+	return path != "" && (field == path || strings.HasPrefix(field, path+".") || strings.HasPrefix(field, path+"["))
+}
+
+// withoutLine is b with line n (from 1) emptied, the others where they were.
+func withoutLine(b []byte, n int) []byte {
+	lines := bytes.Split(b, []byte("\n"))
+	if n >= 1 && n <= len(lines) {
+		lines[n-1] = nil
+	}
+	return bytes.Join(lines, []byte("\n"))
+}
+
 // read decodes b, overrides it from env, applies the defaults and checks
 // every setting. It returns the file, its document (where problems find
 // their lines) and every problem in the order the file is checked. A file
-// that does not decode is not checked further: its problem is the
-// decoder's error, a decodeError.
+// with a syntax error is not checked further (no file is returned): its
+// problem is the decoder's error, a decodeError. A file with fields the
+// decoder could not place (a *yaml.TypeError) is checked as far as it was
+// read, the decoder's error first.
 func read(b []byte, env func(string) string) (*File, *yaml.Node, problems) {
 	var root yaml.Node
 	_ = yaml.Unmarshal(b, &root) // fails only where Decode does
 	var f File
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
-		return nil, &root, problems{decodeError{err}}
-	}
 	var ps problems
+	if err := dec.Decode(&f); err != nil {
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return nil, &root, problems{decodeError{err}}
+		}
+		ps.add(decodeError{err})
+	}
 	f.applyEnv(&ps, env)
 	f.withDefaults()
 	f.validate(&ps)

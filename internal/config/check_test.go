@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -58,6 +59,24 @@ func TestCheckReportsEveryProblem(t *testing.T) {
 	require.EqualError(t, err, "config: invalid: "+got[0].String())
 }
 
+// Every problem of a file at once: the decoder's (an unknown field, a
+// value of the wrong type) and the settings' after them; a shard's bad
+// address does not hide a duplicate shard name.
+func TestCheckEveryProblemOfAFile(t *testing.T) {
+	src := strings.Replace(mistakes, `      primary: {addr: "127.0.0.1:7000"}`, `      primary: {addr: "127.0.0.1"}
+    - name: s0
+      primary: {addr: "127.0.0.1:7001"}`, 1)
+	src = strings.Replace(src, "  upstream: http://127.0.0.1:9000", "  upstream: http://127.0.0.1:9000\n  upstrem: x\n  read_timeout: soon", 1)
+	got := Check([]byte(src), withSecret)
+	var where []string
+	for _, p := range got {
+		require.NotZero(t, p.Line, p)
+		where = append(where, fmt.Sprintf("%d %s", p.Line, p.Field))
+	}
+	require.Equal(t, []string{"5 redis.shards[0].primary", "6 redis.shards[1].name", "9 nats.url", "13 edge.upstrem",
+		"14 edge.read_timeout", "15 edge.on_redis_error", "18 policies[0].limit", "23 policies[2].name", "28 routes[0].policy"}, where)
+}
+
 // A file Parse accepts has no problems.
 func TestCheckValidFile(t *testing.T) {
 	require.Empty(t, Check([]byte(good), withSecret))
@@ -67,33 +86,44 @@ func TestCheckValidFile(t *testing.T) {
 }
 
 // Every field the decoder cannot place is a problem of its own, with its
-// line and the field's path; the settings are not judged until the file
-// decodes.
+// line and the field's path; the settings it could read are judged too.
 func TestCheckDecodeProblems(t *testing.T) {
 	src := strings.Replace(good, "    window: 1m\n  - name: search", "    window: 1m\n    windw: 2m\n  - name: search", 1)
 	src = strings.Replace(src, "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  urls: [nats://127.0.0.1:4223]", 1)
-	src = strings.Replace(src, "    limit: 10\n", "    limit: 0\n", 1) // not judged
+	src = strings.Replace(src, "    limit: 10\n", "    limit: 0\n", 1) // judged all the same
 	got := Check([]byte(src), withSecret)
 	require.Equal(t, []Problem{
 		{11, "nats.urls", "field urls not found in type config.NATS"},
 		{22, "policies[0].windw", "field windw not found in type config.Policy"},
+		{24, "policies[1].limit", "0: want 1 to 1000000000 (policy search)"},
 	}, got)
 
 	// A value of the wrong type names its field, in a flow mapping too.
 	src = strings.Replace(good, "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  decisions: {log_level: info, log_sample: often}", 1)
 	src = strings.Replace(src, "    window: 1m\n  - name: search", "    window: soon\n  - name: search", 1)
 	got = Check([]byte(src), withSecret)
-	require.Len(t, got, 2)
+	require.Len(t, got, 2, "a value the decoder could not read is not judged again: %v", got)
 	require.Equal(t, Problem{13, "edge.decisions.log_sample", "cannot unmarshal !!str `often` into float64"}, got[0])
 	require.Equal(t, 21, got[1].Line)
 	require.Equal(t, "policies[0].window", got[1].Field)
 }
 
-// A syntax error is one problem, with its line.
+// A syntax error is a problem, with its line, and does not hide the next
+// one, nor the settings' problems: the file is read again without its
+// line. What that line held (the search policy's limit) is not judged.
 func TestCheckSyntaxError(t *testing.T) {
 	src := strings.Replace(good, "    limit: 10\n", "    limit: 10: 5\n", 1)
-	src = strings.Replace(src, "    policy: search", "    policy: serch", 1) // not judged
-	require.Equal(t, []Problem{{22, "", "mapping values are not allowed in this context"}}, Check([]byte(src), withSecret))
+	src = strings.Replace(src, "  upstream: http://127.0.0.1:9000", "  upstream: http://127.0.0.1:9000: 8", 1)
+	src = strings.Replace(src, "    policy: search", "    policy: serch", 1)
+	require.Equal(t, []Problem{
+		{13, "", "mapping values are not allowed in this context"},
+		{22, "", "mapping values are not allowed in this context"},
+		{26, "routes[0].policy", `unknown policy "serch" (known: core, search)`},
+	}, Check([]byte(src), withSecret))
+
+	// An error that leaving its line out does not cure is one problem.
+	src = strings.Replace(good, "  listen: 127.0.0.1:8080", "  listen: [127.0.0.1:8080", 1)
+	require.Len(t, Check([]byte(src), withSecret), 1)
 
 	got := Check(nil, withSecret)
 	require.Len(t, got, 1)
@@ -107,7 +137,7 @@ func TestCheckGoesOnPastABadItem(t *testing.T) {
 	src = strings.Replace(src, "    limit: 10\n", "    limit: 10\n    overrides: [{limit: 5}, {identity: a, limit: 0}]\n", 1)
 	src = strings.Replace(src, "    policy: search\n", "    policy: search\n    methods: [\"a b\", GET, \"c d\"]\n", 1)
 	src = strings.Replace(src, "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  max_header_bytes: 5\n  identity2: {}", 1)
-	require.Len(t, Check([]byte(src), withSecret), 1, "a file that does not decode is not judged")
+	require.Len(t, Check([]byte(src), withSecret), 8, "a field the decoder cannot place hides nothing")
 	src = strings.Replace(src, "  identity2: {}", "  credit: {share: -1}\n  outbox: {max_batch: -1}", 1)
 	var fields []string
 	for _, p := range Check([]byte(src), withSecret) {

@@ -224,6 +224,11 @@ func TestKeySecretIsRequiredAndLongEnough(t *testing.T) {
 		require.NoError(t, err, name)
 		require.GreaterOrEqual(t, len(b), 32, name)
 	}
+	// 64 hex digits are valid base64 too (48 other bytes): hex wins, as
+	// docs/keys.md says; the key is the bytes, not the text.
+	b, err := ParseSecret(hex.EncodeToString(raw))
+	require.NoError(t, err)
+	require.Equal(t, raw, b)
 	for name, v := range map[string]string{
 		"unset":          "",
 		"a password":     "s3cret",

@@ -126,7 +126,9 @@ func (f *File) validate(ps *problems) {
 	if _, err := limiter.NewKeySpace(f.KeyPrefix, secret); err != nil {
 		ps.field("key_prefix", "%v", err)
 	}
-	ps.in("redis", shard.Validate(f.Redis.Shards))
+	for _, err := range shard.Problems(f.Redis.Shards) {
+		ps.in("redis", err)
+	}
 	f.Redis.validate(ps, f.StoreOptions())
 	for _, one := range strings.Split(f.NATS.URL, ",") { // a cluster's servers
 		if u, err := url.Parse(strings.TrimSpace(one)); err != nil || u.Host == "" {
@@ -537,11 +539,28 @@ func validPrefixTokens(s string) bool {
 // lineOf finds the line of a path like "policies[1].limit" in the document;
 // 0 when it is not there (a default, or an override from the environment).
 func lineOf(doc *yaml.Node, path string) int {
+	line, _ := lookup(doc, path)
+	return line
+}
+
+// written reports whether the document writes the setting at path (its
+// key, or its item, is in the file).
+func written(doc *yaml.Node, path string) bool {
+	_, ok := lookup(doc, path)
+	return ok
+}
+
+// lookup finds the setting at path: its line, and whether the document
+// has it (else the line of its nearest ancestor the document has).
+func lookup(doc *yaml.Node, path string) (int, bool) {
 	n := doc
 	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
 		n = n.Content[0]
 	}
 	line := 0
+	if path == "" {
+		return line, false
+	}
 	for _, part := range strings.Split(path, ".") {
 		name, idx := part, -1
 		if i := strings.IndexByte(part, '['); i >= 0 && strings.HasSuffix(part, "]") {
@@ -549,7 +568,7 @@ func lineOf(doc *yaml.Node, path string) int {
 			idx, _ = strconv.Atoi(part[i+1 : len(part)-1])
 		}
 		if n == nil || n.Kind != yaml.MappingNode {
-			return line
+			return line, false
 		}
 		var next *yaml.Node
 		for k := 0; k+1 < len(n.Content); k += 2 {
@@ -559,18 +578,18 @@ func lineOf(doc *yaml.Node, path string) int {
 			}
 		}
 		if next == nil {
-			return line
+			return line, false
 		}
 		n = next
 		if idx >= 0 {
 			if n.Kind != yaml.SequenceNode || idx >= len(n.Content) {
-				return line
+				return line, false
 			}
 			n = n.Content[idx]
 			line = n.Line
 		}
 	}
-	return line
+	return line, true
 }
 
 // parsePrefix reads a CIDR, or a single address as a full-length prefix.

@@ -209,6 +209,23 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 	return c.deny(v, e, PathCache), true
 }
 
+// Known returns the reset of the key's window when the edge knows a live
+// one at now, without creating an entry or calling Redis: the window's
+// reset for an answer decided before the core is asked (an operator's
+// block).
+func (c *Core) Known(dg limiter.Digest, now time.Time) (time.Time, bool) {
+	e := c.table.lookup(dg)
+	if e == nil {
+		return time.Time{}, false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.live(now) {
+		return time.Time{}, false
+	}
+	return e.reset, true
+}
+
 // Look decides a request that charges nothing (cost 0: a check made before
 // a cost known only at the end, as Envoy's hits_addend 0 asks): allowed
 // unless the window is past its limit (charges applied over it, an
@@ -407,8 +424,10 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	if !g.Live {
 		return false
 	}
-	if !g.ResetAt.Equal(e.reset) { // a new window, or one another edge opened
-		e.expire()
+	if !g.ResetAt.Equal(e.reset) || e.start.IsZero() { // a new window, or one another edge opened
+		if !g.ResetAt.Equal(e.reset) {
+			e.expire()
+		}
 		e.reset, e.start = g.ResetAt, g.Start
 	}
 	e.shard.Store(int32(g.Shard)) // where the window is: it moves with a new window only

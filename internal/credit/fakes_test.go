@@ -96,7 +96,7 @@ func (f *fakeRedis) take(k limiter.Key, now time.Time, a limiter.TakeArgs) limit
 		if a.Need == 0 {
 			return limiter.Grant{Applied: f.applied}
 		}
-		w = &fakeWindow{start: now, reset: now.Add(a.Window).Add(999 * time.Millisecond).Truncate(time.Second),
+		w = &fakeWindow{start: now.Truncate(time.Second), reset: now.Truncate(time.Second).Add(a.Window),
 			mine: map[string]int64{}}
 		f.windows[k.Digest()] = w
 		owed = 0

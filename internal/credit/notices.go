@@ -23,7 +23,10 @@ func (c *Core) Heard(n Notice) {
 	switch {
 	case n.Full && (e.reset.Equal(n.ResetAt) || e.reset.IsZero()):
 		if e.reset.IsZero() {
-			e.reset = n.ResetAt
+			// A window another edge opened: it started its length before
+			// its reset. What this edge reserves there later goes back
+			// with that start (an event needs one).
+			e.reset, e.start = n.ResetAt, n.ResetAt.Add(-e.policy.Window)
 		}
 		e.full = true
 		e.used = max(e.used, n.Used)

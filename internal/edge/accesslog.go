@@ -25,8 +25,9 @@ import (
 //     are the request ids and the status;
 //   - a JSON access-log entry (Caddy: log { output net udp/… format json }):
 //     "status", and the Tally-Request-Id header among "resp_headers" or the
-//     request's "headers"; or Traefik's JSON access log, shipped to Tally
-//     by a log shipper: "DownstreamStatus" and "request_Tally-Request-Id".
+//     request's "headers"; or Traefik's JSON access log, which Traefik
+//     writes to a file only, sent on by `tally ship-access-log`:
+//     "DownstreamStatus" and "request_Tally-Request-Id".
 //
 // Only 304s are acted on (nothing else gives anything back, so other
 // statuses cost no Redis call), each request finished once on its window's
@@ -58,8 +59,11 @@ func (s *Server) ServeAccessLog(ctx context.Context, pc net.PacketConn) error {
 			}
 			return err
 		}
-		if !s.fromGateway(from) {
+		if a, ok := udpAddr(from); !ok || !s.isGateway(a) {
 			s.logEntries[logNotGateway].Add(1)
+			if ok {
+				s.stranger(a, "an access-log entry")
+			}
 			continue
 		}
 		ids, status, ok := parseAccessLog(buf[:n])
@@ -110,22 +114,14 @@ const (
 
 var logNames = [logKinds]string{"refunded", "repeated", "late", "ignored", "unreadable", "not_gateway", "failed"}
 
-func (s *Server) fromGateway(a net.Addr) bool {
+// udpAddr is the IP address of a datagram's sender.
+func udpAddr(a net.Addr) (netip.Addr, bool) {
 	ua, ok := a.(*net.UDPAddr)
 	if !ok {
-		return false
+		return netip.Addr{}, false
 	}
 	ip, ok := netip.AddrFromSlice(ua.IP)
-	if !ok {
-		return false
-	}
-	ip = ip.Unmap()
-	for _, p := range s.o.Gateways {
-		if p.Contains(ip) {
-			return true
-		}
-	}
-	return false
+	return ip.Unmap(), ok
 }
 
 // parseAccessLog reads one entry: the request ids and the status.

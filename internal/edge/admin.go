@@ -25,10 +25,13 @@ import (
 // streams; until then /readyz answers 503 and names what is missing. Once
 // ready it stays ready unless it is draining: with NATS down it applies
 // accounting events on the primaries itself, and with a primary down it
-// decides from what it knows (or by on_redis_error). Such degradations show
-// in /metrics and the logs, and in /readyz's body, not in its status:
-// failing every edge at once when a shared dependency blips would take the
-// API down with it.
+// decides from what it knows, or admits what it does not know
+// (on_redis_error allow). Such degradations show in /metrics and the logs,
+// and in /readyz's body, not in its status: failing every edge at once when
+// a shared dependency blips would take the API down with it. With
+// on_redis_error deny a primary down is not a degradation: every request
+// for a key the edge does not know fails, and /readyz answers 503 until the
+// primary answers again.
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -41,6 +44,10 @@ func (s *Server) AdminHandler() http.Handler {
 		}
 		if m := s.missing(); m != "" {
 			http.Error(w, "not ready: "+m, http.StatusServiceUnavailable)
+			return
+		}
+		if u := s.undecidable(); u != "" {
+			http.Error(w, "not ready: "+u, http.StatusServiceUnavailable)
 			return
 		}
 		var degraded []string

@@ -169,7 +169,11 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	b = append(b, `,"resource":`...)
 	b = strconv.AppendQuote(b, p.Name) // policy names are [a-z0-9_.-]
 	b = append(b, `,"limit":`...)
-	b = strconv.AppendInt(b, p.Limit, 10)
+	if v.Decided {
+		b = strconv.AppendInt(b, v.Decision.Limit, 10) // the headers' (a block's is 0)
+	} else {
+		b = strconv.AppendInt(b, p.Limit, 10)
+	}
 	status := http.StatusOK
 	if v.Decided {
 		d := v.Decision

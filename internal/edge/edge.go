@@ -209,6 +209,8 @@ type Server struct {
 	healDenied  [2]atomic.Uint64
 	// denied counts the most denied clients (denials.go).
 	denied *topDenied
+	// strangers limits the log lines about callers that are not gateways.
+	strangers strangers
 }
 
 // New validates o and starts the server's background work. Call Close to
@@ -348,6 +350,9 @@ func New(o Options) (*Server, error) {
 	}
 	s.done.Go(s.sweep)
 	s.done.Go(s.warm)
+	if o.DenyOnRedisError {
+		s.done.Go(s.watchPrimaries)
+	}
 	return s, nil
 }
 

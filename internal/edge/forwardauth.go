@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -49,7 +50,8 @@ const (
 const RequestIDHeader = "Tally-Request-Id"
 
 // ForwardAuthHandler serves gateways' forward-auth requests. Options.Gateways
-// are the addresses believed; a caller from anywhere else is refused (403).
+// are the addresses believed; a caller from anywhere else is refused (421,
+// and a warning in the log).
 func (s *Server) ForwardAuthHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(forwardAuthNginx, func(w http.ResponseWriter, r *http.Request) { s.forwardAuth(w, r, true) })
@@ -59,9 +61,8 @@ func (s *Server) ForwardAuthHandler() http.Handler {
 	return mux
 }
 
-// gateway reports whether r comes from a configured gateway.
-func (s *Server) gateway(r *http.Request) bool {
-	a := parseAddr(r.RemoteAddr)
+// isGateway reports whether a is a configured gateway's address.
+func (s *Server) isGateway(a netip.Addr) bool {
 	for _, p := range s.o.Gateways {
 		if p.Contains(a) {
 			return true
@@ -70,13 +71,30 @@ func (s *Server) gateway(r *http.Request) bool {
 	return false
 }
 
+// notGatewayStatus answers a forward-auth request from an address that is
+// not a gateway's: 421 Misdirected Request, which no gateway takes for a
+// rate limit — nginx turns it into a 500 (it understands only 2xx, 401 and
+// 403; its 403 is Tally's denial, made a 429 by error_page), Traefik and
+// Caddy pass it on with its problem body.
+const notGatewayStatus = http.StatusMisdirectedRequest
+
+// stranger logs, at most once a minute per address, a caller that is not a
+// configured gateway: what it sent (what) was refused or dropped.
+func (s *Server) stranger(a netip.Addr, what string) {
+	if s.strangers.due(a, time.Now()) {
+		s.o.Log.Warn(what+" from an address that is not a gateway's was refused; "+
+			"if it is a gateway, add it to edge.forward_auth.gateways", "addr", a.String())
+	}
+}
+
 // forwardAuth decides the original request of a gateway's auth request.
 // nginx: a denial is 403 (which nginx's error_page turns into a 429).
 func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request, nginx bool) {
-	if !s.gateway(r) {
+	if a := parseAddr(r.RemoteAddr); !s.isGateway(a) {
 		s.badRequests.Add(1)
-		problem(w, http.StatusForbidden, "not-a-gateway", "Forbidden",
-			"forward-auth answers configured gateways only (edge.forward_auth.gateways)")
+		s.stranger(a, "a forward-auth request")
+		problem(w, notGatewayStatus, "not-a-gateway", "Misdirected Request",
+			"forward-auth answers configured gateways only (edge.forward_auth.gateways), and this address is not one")
 		return
 	}
 	method, uri, host := original(r)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,11 +26,22 @@ import (
 // reads a UDP port.
 func gatewayEdge(t *testing.T, pl *pipeline, gateways ...string) (*edgeUnderTest, *httptest.Server, string) {
 	t.Helper()
+	e, fa, logAddr, _ := gatewayEdgeLogged(t, pl, gateways...)
+	return e, fa, logAddr
+}
+
+// gatewayEdgeLogged is gatewayEdge with the edge's log, as JSON lines.
+func gatewayEdgeLogged(t *testing.T, pl *pipeline, gateways ...string) (*edgeUnderTest, *httptest.Server, string, *testutil.Buffer) {
+	t.Helper()
 	var gws []netip.Prefix
 	for _, g := range gateways {
 		gws = append(gws, netip.MustParsePrefix(g))
 	}
-	e := pl.edge(func(o *edge.Options) { o.Gateways = gws })
+	logs := &testutil.Buffer{}
+	e := pl.edge(func(o *edge.Options) {
+		o.Gateways = gws
+		o.Log = slog.New(slog.NewJSONHandler(logs, nil))
+	})
 	fa := httptest.NewServer(e.srv.ForwardAuthHandler())
 	t.Cleanup(fa.Close)
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -37,7 +50,7 @@ func gatewayEdge(t *testing.T, pl *pipeline, gateways ...string) (*edgeUnderTest
 	done := make(chan struct{})
 	go func() { _ = e.srv.ServeAccessLog(ctx, pc); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return e, fa, pc.LocalAddr().String()
+	return e, fa, pc.LocalAddr().String(), logs
 }
 
 // ask sends a gateway's auth request about a GET of uri by the client
@@ -93,24 +106,34 @@ func TestForwardAuth(t *testing.T) {
 }
 
 // What a gateway's auth request says is believed only from a configured
-// gateway: anyone else is refused before anything is decided or charged.
-// A malformed or ambiguous original request is refused too.
+// gateway: anyone else is refused before anything is decided or charged,
+// with an answer of its own that no gateway takes for a rate limit (421:
+// nginx makes it a 500, not the 429 its error_page makes of a 403), and a
+// warning naming the address, once a minute per address. A malformed or
+// ambiguous original request is refused too.
 func TestForwardAuthTrust(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 3, Window: time.Minute}
-	_, elsewhere, _ := gatewayEdge(t, pl, "10.0.0.0/8")
+	_, elsewhere, _, logs := gatewayEdgeLogged(t, pl, "10.0.0.0/8")
 	window := pl.keys.Key("core", limiter.HeaderIdentity("Authorization", "Bearer x")).String()
 	opened := func() bool {
 		n, err := pl.primary.Client().Exists(context.Background(), window).Result()
 		require.NoError(t, err)
 		return n == 1
 	}
-	resp := askGateway(t, elsewhere, "/auth/traefik", "/repos", "Bearer x", "203.0.113.5")
-	require.Equal(t, 403, resp.StatusCode)
+	for _, path := range []string{"/auth/traefik", "/auth/nginx", "/auth/caddy", "/auth/nginx"} {
+		resp := askGateway(t, elsewhere, path, "/repos", "Bearer x", "203.0.113.5")
+		require.Equal(t, 421, resp.StatusCode, path)
+		require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+		require.Empty(t, resp.Header.Get("Retry-After"), "not a rate limit")
+	}
 	require.False(t, opened(), "nothing decided: the client's window was not opened")
+	warned := strings.Count(logs.String(), `"level":"WARN","msg":"a forward-auth request from an address that is not a gateway's`)
+	require.Equal(t, 1, warned, "one warning for four requests: %s", logs.String())
+	require.Contains(t, logs.String(), `"addr":"127.0.0.1"`)
 
 	_, fa, _ := gatewayEdge(t, pl, "127.0.0.1/32")
-	resp = askGateway(t, fa, "/auth/traefik", "/repos", "Bearer x", "203.0.113.5")
+	resp := askGateway(t, fa, "/auth/traefik", "/repos", "Bearer x", "203.0.113.5")
 	require.Equal(t, 200, resp.StatusCode)
 	require.True(t, opened(), "from a gateway, the same request is decided")
 	for _, tc := range []struct {
@@ -193,8 +216,9 @@ func TestAccessLogRefunds(t *testing.T) {
 	})
 	require.EqualValues(t, 2, pl.used(k), "the repeated 304 gave nothing back twice")
 
-	// Entries from an address that is not a gateway's are not read.
-	other, _, otherLog := gatewayEdge(t, pl, "10.0.0.0/8")
+	// Entries from an address that is not a gateway's are not read, and
+	// the address is named in the log.
+	other, _, otherLog, otherLogs := gatewayEdgeLogged(t, pl, "10.0.0.0/8")
 	c, err := net.Dial("udp", otherLog)
 	require.NoError(t, err)
 	_, _ = c.Write([]byte("<190>Nov 26 00:00:03 tally: " + ids[4] + " 304"))
@@ -203,6 +227,7 @@ func TestAccessLogRefunds(t *testing.T) {
 		return metric(t, other, `tally_edge_access_log_entries_total{outcome="not_gateway"}`) == 1
 	})
 	require.EqualValues(t, 2, pl.used(k))
+	require.Contains(t, otherLogs.String(), `"msg":"an access-log entry from an address that is not a gateway's was refused`)
 }
 
 func itoa(n int) string { return string(rune('0' + n)) }

@@ -86,8 +86,8 @@ func TestDenialsAreConsistent(t *testing.T) {
 	}
 }
 
-// t never exceeds the window: a window opened at 10.3 s resets at 71 s (a
-// whole second), and its first response says 60, not 61.
+// t never exceeds the window: a window that resets at 71 s, opened by an
+// edge whose clock runs a second ahead, says 60 at 10.3 s, not 61.
 func TestResetInNeverExceedsTheWindow(t *testing.T) {
 	now := time.Unix(1_700_000_000, 300_000_000)
 	p := limiter.Policy{Name: "core", Limit: 10, Window: time.Minute, Cost: 2}

@@ -108,21 +108,29 @@ func (s *Server) temporaryTerms(p *limiter.Policy, dg limiter.Digest, now time.T
 }
 
 // blockedVerdict is the denial of a request of c while an operator blocks
-// its client: nothing is read or charged, and the client is told to come
-// back when the block lifts.
+// its client: nothing is read or charged, its limit is 0, and the client is
+// told to come back when the block lifts (Retry-After). The reset shown is
+// the window's, when the edge knows the client's window; else, with no
+// window to speak of, the block's end.
 func (s *Server) blockedVerdict(c limitCheck, now time.Time, reqNum uint64) credit.Verdict {
 	p := c.policy
 	p.Limit = 0
 	s.healDenied[0].Add(1)
-	return s.heldVerdict(p, c.cost, c.digest, now, reqNum, credit.PathBlocked, limiter.Decision{RetryAt: c.blocked, ResetAt: c.blocked})
+	reset, ok := s.core.Known(c.digest, now)
+	if !ok {
+		reset = c.blocked
+	}
+	return s.heldVerdict(p, c.cost, c.digest, now, reqNum, credit.PathBlocked, limiter.Decision{RetryAt: c.blocked, ResetAt: reset})
 }
 
 // backoffVerdict is the denial of a request that came back before the
 // Retry-After its client was given (a strike): nothing is read or charged.
+// Its reset is the window's that denied the client, as its earlier
+// answers said; only Retry-After says when to come back.
 func (s *Server) backoffVerdict(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64, a backoff.Answer) credit.Verdict {
 	s.healDenied[1].Add(1)
 	return s.heldVerdict(p, cost, dg, now, reqNum, credit.PathBackoff, limiter.Decision{Used: p.Limit,
-		ResetAt: a.Until.Add(time.Second - 1).Truncate(time.Second), RetryAt: a.Until, Strikes: a.Strikes})
+		ResetAt: a.Reset, RetryAt: a.Until, Strikes: a.Strikes})
 }
 
 // heldVerdict is a denial decided by the edge alone (path), d's times and
@@ -161,15 +169,27 @@ func (s *Server) backedOff(p limiter.Policy, cost int64, dg limiter.Digest, now 
 
 // followLimits reads the limits stream from its start and applies every
 // signed entry (SetTemporary), until ctx ends; an entry that is not signed
-// with the deployment's key is counted and ignored. The ordered consumer
-// starts again by itself after NATS comes back.
+// with the deployment's key is counted and ignored. It starts once the
+// edge's streams exist (warm creates them: a fresh edge has nothing to warn
+// about before), logs when it starts reading, and, when it cannot, says so
+// and tries again every second. The ordered consumer starts again by itself
+// after NATS comes back.
 func (s *Server) followLimits(ctx context.Context, js jetstream.JetStream) {
+	for !s.ready.streams.Load() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	failed := false
 	for {
-		err := s.consumeLimits(ctx, js)
+		err := s.consumeLimits(ctx, js, failed)
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("the limits stream cannot be read yet; temporary limits wait", "err", err)
+		failed = true
+		s.log.Warn("the limits stream cannot be read; temporary limits wait", "err", err)
 		select {
 		case <-ctx.Done():
 			return
@@ -178,7 +198,10 @@ func (s *Server) followLimits(ctx context.Context, js jetstream.JetStream) {
 	}
 }
 
-func (s *Server) consumeLimits(ctx context.Context, js jetstream.JetStream) error {
+// consumeLimits applies the limits stream's entries until ctx ends, or
+// returns why it cannot read the stream. again says whether an earlier
+// attempt failed (the log says it is read again).
+func (s *Server) consumeLimits(ctx context.Context, js jetstream.JetStream, again bool) error {
 	prefix := s.o.Streams.WithDefaults().Limits.SubjectPrefix
 	c, err := js.OrderedConsumer(ctx, s.o.Streams.WithDefaults().Limits.Name, jetstream.OrderedConsumerConfig{})
 	if err != nil {
@@ -203,6 +226,11 @@ func (s *Server) consumeLimits(ctx context.Context, js jetstream.JetStream) erro
 	if err != nil {
 		return err
 	}
+	msg := "the limits stream is read; temporary limits apply"
+	if again {
+		msg = "the limits stream is read again; temporary limits apply"
+	}
+	s.o.Log.Info(msg, "stream", s.o.Streams.WithDefaults().Limits.Name)
 	<-ctx.Done()
 	cc.Stop()
 	return nil

@@ -4,19 +4,27 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/backoff"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/testutil"
 )
 
@@ -178,6 +186,11 @@ func TestTemporaryLimitsAcrossEdges(t *testing.T) {
 		}
 	}
 	require.Equal(t, 3, allowed, "the temporary limit, across both edges")
+	testutil.WaitFor(t, "the change recorded naming who: the edge asked, when the caller named no one", func() bool {
+		return slices.ContainsFunc(records(), func(d decisionRecord) bool {
+			return d.Outcome == "limit_set" && d.Note == "admin API of "+a.srv.Producer()
+		})
+	})
 	clock.Advance(time.Minute + time.Second) // expired (and the window reset)
 	require.Empty(t, a.srv.Temporary(clock.Now()))
 	for range 5 {
@@ -229,4 +242,145 @@ func adminLimits(t *testing.T, e *edgeUnderTest, method, body string) (*http.Res
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp, b
+}
+
+// An operator lowers a client's limit below the credit an edge holds for
+// it: the credit the new limit leaves no room for goes back by the stream
+// (an event of more units than the new limit, which an edge could not
+// encode before), and an accountant configured with the deployment's
+// policies applies it although the client's limit is not the policy's.
+// The window then counts exactly what was admitted.
+func TestLoweredLimitGivesCreditBackThroughTheStream(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute}
+	pl.stopAcc()
+	pl.accConfig = func(c *accountant.Config) { c.Policies = pl.policies }
+	pl.startAccountant()
+	clock := limiter.NewManualClock(time.Now())
+	var logs testutil.Buffer
+	e := pl.edge(func(o *edge.Options) {
+		o.Clock = clock
+		o.Log = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	admitted := 0
+	for range 40 { // a busy client: the edge reserves ahead of it
+		clock.Advance(10 * time.Millisecond)
+		if get(t, e.proxy.URL, "busy").StatusCode == 200 {
+			admitted++
+		}
+	}
+	require.Equal(t, 40, admitted)
+	k := pl.keys.Key("core", "h:busy")
+	require.Greater(t, pl.used(k), int64(admitted), "the edge holds credit")
+
+	resp, body := adminLimits(t, e, "POST", `{"policy":"core","identity":"busy","limit":3,"for":"1m","by":"ops"}`)
+	require.Equal(t, 200, resp.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "the limit at the edge", temporaryBound, func() bool { return len(e.srv.Temporary(clock.Now())) == 1 })
+	require.Equal(t, 429, get(t, e.proxy.URL, "busy").StatusCode, "40 of 3")
+	clock.Advance(2 * time.Second) // the credit idle: the edge gives it back
+	pl.waitUsed(k, int64(admitted))
+	testutil.WaitFor(t, "the release applied by the accountant", func() bool { return pl.acc.Stats().Released > 0 })
+	require.Zero(t, metric(t, e, `tally_edge_accounting_events_total{outcome="applied_directly"}`), "published, not applied by the edge")
+	require.Zero(t, pl.acc.Stats().DeadLettered)
+	require.NotContains(t, logs.String(), "could not be encoded")
+	require.NotContains(t, logs.String(), `"level":"ERROR"`)
+}
+
+// A fresh edge whose NATS is not up yet does not warn that the limits
+// stream cannot be read: it reads it once its streams exist, and says so
+// when it does.
+func TestLimitsStreamIsReadOnceTheStreamsExist(t *testing.T) {
+	pl := newPipeline(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), append(natstest.Options("edge"), nats.RetryOnFailedConnect(true))...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	var logs testutil.Buffer
+	srv, err := edge.New(edge.Options{Store: pl.newStore(), Keys: pl.keys, NATS: nc,
+		Limits: edge.Limits{Policies: pl.policies, DefaultPolicy: "core"}, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	testutil.WaitFor(t, "the edge to try its streams", func() bool {
+		return strings.Contains(logs.String(), "the streams cannot be found or created yet")
+	})
+	natstest.StartWith(t, func(o *server.Options) { o.Port = port })
+	testutil.WaitFor(t, "the edge ready", srv.Ready)
+	testutil.WaitFor(t, "the limits stream read", func() bool {
+		return strings.Contains(logs.String(), `"msg":"the limits stream is read; temporary limits apply"`)
+	})
+	require.NotContains(t, logs.String(), "the limits stream cannot be read")
+}
+
+// Backoff's answers: Retry-After grows up to the cap and never past it
+// (factor 2, max 12 s, a window of 5 s), never earlier than RateLimit's t;
+// X-RateLimit-Reset stays the window's reset on every answer, also once the
+// window has reset while the client is still backed off. The edge's clock
+// is injected, starting 300 ms into a second.
+func TestBackoffRetryAfterAtItsCapAndTheWindowsReset(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 2, Window: 5 * time.Second}
+	clock := limiter.NewManualClock(time.Now().Truncate(time.Second).Add(300 * time.Millisecond))
+	e := pl.edge(func(o *edge.Options) {
+		o.Clock = clock
+		o.Backoff = map[string]backoff.Config{"core": {Factor: 2, Max: 12 * time.Second}}
+	})
+	var reset string
+	for range 2 {
+		r := get(t, e.proxy.URL, "eager")
+		require.Equal(t, 200, r.StatusCode)
+		reset = r.Header.Get("X-RateLimit-Reset")
+	}
+	r := get(t, e.proxy.URL, "eager")
+	require.Equal(t, 429, r.StatusCode)
+	require.Equal(t, reset, r.Header.Get("X-RateLimit-Reset"))
+	require.LessOrEqual(t, retryAfter(t, r), 5*time.Second)
+	resetAt, err := strconv.ParseInt(reset, 10, 64)
+	require.NoError(t, err)
+	var told []time.Duration
+	for clock.Now().Before(time.Unix(resetAt, 0).Add(2 * time.Second)) { // past the window's reset too
+		clock.Advance(700 * time.Millisecond)
+		r = get(t, e.proxy.URL, "eager")
+		require.Equal(t, 429, r.StatusCode, "came back early")
+		ra := retryAfter(t, r)
+		told = append(told, ra)
+		require.LessOrEqual(t, ra, 12*time.Second, "never past the cap: %v", told)
+		require.Equal(t, reset, r.Header.Get("X-RateLimit-Reset"), "the window's reset, not the backoff's end")
+		_, tv, ok := strings.Cut(r.Header.Get("RateLimit"), ";t=")
+		require.True(t, ok)
+		tsec, err := strconv.Atoi(tv)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, ra, time.Duration(tsec)*time.Second, "never earlier than t")
+	}
+	require.Contains(t, told, 12*time.Second, "the cap was reached: %v", told)
+}
+
+// A blocked client's answer agrees with itself: the decision API's body
+// says the limit its headers say (0: blocked), and X-RateLimit-Reset is
+// the window's reset the client saw before; Retry-After says when the
+// block lifts.
+func TestBlockAnswersAgree(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 1000, Window: time.Minute}
+	clock := limiter.NewManualClock(time.Now())
+	e := pl.edge(func(o *edge.Options) { o.Clock = clock })
+	resp, _ := check(t, e, "blocked-client")
+	require.Equal(t, 200, resp.StatusCode)
+	reset := resp.Header.Get("X-RateLimit-Reset")
+	r, body := adminLimits(t, e, "POST", `{"policy":"core","identity":"blocked-client","block":true,"for":"2h","by":"ops"}`)
+	require.Equal(t, 200, r.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "the block at the edge", temporaryBound, func() bool { return len(e.srv.Temporary(clock.Now())) == 1 })
+	resp, m := check(t, e, "blocked-client") // check asserts the body's limit and remaining are the headers'
+	require.Equal(t, 429, resp.StatusCode)
+	require.Equal(t, "0", resp.Header.Get("X-RateLimit-Limit"))
+	require.EqualValues(t, 0, m["limit"])
+	require.Equal(t, reset, resp.Header.Get("X-RateLimit-Reset"), "the window's reset")
+	require.InDelta(t, 7200, retryAfter(t, resp).Seconds(), 1, "when the block lifts")
+	require.EqualValues(t, retryAfter(t, resp).Seconds(), m["retry_after"])
 }

@@ -26,7 +26,7 @@ import (
 //
 // A change is published, signed, on the limits stream (every edge applies
 // it from there), applied here at once, and recorded on the decisions
-// stream. "identity" names the client as limiter.NamedIdentity reads it.
+// stream with who made it ("by"; without one, "admin API of <edge>"). "identity" names the client as limiter.NamedIdentity reads it.
 // Answers show entries as the limits stream carries them
 // (events.TemporaryLimit: policy, key, limit or block, set, expires, by,
 // reason).
@@ -102,7 +102,11 @@ func (s *Server) temporaryLimit(req LimitRequest, clear bool) (events.TemporaryL
 		dg = s.o.Keys.Sum(p.Name, name)
 	}
 	now := s.o.Clock.Now()
-	l := events.TemporaryLimit{Policy: p.Name, Key: dg, Set: events.After(s.held(dg), now), By: req.By, Reason: req.Reason}
+	by := req.By
+	if by == "" { // a record names who acts: here, at least, through which edge
+		by = "admin API of " + s.o.Producer
+	}
+	l := events.TemporaryLimit{Policy: p.Name, Key: dg, Set: events.After(s.held(dg), now), By: by, Reason: req.Reason}
 	if clear {
 		if req.Limit != 0 || req.Block || req.For != "" {
 			return events.TemporaryLimit{}, errors.New("lifting a limit takes no limit, block or duration")

@@ -14,19 +14,29 @@ import (
 // readiness is what an edge must have done before it decides normally:
 // reached every shard's primary once (its scripts loaded there, so the
 // first requests need no extra round trip), and, with NATS, connected and
-// found (or created) its streams and read the temporary limits in force. Until then /readyz answers 503 and names
-// what is missing; a dependency lost after that makes the edge degraded,
-// not unready (failing every edge at once when a shared dependency blips
-// would take the API down with it).
+// found (or created) its streams and read the temporary limits in force.
+// Until then /readyz answers 503 and names what is missing. A dependency
+// lost after that makes the edge degraded, not unready (failing every edge
+// at once when a shared dependency blips would take the API down with it)
+// — except a primary with on_redis_error deny: the edge then cannot decide
+// a key it knows nothing of (every such request fails), and says so, so
+// that Envoy's health checks and load balancers see what its answers are.
 type readiness struct {
 	reached []atomic.Bool // per shard: its primary answered once
 	streams atomic.Bool   // the streams exist (NATS connected once)
 	limits  atomic.Bool   // the temporary limits in the stream at start were read
+	// down, per shard, with on_redis_error deny: the last probe of the
+	// primary failed (watchPrimaries).
+	down []atomic.Bool
 }
 
 func newReadiness(shards int) *readiness {
-	return &readiness{reached: make([]atomic.Bool, shards)}
+	return &readiness{reached: make([]atomic.Bool, shards), down: make([]atomic.Bool, shards)}
 }
+
+// probeEvery is how often an edge in mode deny probes the primaries the
+// request path found unreachable, until they answer.
+const probeEvery = 250 * time.Millisecond
 
 // missing says what keeps the edge from being ready ("" when nothing).
 // The reasons are in the logs: /readyz is open to probes, and names no
@@ -48,10 +58,67 @@ func (s *Server) missing() string {
 	return strings.Join(out, "; ")
 }
 
+// undecidable says why the edge cannot decide a key it knows nothing of
+// ("" when it can): with on_redis_error deny, a shard whose primary the
+// request path stopped waiting for, or that the last probe could not reach.
+// With allow it always can (such keys are admitted, charged later).
+func (s *Server) undecidable() string {
+	if !s.o.DenyOnRedisError {
+		return ""
+	}
+	var out []string
+	for i := range s.ready.down {
+		if s.ready.down[i].Load() || s.core.Suspected(i) {
+			out = append(out, "shard "+s.o.Store.ShardName(i)+" primary unreachable (on_redis_error: deny)")
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
 // Ready reports whether the edge decides normally (what /readyz answers
 // 200 for) and is not draining: what the rate-limit service's gRPC health
-// check reports.
-func (s *Server) Ready() bool { return !s.draining.Load() && s.missing() == "" }
+// check reports. With on_redis_error deny it is not ready while a primary
+// cannot be reached.
+func (s *Server) Ready() bool {
+	return !s.draining.Load() && s.missing() == "" && s.undecidable() == ""
+}
+
+// watchPrimaries, with on_redis_error deny, probes each primary the request
+// path has stopped waiting for (loading the scripts there, as warm does)
+// until it answers: the edge is not ready meanwhile, and, being unready,
+// may get no request to find out by itself that the primary is back.
+func (s *Server) watchPrimaries() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-s.stop; cancel() }()
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		for i := range s.ready.down {
+			down := s.ready.down[i].Load()
+			if !down && !s.core.Suspected(i) {
+				continue
+			}
+			c, cancel := context.WithTimeout(ctx, time.Second)
+			err := s.o.Store.LoadScripts(c, i)
+			cancel()
+			switch {
+			case err != nil && !down:
+				s.ready.down[i].Store(true)
+				s.log.Warn("the shard's primary cannot be reached: keys the edge does not know are refused (on_redis_error: deny); not ready until it answers",
+					"shard", s.o.Store.ShardName(i), "err", err)
+			case err == nil && down:
+				s.ready.down[i].Store(false)
+				s.log.Info("the shard's primary answers again; ready", "shard", s.o.Store.ShardName(i))
+			}
+		}
+	}
+}
 
 // warm reaches every shard's primary (loading the scripts) and creates the
 // streams, retrying until all is done or the server stops.

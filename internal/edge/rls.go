@@ -293,7 +293,7 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 			if v.Decided {
 				st.LimitRemaining = uint32(v.Decision.Remaining)
 				if !v.Decision.ResetAt.IsZero() {
-					st.DurationUntilReset = durationpb.New(max(0, v.Decision.ResetAt.Sub(now)).Round(time.Second))
+					st.DurationUntilReset = untilReset(v.Decision.ResetAt, now, it.rule.Window())
 				}
 			}
 			s.recordRule(*v, "", domain, it.rule.Key)
@@ -319,9 +319,15 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 			}
 			st.LimitRemaining = uint32(remaining)
 			if !d.ResetAt.IsZero() {
-				st.DurationUntilReset = durationpb.New(max(0, d.ResetAt.Sub(now)).Round(time.Second))
+				st.DurationUntilReset = untilReset(d.ResetAt, now, it.rule.Window())
 			}
 			over = !d.Allowed
+		}
+		if over {
+			// As envoyproxy/ratelimit answers (shadow rules included): a
+			// descriptor over its limit has nothing left, whatever a request
+			// of a smaller cost could still have.
+			st.LimitRemaining = 0
 		}
 		if v.Path != 0 && (res.denied < 0 || it.check == res.denied) {
 			s.recordRule(v, "", domain, it.rule.Key)
@@ -341,6 +347,16 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 		}
 	}
 	return resp
+}
+
+// untilReset is a status's duration_until_reset: the time from now to the
+// window's reset, rounded up to whole seconds, within (0, unit] — what
+// envoyproxy/ratelimit answers too. A window lasts exactly its unit, so only
+// an edge whose clock runs behind the one that opened the window would
+// count more, and a window that reset as the request was decided less.
+func untilReset(reset, now time.Time, unit time.Duration) *durationpb.Duration {
+	left := (reset.Sub(now) + time.Second - 1).Truncate(time.Second)
+	return durationpb.New(min(max(unit, time.Second), max(time.Second, left)))
 }
 
 // tighter reports whether a's status is what a client must respect before

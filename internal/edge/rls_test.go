@@ -2,6 +2,7 @@ package edge_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net"
 	"strings"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/testutil"
 )
 
@@ -224,7 +226,7 @@ descriptors:
 		{"request's hits", 30, desc("user", "u"), ok, 70},
 		{"descriptor's own", 30, withHits(desc("user", "u"), 50), ok, 20},
 		{"check only", 1, withHits(desc("user", "u"), 0), ok, 20},
-		{"more than is left", 0, withHits(desc("user", "u"), 21), over, 20},
+		{"more than is left", 0, withHits(desc("user", "u"), 21), over, 0},
 		{"beyond the limit", 0, withHits(desc("user", "u"), 101), over, 0},
 		{"what is left", 0, withHits(desc("user", "u"), 20), ok, 0},
 		{"check at the limit", 0, withHits(desc("user", "u"), 0), ok, 0},
@@ -237,6 +239,64 @@ descriptors:
 		assert.Equal(t, tc.code, resp.OverallCode, tc.name)
 		assert.Equal(t, tc.remaining, resp.Statuses[0].LimitRemaining, tc.name)
 	}
+}
+
+// A rule's window lasts its unit, as the reference's do: a 3/SECOND rule
+// admits 3 in every second, and every answer's duration_until_reset lies
+// in (0, unit]; a descriptor over its limit has nothing left
+// (limit_remaining 0), even when a request of a smaller cost would pass.
+// The edge's clock is injected, starting 200 ms into a second: nothing
+// sleeps.
+func TestRLSWindowsLastTheirUnit(t *testing.T) {
+	pl := newPipeline(t)
+	second := time.Now().Truncate(time.Second)
+	clock := limiter.NewManualClock(second.Add(200 * time.Millisecond))
+	_, c := rlsEdge(t, pl, func(o *edge.Options) { o.Clock = clock }, `
+domain: api
+descriptors:
+  - key: client
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`)
+	within := func(resp *rlsv3.RateLimitResponse, unit time.Duration, what string) {
+		t.Helper()
+		for _, st := range resp.Statuses {
+			d := st.DurationUntilReset.AsDuration()
+			require.True(t, d > 0 && d <= unit, "%s: duration_until_reset %v outside (0, %v]", what, d, unit)
+		}
+	}
+	for k := range 4 {
+		admitted := 0
+		for _, off := range []time.Duration{200, 450, 700, 900, 999} {
+			clock.Set(second.Add(time.Duration(k)*time.Second + off*time.Millisecond))
+			resp := ask(t, c, "api", desc("client", "c1"))
+			what := fmt.Sprintf("second %d, +%d ms", k, off)
+			within(resp, time.Second, what)
+			if resp.OverallCode == ok {
+				admitted++
+				continue
+			}
+			require.Equal(t, uint32(0), resp.Statuses[0].LimitRemaining, what)
+		}
+		require.Equal(t, 3, admitted, "second %d: a 3/SECOND rule admits 3 a second", k)
+	}
+
+	// A minute's rule, opened 200 ms into a second: never more than 60 s.
+	clock.Set(second.Add(10*time.Second + 200*time.Millisecond))
+	resp := ask(t, c, "api", withHits(desc("user", "u1"), 98))
+	require.Equal(t, ok, resp.OverallCode)
+	within(resp, time.Minute, "a minute's rule")
+	require.Equal(t, uint32(2), resp.Statuses[0].LimitRemaining)
+	for _, off := range []time.Duration{time.Second, 30 * time.Second, 49*time.Second + 799*time.Millisecond} {
+		clock.Set(second.Add(10*time.Second + off))
+		resp = ask(t, c, "api", withHits(desc("user", "u1"), 3))
+		require.Equal(t, over, resp.OverallCode, "+%v", off)
+		within(resp, time.Minute, "a minute's rule, over")
+		require.Equal(t, uint32(0), resp.Statuses[0].LimitRemaining, "3 asked, 2 left: over, nothing left")
+	}
+	clock.Set(second.Add(70 * time.Second)) // the minute's window reset
+	require.Equal(t, ok, ask(t, c, "api", withHits(desc("user", "u1"), 3)).OverallCode)
 }
 
 // shadow_mode decides and never denies; replaces takes the place of the

@@ -178,8 +178,11 @@ func (e *Accounting) Validate() error {
 		return bad("limit %d", e.Limit)
 	case e.WindowSeconds < 1 || e.WindowSeconds > int64(limiter.MaxWindow/time.Second):
 		return bad("window_s %d", e.WindowSeconds)
-	case e.Units < 1 || e.Units > e.Limit:
-		return bad("units %d: want 1 to the limit", e.Units)
+	case e.Units < 1 || e.Units > limiter.MaxLimit:
+		// Not bounded by the limit: a charge may take a window past it (an
+		// overdraft), and a release gives back what was reserved under the
+		// terms in force then, which may have been lowered since.
+		return bad("units %d: want 1 to %d", e.Units, limiter.MaxLimit)
 	case e.StartedAt.IsZero() || e.StartedAt.Unix() < 0 || e.StartedAt.UnixMilli() > limiter.MaxMS:
 		return bad("started_at missing or out of range")
 	case !e.ResetAt.IsZero() && (e.ResetAt.UnixMilli() <= 0 || e.ResetAt.UnixMilli()%1000 != 0 || e.ResetAt.UnixMilli() > limiter.MaxMS):

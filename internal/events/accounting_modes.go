@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -104,7 +105,11 @@ func DecodeAccounting(shard, producer string, h nats.Header, body []byte) ([]Acc
 		if c := w.Data.Charge; c != nil {
 			e.ChargeProducer, e.ChargeSeq = c.Producer, c.Seq
 		}
-		where := func(err error) error { return fmt.Errorf("event %d: %w", i+1, err) }
+		// where names the event in a reason as the accountant's checks do:
+		// "events: invalid event: event 2: …", one order for every reason.
+		where := func(err error) error {
+			return fmt.Errorf("%w: event %d: %s", ErrInvalidEvent, i+1, strings.TrimPrefix(err.Error(), ErrInvalidEvent.Error()+": "))
+		}
 		switch {
 		case w.SpecVersion != "1.0":
 			return nil, where(fmt.Errorf("%w: specversion %s: want 1.0", ErrInvalidEvent, quote(w.SpecVersion)))

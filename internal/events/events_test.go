@@ -203,7 +203,7 @@ func TestAccountingRejects(t *testing.T) {
 		"bad policy":              {func(e *events.Accounting) { e.Policy = "Core" }, "policy"},
 		"zero limit":              {func(e *events.Accounting) { e.Limit = 0 }, "limit"},
 		"huge window":             {func(e *events.Accounting) { e.WindowSeconds = 400 * 86400 }, "window_s"},
-		"units over limit":        {func(e *events.Accounting) { e.Units = 101 }, "units"},
+		"units over 10^9":         {func(e *events.Accounting) { e.Units = limiter.MaxLimit + 1 }, "units"},
 		"no start":                {func(e *events.Accounting) { e.StartedAt = time.Time{} }, "started_at"},
 		"fractional reset":        {func(e *events.Accounting) { e.ResetAt = reset.Add(time.Millisecond) }, "reset_at"},
 		"bad request id":          {func(e *events.Accounting) { e.RequestID = "a/b" }, "request_id"},
@@ -230,6 +230,10 @@ func TestAccountingRejects(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, events.ErrInvalidEvent)
+			// One order for every reason (the accountant's own checks say
+			// the same): what is wrong, then which event, then why.
+			require.True(t, strings.HasPrefix(err.Error(), "events: invalid event: event 1: "), "%v", err)
+			require.ErrorContains(t, err, c.want)
 		})
 	}
 	good := events.AppendAccounting(nil, "s0", ptr(sample(events.Started, 1)))

@@ -71,10 +71,15 @@ func TestDecisionRecordsMatchTheSchema(t *testing.T) {
 	limitSet.Outcome, limitSet.Limit, limitSet.Allowed, limitSet.Until = "limit_set", 0, false, at.Add(time.Hour)
 	limitCleared := reset0
 	limitCleared.Outcome = "limit_cleared"
+	discarded := reset0
+	discarded.Outcome, discarded.RequestID, discarded.Note = "discarded", "billing-7-1001", "ops: another deployment's events (dead letter 12)"
+	undecodable := discarded
+	undecodable.Key, undecodable.Policy, undecodable.Limit, undecodable.WindowSeconds = limiter.Digest{}, "-", 0, 1
 	for name, d := range map[string]events.Decision{"allowed": edge, "traced": traced, "denied": denied,
 		"fail-open": failOpen, "absorbed refund": absorbed, "accountant": acc, "late": late, "not held": notHeld,
 		"finished": finished, "finish pending": pending, "backoff": backoff, "blocked": blocked,
-		"reset": reset0, "limit set": limitSet, "limit cleared": limitCleared} {
+		"reset": reset0, "limit set": limitSet, "limit cleared": limitCleared, "discarded": discarded,
+		"discarded, undecodable": undecodable} {
 		require.NoError(t, valid(d), name)
 	}
 	noStrikes := backoff

@@ -49,8 +49,10 @@ type Decision struct {
 }
 
 // ResetIn is the time until the window resets, rounded up to whole seconds,
-// never negative and never more than the window: a window opened at 10.3 s
-// resets at 71 s (a whole second), and its first response says 60, not 61.
+// never negative and never more than the window: a window opened by a
+// request at 10.3 s starts at 10 s and resets at 70 s, and its first
+// response says 60; an edge whose clock runs behind the one that opened the
+// window says no more than 60 either.
 func (d Decision) ResetIn() time.Duration {
 	left := d.ResetAt.Sub(d.Now)
 	if left <= 0 {

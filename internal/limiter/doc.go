@@ -8,7 +8,8 @@
 // # Windows
 //
 // A window belongs to one key, a (policy name, identity) pair. It opens at
-// its first request and resets Window later, rounded up to a whole second.
+// the whole second its first request falls in and resets Window later (a
+// whole second too), so that it lasts exactly Window.
 // The reset time is computed once, stored next to the count, and returned by
 // every call: it never comes from a TTL, so every response of one window
 // shows the same reset. Redis expiry (reset + grace) is garbage collection

@@ -66,8 +66,8 @@ type Policy struct {
 	// Limit is the number of units a window allows, 1 to MaxLimit.
 	Limit int64
 	// Window is the window length, whole seconds from MinWindow to MaxWindow.
-	// A window starts at its first request and ends (resets) Window later,
-	// rounded up to a whole second.
+	// A window starts at the whole second of its first request and ends
+	// (resets) exactly Window later.
 	Window time.Duration
 	// Cost is what one request charges, 1 to Limit. 0 means 1.
 	Cost int64

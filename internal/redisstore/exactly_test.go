@@ -24,7 +24,7 @@ func TestExactlyOnce(t *testing.T) {
 	var n atomic.Int64
 	// producer returns a fresh producer id: each subtest numbers from 1.
 	producer := func() string { return fmt.Sprintf("p%d", n.Add(1)) }
-	reset := t0.Add(minute).Truncate(time.Second).Add(time.Second) // what a window opened at t0 shows
+	reset := t0.Truncate(time.Second).Add(minute) // what a window opened at t0 shows
 	A, D, L, N, P := limiter.Applied, limiter.Duplicate, limiter.Late, limiter.Netted, limiter.Pending
 
 	t.Run("an event applied twice takes effect once", func(t *testing.T) {
@@ -309,7 +309,7 @@ func TestConcurrentApplyIsExactlyOnce(t *testing.T) {
 	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	k := e.keys.Key("core", "hot")
-	reset := t0.Add(minute).Truncate(time.Second).Add(time.Second)
+	reset := t0.Truncate(time.Second).Add(minute)
 	var applied atomic.Int64
 	var wg sync.WaitGroup
 	for p := range 16 {
@@ -344,7 +344,7 @@ func TestConcurrentApplyIsExactlyOnce(t *testing.T) {
 func TestRunSentAgainIsToldWhatItDid(t *testing.T) {
 	e := newEnv(t, redisstore.Options{ScriptEvents: 2, ReadTimeout: 200 * time.Millisecond})
 	ctx := context.Background()
-	reset := t0.Add(minute).Truncate(time.Second).Add(time.Second)
+	reset := t0.Truncate(time.Second).Add(minute)
 	k := e.keys.Key("core", "lost")
 	A, D, N, P := limiter.Applied, limiter.Duplicate, limiter.Netted, limiter.Pending
 	e.apply(t, charge("edge-a", 1, k, reset, t0, 5))

@@ -27,7 +27,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 	ctx := context.Background()
 	rdb := e.primary.Client()
 	k := e.keys.Key("core", "alice")
-	reset := t0.Add(minute).Truncate(time.Second).Add(time.Second)
+	reset := t0.Truncate(time.Second).Add(minute)
 
 	t.Run("refused in Go", func(t *testing.T) {
 		good := charge("good", 1, k, reset, t0, 1)

@@ -10,8 +10,8 @@ import (
 )
 
 // Take reserves units of k's window on its shard's primary at time now (the
-// caller's clock, read once for the decision), opening a window at now when
-// none is live (reset at now + limiter.Window, rounded up to a whole second). The
+// caller's clock, read once for the decision), opening a window at the whole
+// second of now when none is live (reset limiter.Window after that). The
 // reservation is all or nothing above Need and never takes the window past
 // Limit. It is one atomic script call (lua/take.lua).
 //

@@ -29,12 +29,20 @@ import (
 // ConnectNATS connects to the configured NATS with its TLS and credentials.
 // It does not wait for the server: the connection keeps retrying in the
 // background (the binaries start, and decide, without NATS), and every
-// disconnect and reconnect is logged with what it means (degraded).
+// disconnect and reconnect is logged with what it means (degraded). Closing
+// the connection (a clean stop) is not a disconnect: it is logged at debug
+// level only.
 func ConnectNATS(cfg *config.File, name, degraded string, log *slog.Logger) (*nats.Conn, error) {
 	opts := append(cfg.NATSOptions(), nats.Name(name),
 		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // closed by its owner (ClosedHandler)
+			}
 			log.Warn("NATS disconnected: "+degraded, "conn", name, "err", err)
+		}),
+		nats.ClosedHandler(func(*nats.Conn) {
+			log.Debug("NATS connection closed", "conn", name)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("NATS reconnected", "conn", name, "url", nc.ConnectedUrlRedacted())

@@ -318,3 +318,20 @@ func freeAddr(t *testing.T) string {
 	defer l.Close()
 	return l.Addr().String()
 }
+
+// Closing the connection, as a clean stop does, is not a disconnect: no
+// warning.
+func TestNATSCloseIsNotAWarning(t *testing.T) {
+	ns := natstest.Start(t)
+	cfg, err := load(t, "127.0.0.1:1", "", ns.ClientURL(), "")
+	require.NoError(t, err)
+	var logs testutil.Buffer
+	nc, err := service.ConnectNATS(cfg, "test", "events go to the primaries", slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	require.NoError(t, err)
+	require.Eventually(t, nc.IsConnected, 5*time.Second, 20*time.Millisecond)
+	require.NoError(t, nc.Drain())
+	// The closed callback comes after the disconnect one, on the same queue.
+	testutil.WaitFor(t, "the connection closed", func() bool { return strings.Contains(logs.String(), "NATS connection closed") })
+	require.NotContains(t, logs.String(), "NATS disconnected")
+	require.NotContains(t, logs.String(), "level=WARN")
+}

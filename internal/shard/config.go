@@ -83,23 +83,34 @@ func configErr(field, format string, args ...any) error {
 // Validate reports the first problem with the shard list as a
 // *ConfigError naming the shard and field.
 func Validate(shards []Config) error {
-	if len(shards) == 0 {
-		return configErr("", "no shards")
+	if ps := Problems(shards); len(ps) > 0 {
+		return ps[0]
 	}
+	return nil
+}
+
+// Problems reports every problem with the shard list, each a *ConfigError
+// naming the shard and field, in the list's order: a bad address does not
+// hide a duplicate name.
+func Problems(shards []Config) []error {
+	if len(shards) == 0 {
+		return []error{configErr("", "no shards")}
+	}
+	var out []error
 	seen := make(map[string]bool, len(shards))
 	addrs := make(map[string]string)
 	for i, s := range shards {
 		where := fmt.Sprintf("shards[%d]", i)
-		if !nameRE.MatchString(s.Name) {
-			return configErr(where+".name", "%q: want 1 to 32 of [a-z0-9_-]", s.Name)
-		}
-		if seen[s.Name] {
-			return configErr(where+".name", "%q: duplicate shard name", s.Name)
+		switch {
+		case !nameRE.MatchString(s.Name):
+			out = append(out, configErr(where+".name", "%q: want 1 to 32 of [a-z0-9_-]", s.Name))
+		case seen[s.Name]:
+			out = append(out, configErr(where+".name", "%q: duplicate shard name", s.Name))
 		}
 		seen[s.Name] = true
 		if s.Sentinel != nil {
 			if err := s.Sentinel.validate(where, s, addrs); err != nil {
-				return err
+				out = append(out, err)
 			}
 			continue
 		}
@@ -110,15 +121,17 @@ func Validate(shards []Config) error {
 				field = fmt.Sprintf("%s.replicas[%d]", where, j-1)
 			}
 			if err := n.validate(); err != nil {
-				return configErr(field, "%v", err)
+				out = append(out, configErr(field, "%v", err))
+				continue
 			}
 			if other, dup := addrs[n.key()]; dup {
-				return configErr(field, "%s is already %s", n.Addr, other)
+				out = append(out, configErr(field, "%s is already %s", n.Addr, other))
+				continue
 			}
 			addrs[n.key()] = field
 		}
 	}
-	return nil
+	return out
 }
 
 // validate checks a Sentinel shard: a master name, sentinels' addresses,

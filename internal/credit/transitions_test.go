@@ -264,7 +264,7 @@ func TestLearnAndFinish(t *testing.T) {
 
 // Entries the table lets go give their credit back.
 func TestEvictionReleasesCredit(t *testing.T) {
-	h := newHarness(t, policyOf(limiter.ModeAuto), true, Config{Keys: 1, RedisBudget: 5 * time.Millisecond})
+	h := newHarness(t, policyOf(limiter.ModeAuto), true, Config{Keys: 1, RedisBudget: fast.RedisBudget})
 	h.open(4, 3, false)
 	shard := h.dg.Hash() % tableShards
 	for i := 0; ; i++ { // another key in the same table shard

@@ -34,9 +34,9 @@ func TestReshardingUnderLoad(t *testing.T) {
 	pl.startAccountant()
 	during := pl.newStore()
 	pl.storeOpts = redisstore.Options{Placement: []string{"s0"}}
-	before := pl.edge(nil)
+	before := pl.edge(patient)
 	pl.storeOpts = redisstore.Options{PreviousPlacement: []string{"s0"}}
-	after := pl.edge(nil)
+	after := pl.edge(patient)
 
 	var token string
 	for i := 0; token == ""; i++ {

@@ -20,7 +20,8 @@
 --                  n:<seq>  a refund that arrived before its charge <seq>:
 --                           the charge, when it comes, nets to zero
 --                They expire ARGV[5] ms after their last write.
--- KEYS[P+1..] -> window hashes (keys.go), each named once
+-- KEYS[P+1..] -> windows (keys.go), each named once, in either form: a
+--                compact one an event changes is expanded (window.lua)
 -- KEYS[#KEYS-1] -> when ARGV[6] names a call: the caller's reply key
 --                (keys.go), a string "<call>|<count>|<reply>" holding what
 --                the last call through it returned (<reply> in MessagePack)
@@ -188,7 +189,7 @@ for i = 1, np do
 end
 local wins = {}
 for i = np + 1, lastWin do
-  wins[i] = load(KEYS[i]) or false
+  wins[i] = load(KEYS[i], grace) or false
 end
 local function producer(i)
   return prods[i]
@@ -280,6 +281,10 @@ local function holding(i, prod)
   if h[prod] == nil then
     if opened[i] then
       h[prod] = { n = 0, dirty = false }
+    elseif wins[i] and wins[i].holder ~= nil then
+      -- Compact: its holder's producer holds all of it, no reseed counted
+      -- events in it.
+      h[prod] = { n = held_by(KEYS[i], wins[i], names[prod]), dirty = false }
     else
       local f = redis.call("HMGET", KEYS[i], "c:" .. names[prod], "v:" .. names[prod])
       h[prod] = { n = tonumber(f[1]) or 0, dirty = false }
@@ -397,6 +402,7 @@ for i = 1, nev do
 end
 
 for i in pairs(touched) do
+  expand(KEYS[i], wins[i], grace)
   save(KEYS[i], wins[i], grace)
   for prod, h in pairs(held[i] or {}) do
     if h.dirty then

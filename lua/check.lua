@@ -1,7 +1,9 @@
 -- check.lua: read one key's live window.
 -- Runs on: a replica (or the primary), with EVALSHA_RO; it never writes.
 --
--- KEYS[1] -> the window hash of one (resource, identity) key (keys.go)
+-- KEYS[1] -> the window of one (resource, identity) key (keys.go), in either
+--            form (window.lua): a compact window's start is its reset less
+--            its length
 -- ARGV[1] -> now, ms since the Unix epoch (the caller's clock)
 --
 -- Returns:
@@ -19,6 +21,20 @@ if type(ARGV[1]) ~= "string" or #ARGV[1] > 15 or not string.match(ARGV[1], "^%d+
 end
 local now = tonumber(ARGV[1])
 
+local v = redis.pcall("GET", KEYS[1])
+if type(v) == "string" then
+  local u, r, len = string.match(v, "^(%d+):(%d+):(%d+):")
+  if u == nil then
+    return redis.error_reply("ERR tally: unreadable window")
+  end
+  r = tonumber(r) * 1000
+  if r <= now then
+    return { 0 }
+  end
+  return { 1, tonumber(u), r, r - tonumber(len) * 1000, 0 }
+elseif not v then
+  return { 0 }
+end
 local f = redis.call("HMGET", KEYS[1], "u", "s", "r")
 local s = tonumber(f[2])
 local r = tonumber(f[3])

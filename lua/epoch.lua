@@ -13,6 +13,12 @@
 --            by a process that knew no earlier epoch (a new deployment)
 -- KEYS[2] -> the shard's reseed marker (keys.go): "<epoch>"; it exists while
 --            a reseed is in progress and expires when the reseed ends
+-- KEYS[3] -> the shard's window format record (keys.go): "compact" once
+--            every process of the deployment reads compact windows
+--            (window.lua): set here when a deployment begins (4 below), when
+--            a caller knew the shard's windows compact and the record is gone
+--            (an emptied primary), and by the operator's `tally windows
+--            compact` after a rolling upgrade
 -- ARGV[1] -> mode: "check" (below), or "extend": a reseed in progress lasts
 --            at least ARGV[4] more (a process still re-asserting)
 -- ARGV[2] -> a fresh epoch id, 16 of [0-9a-f]: the new epoch's, when this
@@ -22,6 +28,7 @@
 -- ARGV[4] -> ms (100 .. 600000): how long a reseed lasts at least after it
 --            begins or a process joins it (check), or the least it lasts
 --            from now (extend)
+-- ARGV[5] -> "1" when the caller knew the shard's windows compact, else ""
 --
 -- check:
 --   the record names this primary, and the caller knew its epoch (or knew
@@ -36,10 +43,11 @@
 --   otherwise (another primary's record, or none while the caller knew an
 --   epoch): a reseed begins (1).
 --
--- Returns: {state, epoch, pttl}
+-- Returns: {state, epoch, pttl, compact}
 --   state  0 same epoch, 1 began a reseed, 2 joined a reseed, 3 late, 4 adopted
 --   epoch  the shard's epoch id now ("" when extend finds no reseed)
 --   pttl   ms until the reseed in progress ends; 0 when none is
+--   compact 1 when the shard's windows may be compact, else 0
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
 local mode = ARGV[1]
 if mode ~= "check" and mode ~= "extend" then return redis.error_reply("ERR tally: invalid mode") end
@@ -56,6 +64,23 @@ if type(span) ~= "string" or #span > 6 or not string.match(span, "^%d+$") or ton
   return redis.error_reply("ERR tally: invalid span")
 end
 span = tonumber(span)
+local knewCompact = ARGV[5] == "1"
+if ARGV[5] ~= nil and ARGV[5] ~= "" and ARGV[5] ~= "1" then
+  return redis.error_reply("ERR tally: invalid format")
+end
+
+-- compact reports whether the shard's windows may be compact, recording it
+-- when the caller says they were (or, for a new deployment, will be).
+local function compact(adopted)
+  if redis.call("GET", KEYS[3]) == "compact" then
+    return 1
+  end
+  if adopted or knewCompact then
+    redis.call("SET", KEYS[3], "compact")
+    return 1
+  end
+  return 0
+end
 
 -- left is ms until the reseed in progress ends: 0 for none, and for a
 -- marker no process sets (without an expiry, or beyond the longest
@@ -68,11 +93,11 @@ end
 
 if mode == "extend" then
   local e = redis.call("GET", KEYS[2])
-  if not e then return { 0, "", 0 } end
+  if not e then return { 0, "", 0, compact(false) } end
   if left() < span then
     redis.call("PEXPIRE", KEYS[2], span)
   end
-  return { 0, e, left() }
+  return { 0, e, left(), compact(false) }
 end
 
 local run = string.match(redis.call("INFO", "server"), "run_id:(%x+)")
@@ -81,10 +106,10 @@ if run == nil then return redis.error_reply("ERR tally: no run_id in INFO server
 local function begin(how)
   redis.call("SET", KEYS[1], run .. ":" .. fresh .. ":" .. how)
   if how == "a" then
-    return { 4, fresh, 0 }
+    return { 4, fresh, 0, compact(true) }
   end
   redis.call("SET", KEYS[2], fresh, "PX", span)
-  return { 1, fresh, span }
+  return { 1, fresh, span, compact(false) }
 end
 
 local rec = redis.call("GET", KEYS[1])
@@ -99,7 +124,7 @@ if was ~= run then
   return begin("h")
 end
 if known == "" or known == epoch then
-  return { 0, epoch, left() }
+  return { 0, epoch, left(), compact(false) }
 end
 local t = left()
 if t > 0 then
@@ -108,9 +133,9 @@ if t > 0 then
     redis.call("PEXPIRE", KEYS[2], span)
     t = span
   end
-  return { 2, epoch, t }
+  return { 2, epoch, t, compact(false) }
 end
 if how == "a" then
   return begin("h")
 end
-return { 3, epoch, 0 }
+return { 3, epoch, 0, compact(false) }

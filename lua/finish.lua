@@ -6,7 +6,9 @@
 -- times; only the first finish changes anything.
 -- Runs on: the shard primary. lua.go prepends window.lua.
 --
--- KEYS[1] -> the window hash of the request's key (keys.go)
+-- KEYS[1] -> the window of the request's key (keys.go), in either form: a
+--            compact one is expanded (window.lua) before anything is given
+--            back
 -- KEYS[2] -> the finish marks of the request's holder in that window
 --            (keys.go): a string of bits, bit n set once the holder's
 --            request n of the window is finished. It expires with the
@@ -91,7 +93,7 @@ if reseeding(KEYS[4]) then
 end
 
 -- Read every key before the first write.
-local w = load(KEYS[1])
+local w = load(KEYS[1], grace)
 local pf = redis.call("HMGET", KEYS[3], "s", "c", "g")
 local ps, pc, pg = tonumber(pf[1]) or 0, tonumber(pf[2]) or 0, tonumber(pf[3]) or 0
 local marked
@@ -145,8 +147,9 @@ if not charged then
   return { 5, 0, 0, 0 }
 end
 local field = "c:" .. producer
-local held = tonumber(redis.call("HGET", KEYS[1], field)) or 0
-local amount = math.min(back, w.u, held)
+local have = held_by(KEYS[1], w, producer)
+local amount = math.min(back, w.u, have)
+expand(KEYS[1], w, grace)
 w.u = w.u - amount
-redis.call("HSET", KEYS[1], "u", num(w.u), field, num(held - amount))
+redis.call("HSET", KEYS[1], "u", num(w.u), field, num(have - amount))
 return { 1, w.u, w.r, amount }

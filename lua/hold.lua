@@ -8,7 +8,8 @@
 -- never units the edge may have spent.
 -- Runs on: the shard primary. lua.go prepends window.lua.
 --
--- KEYS[1] -> the window hash (keys.go)
+-- KEYS[1] -> the window (keys.go), in either form: a compact one is
+--            expanded (window.lua) before a share is recorded in it
 -- KEYS[2] -> the shard's reseed marker (keys.go): while it lasts, nothing
 --            is recorded (window.lua's reseeding)
 -- ARGV[1] -> now, ms since the Unix epoch
@@ -22,6 +23,7 @@
 -- ARGV[6] -> frozen: the units frozen from now (0 .. 1e9; 0 removes the
 --            share)
 -- ARGV[7] -> expiry, ms: when the share may be taken back
+-- ARGV[8] -> grace, ms (1000 .. 1e12), as in take.lua
 --
 -- Returns: {outcome, have}
 --   0 recorded: have is frozen
@@ -50,25 +52,30 @@ local frozen = arg_int(6, 0, MAX_UNITS)
 if frozen == nil then return redis.error_reply("ERR tally: invalid frozen") end
 local expiry = arg_int(7, 0, MAX_MS)
 if expiry == nil then return redis.error_reply("ERR tally: invalid expiry") end
+local grace = arg_int(8, 1000, 1000000000000)
+if grace == nil then return redis.error_reply("ERR tally: invalid grace") end
 
 if reseeding(KEYS[2]) then
   return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
 end
 local field = "z:" .. holder
-local f = redis.call("HMGET", KEYS[1], "r", field)
-if tonumber(f[1]) ~= reset or reset <= now then
+local w, form, f = read(KEYS[1], grace, { field })
+if w == nil or w.r ~= reset or reset <= now then
   return { 2, 0 }
 end
 local have = 0
-if f[2] then
-  have = tonumber(string.match(f[2], "^(%d+):")) or 0
+if form == "full" and f[5] then
+  have = tonumber(string.match(f[5], "^(%d+):")) or 0
 end
 if have ~= expected then
   return { 1, have }
 end
 if frozen == 0 then
-  redis.call("HDEL", KEYS[1], field)
+  if have > 0 then
+    redis.call("HDEL", KEYS[1], field)
+  end
 else
+  expand(KEYS[1], w, grace)
   redis.call("HSET", KEYS[1], field, num(frozen) .. ":" .. num(expiry) .. ":" .. producer)
 end
 return { 0, frozen }

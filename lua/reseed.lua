@@ -25,7 +25,8 @@
 --   - the holder's frozen share z:<holder> is what the holder last had
 --     recorded, unless the share was taken back (t:<holder>, take.lua).
 --
--- KEYS[1] -> the window hash (keys.go)
+-- KEYS[1] -> the window (keys.go), in either form: a compact one is
+--            expanded first (window.lua)
 -- ARGV[1]  -> now, ms since the Unix epoch
 -- ARGV[2]  -> epoch: the reseed's id, 16 of [0-9a-f] (epoch.lua)
 -- ARGV[3]  -> reset_at, ms, a whole second, after now
@@ -97,6 +98,14 @@ if reset <= now then
   return { 4, 0, 0 }
 end
 local gf, cf, zf, tf, vf = "g:" .. holder, "c:" .. producer, "z:" .. holder, "t:" .. holder, "v:" .. producer
+local cw, form = read(KEYS[1], grace)
+if form == "compact" then
+  if cw.r > now then
+    expand(KEYS[1], cw, grace)
+  else
+    redis.call("DEL", KEYS[1])
+  end
+end
 local f = redis.call("HMGET", KEYS[1], "u", "s", "r", "h", gf, cf, zf, tf, vf)
 local w = nil
 if tonumber(f[3]) ~= nil and tonumber(f[2]) ~= nil and tonumber(f[3]) > now then

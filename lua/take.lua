@@ -5,13 +5,14 @@
 -- admit from credit stays within it.
 -- Runs on: the shard primary. lua.go prepends window.lua.
 --
--- KEYS[1] -> the window hash of one (resource, identity) key (keys.go)
+-- KEYS[1] -> the window of one (resource, identity) key (keys.go), in
+--            either form (window.lua)
 -- KEYS[2] -> the calling edge's producer hash on this shard (keys.go); read
 --            only, and only when the edge owes something (ARGV[9]): what of
 --            the edge's events apply.lua applied, so that the edge can tell
 --            which of its own events the returned count already holds
 -- KEYS[3] -> the shard's reseed marker (keys.go): while it lasts, nothing is
---            reserved (window.lua's reseeding)
+--            reserved (window.lua's reseeding) but on the cold path below
 -- ARGV[1] -> now, ms since the Unix epoch (the edge's clock, read once for
 --            the decision)
 -- ARGV[2] -> window length, ms (1000 .. 1e12)
@@ -53,6 +54,21 @@
 --            exactly ARGV[12] for it, until ARGV[13] (ms)
 -- ARGV[12] -> share: the holder's frozen share as the caller last saw it
 -- ARGV[13] -> share expiry, ms
+-- ARGV[14] -> "1" when the shard's windows may be compact (epoch.lua's
+--            format: every process of the deployment reads them), else ""
+--
+-- The cold path: with ARGV[14] "1", a take that owes nothing, moves
+-- nothing and freezes nothing, in a window of whole seconds, for a holder
+-- <producer>.<n>, first tries to
+-- open the window compact with one SET ... NX PXAT (reset + grace): when no
+-- key is stored that is the whole call, one write and one effect to
+-- replicate. It reads neither the producer's hash nor the reseed marker: a
+-- process that knows of a reseed sends no take (redisstore's gate), and one
+-- that does not yet has just opened a window no edge holds credit in
+-- (docs/operations.md, "When a primary changes"). A compact window stays
+-- compact while its holder alone reserves in it (one SET ... KEEPTTL); a
+-- take by another holder, or one the compact form cannot hold, expands it
+-- first (window.lua).
 --
 -- A reservation that finds too little room first takes back the frozen
 -- shares (hold.lua's "z:<holder>" fields) whose expiry has passed: the
@@ -98,7 +114,6 @@ local producer = ARGV[8]
 if not valid_producer(producer) or (holder ~= producer and string.sub(holder, 1, #producer + 1) ~= producer .. ".") then
   return redis.error_reply("ERR tally: invalid producer")
 end
-local mine_field = "g:" .. holder
 local moving = ARGV[10] or ""
 if #moving > 32 or not string.match(moving, "^[a-z0-9_-]*$") then
   return redis.error_reply("ERR tally: invalid moving")
@@ -126,6 +141,21 @@ for tok in string.gmatch(owedArg, "[^,]+") do
   table.insert(owedPairs, { tonumber(sq), tonumber(un) })
 end
 
+local mine_field, held_field = "g:" .. holder, "c:" .. producer
+-- simple: a take the compact form can hold, when the shard's windows may be
+-- compact.
+local simple = ARGV[14] == "1" and #owedPairs == 0 and moving == "" and keep == nil and need > 0 and len % 1000 == 0
+  and compact_holder(holder, producer)
+
+-- The cold path: no window stored, one write.
+if simple then
+  local s = opening(now)
+  local r = s + len
+  if redis.call("SET", KEYS[1], encode(want, s, r, holder, first_p(s, grace), grace), "NX", "PXAT", num(r + grace)) then
+    return { want, want, r, s, 1, 0, want, -1 }
+  end
+end
+
 if need > 0 and reseeding(KEYS[3]) then
   return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
 end
@@ -143,18 +173,23 @@ if #owedPairs > 0 then
   end
 end
 -- One read: the window, and what it holds for the holder and the producer.
-local held_field = "c:" .. producer
-local f = redis.call("HMGET", KEYS[1], "u", "s", "r", "p", mine_field, held_field, "m")
-local w = nil
-if tonumber(f[3]) ~= nil and tonumber(f[2]) ~= nil then
-  w = { u = tonumber(f[1]) or 0, s = tonumber(f[2]), r = tonumber(f[3]), p = tonumber(f[4]) or 0 }
+local w, form, f = read(KEYS[1], grace, { mine_field, held_field, "m" })
+local mine, held_now, moved = 0, 0, nil
+if form == "compact" then
+  if w.holder == holder then
+    mine = w.u
+  end
+  if w.producer == producer then
+    held_now = w.u
+  end
+elseif form == "full" then
+  mine, held_now, moved = tonumber(f[5]) or 0, tonumber(f[6]) or 0, f[7]
 end
-local mine, held = tonumber(f[5]) or 0, tonumber(f[6]) or 0
 local opened = 0
 if w == nil or w.r <= now then
   -- No live window: a key that moved opens its windows on its new owner.
-  if f[7] then
-    return redis.error_reply("TALLYMOVED " .. f[7])
+  if moved then
+    return redis.error_reply("TALLYMOVED " .. moved)
   end
   if moving ~= "" then
     if need > 0 then
@@ -167,19 +202,43 @@ if w == nil or w.r <= now then
   if need == 0 then
     return { 0, 0, 0, 0, 0, applied, 0, -1 }
   end
-  local p = now - grace
+  local s = opening(now)
+  local p = first_p(s, grace)
   if w ~= nil then
     p = w.r
   end
+  if simple then
+    -- The window that ended is replaced whole, in one write.
+    local r = s + len
+    redis.call("SET", KEYS[1], encode(want, s, r, holder, p, grace), "PXAT", num(r + grace))
+    return { want, want, r, s, 1, applied, want, -1 }
+  end
   -- A window that ended, or a key holding part of one: replaced whole.
-  if w ~= nil or f[1] or f[5] or f[6] then
+  if form ~= nil then
     redis.call("DEL", KEYS[1])
   end
   w = fresh(now, len, p)
-  opened, owed, mine, held = 1, 0, 0, 0
+  opened, owed, mine, held_now = 1, 0, 0, 0
 end
 if need == 0 then
   return { 0, w.u, w.r, w.s, 0, applied, mine, -1 }
+end
+if form == "compact" then
+  if simple and w.holder == holder then
+    -- The holder's own window: it stays compact.
+    local granted = 0
+    if limit - w.u >= need then
+      granted = math.min(want, limit - w.u)
+      w.u = w.u + granted
+      redis.call("SET", KEYS[1], encode(w.u, w.s, w.r, holder, w.p, grace), "KEEPTTL")
+    end
+    return { granted, w.u, w.r, w.s, 0, applied, w.u, -1 }
+  end
+  if limit - w.u - owed < need then
+    -- No room, and none to take back: a compact window holds no frozen share.
+    return { 0, w.u, w.r, w.s, 0, applied, mine, -1 }
+  end
+  expand(KEYS[1], w, grace)
 end
 local granted = 0
 local room = limit - w.u - owed
@@ -199,7 +258,7 @@ if room < need and opened == 0 then
         local c = math.max(0, (tonumber(redis.call("HGET", KEYS[1], cf)) or 0) - fr)
         redis.call("HSET", KEYS[1], cf, num(c), "t:" .. string.sub(all[i], 3), "1")
         if cf == held_field then
-          held = c
+          held_now = c
         end
         redis.call("HDEL", KEYS[1], all[i])
       end
@@ -215,15 +274,15 @@ if room >= need then
   granted = math.min(want, room)
   w.u = w.u + granted
 end
-mine, held = mine + granted, held + granted
+mine, held_now = mine + granted, held_now + granted
 -- One write: a new window whole, with its expiry; else the count and the
 -- holder's and the producer's shares of it.
 if opened == 1 then
   redis.call("HSET", KEYS[1], "u", num(w.u), "s", num(w.s), "r", num(w.r), "p", num(w.p), mine_field, num(mine),
-    held_field, num(held))
+    held_field, num(held_now))
   redis.call("PEXPIREAT", KEYS[1], num(w.r + grace))
 elseif granted > 0 then
-  redis.call("HSET", KEYS[1], "u", num(w.u), mine_field, num(mine), held_field, num(held))
+  redis.call("HSET", KEYS[1], "u", num(w.u), mine_field, num(mine), held_field, num(held_now))
 end
 -- What the caller will not spend yet, frozen in the same call.
 local frozen = -1

@@ -1,7 +1,23 @@
--- window.lua: the window model shared by take.lua and apply.lua. lua.go
--- prepends this file to each of them; it is never run on its own.
+-- window.lua: the window model shared by take.lua, apply.lua, finish.lua,
+-- hold.lua and reseed.lua. lua.go prepends this file to each of them; it is
+-- never run on its own.
 --
--- A window is one Redis hash per (resource, identity) key:
+-- A window is stored under one key per (resource, identity), in one of two
+-- forms (docs/windows.md):
+--
+-- compact: one string, "<u>:<r>:<len>:<holder>" or "<u>:<r>:<len>:<holder>:<back>",
+--   what a window is while one holder (an edge's table entry) alone has
+--   reserved in it and nothing else has touched it: u units used, all of
+--   them the holder's; r the reset and len the length, in whole seconds
+--   (the start is r - len); back, when the window replaced one that had
+--   ended, how many seconds before the start its earliest accepted event
+--   start lies (without it: grace less one second). The holder is
+--   <producer>.<n> with n of [A-Za-z0-9_-]. take.lua opens a window in this
+--   form with one SET ... NX PXAT and keeps it so while only its holder
+--   reserves; any other change expands it (expand) into the full form
+--   first.
+--
+-- full: one Redis hash:
 --   u   units used in the window, units reserved by edges included
 --   s   start of the window, ms since the Unix epoch: the whole second its
 --       first request (or event) fell in
@@ -9,8 +25,9 @@
 --       second (s is one); the window is live while now < r and r never
 --       changes once written
 --   p   the earliest event start the window accepts: the previous window's
---       reset_at, or (for a first window) the oldest start whose window could
---       already have been garbage collected
+--       reset_at, or (for a first window) its start less grace plus one
+--       second, later than any start whose window could already have been
+--       garbage collected
 --   c:<producer>  the units one producer holds in the window: what its
 --       reservations (take.lua) and charges (apply.lua) added, less what its
 --       refunds and releases gave back. A producer never gives back more
@@ -26,8 +43,9 @@
 --       for this window numbered from < seq <= to are counted in it by that
 --       reseed's re-assertion; apply.lua takes them as applied
 --
--- The hash expires at r + grace; expiry is garbage collection only, every
--- read compares r with the caller's clock.
+-- A compact window is the full one with u, s, r, p, g:<holder> = u and
+-- c:<producer> = u. Either expires at r + grace; expiry is garbage
+-- collection only, every read compares r with the caller's clock.
 
 -- Largest accepted millisecond timestamp or duration (year 5138; exact in a
 -- Lua double).
@@ -41,11 +59,8 @@ local MAX_RESET_AHEAD = 61000
 -- made of 1 to 15 decimal digits or lies outside the range.
 local function arg_int(i, lo, hi)
   local s = ARGV[i]
-  if type(s) ~= "string" or #s < 1 or #s > 15 or not string.match(s, "^%d+$") then
-    return nil
-  end
   local v = tonumber(s)
-  if v < lo or v > hi then
+  if v == nil or v < lo or v > hi or type(s) ~= "string" or #s > 15 or string.find(s, "%D") then
     return nil
   end
   return v
@@ -103,19 +118,108 @@ end
 
 -- num renders an integer-valued number without an exponent.
 local function num(v)
+  if v < 1e14 and v > -1e14 then
+    return tostring(v)
+  end
   return string.format("%.0f", v)
 end
 
--- load reads the window stored at key, or returns nil when there is none or
--- it is unreadable.
-local function load(key)
-  local f = redis.call("HMGET", key, "u", "s", "r", "p")
+-- decode returns the compact window held in the string v (see above), with
+-- p as its default when the string names none, or nil when v is not one.
+local function decode(v, grace)
+  local u, r, len, holder, back = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+):?(%d*)$")
+  if u == nil or #u > 10 or #r > 11 or #len > 9 or #back > 11 then
+    return nil
+  end
+  local producer = string.match(holder, "^(.+)%.[%w_-]+$")
+  if producer == nil then
+    return nil
+  end
+  r = tonumber(r) * 1000
+  local s = r - tonumber(len) * 1000
+  local p = s + 1000 - grace
+  if back ~= "" then
+    p = s - tonumber(back) * 1000
+  end
+  u = tonumber(u)
+  return { u = u, s = s, r = r, p = p, holder = holder, producer = producer, mine = u }
+end
+
+-- compact_holder reports whether holder, reserving for producer, can hold a
+-- compact window: <producer>.<n>, n of [A-Za-z0-9_-].
+local function compact_holder(holder, producer)
+  return string.sub(holder, 1, #producer + 1) == producer .. "."
+    and string.match(string.sub(holder, #producer + 2), "^[%w_-]+$") ~= nil
+end
+
+-- encode renders a compact window: u units, all the holder's, from s to r
+-- (ms, whole seconds), accepting starts back to p.
+local function encode(u, s, r, holder, p, grace)
+  local v = num(u) .. ":" .. num(r / 1000) .. ":" .. num((r - s) / 1000) .. ":" .. holder
+  if p ~= s + 1000 - grace then
+    v = v .. ":" .. num(math.max(0, math.ceil((s - p) / 1000)))
+  end
+  return v
+end
+
+-- read returns the window stored at key and its form: nil, nil when the key
+-- holds nothing; w, "compact" (w.holder and w.producer set); w, "full"; or
+-- nil, "full" for a hash without a window (a key that moved: field "m").
+-- For a full window it also returns the hash's fields named in extra, read
+-- in the same call (f[5], f[6], ...). A string that is no compact window
+-- fails the call (nothing is written).
+local function read(key, grace, extra)
+  local v = redis.pcall("GET", key)
+  if type(v) == "string" then
+    local w = decode(v, grace)
+    if w == nil then
+      error("ERR tally: unreadable window at " .. key)
+    end
+    return w, "compact", {}
+  end
+  if not v then
+    return nil, nil, {}
+  end
+  local f = redis.call("HMGET", key, "u", "s", "r", "p", unpack(extra or {}))
   local r = tonumber(f[3])
   local s = tonumber(f[2])
   if r == nil or s == nil then
-    return nil
+    return nil, "full", f
   end
-  return { u = tonumber(f[1]) or 0, s = s, r = r, p = tonumber(f[4]) or 0 }
+  return { u = tonumber(f[1]) or 0, s = s, r = r, p = tonumber(f[4]) or 0 }, "full", f
+end
+
+-- load reads the window stored at key, in either form, or returns nil when
+-- there is none.
+local function load(key, grace)
+  return (read(key, grace))
+end
+
+-- held_by returns what producer holds in w, the window stored at key
+-- (c:<producer>): a compact window's holder's producer holds all of it.
+local function held_by(key, w, producer)
+  if w.holder ~= nil then
+    if w.producer == producer then
+      return w.u
+    end
+    return 0
+  end
+  return tonumber(redis.call("HGET", key, "c:" .. producer)) or 0
+end
+
+-- expand writes the compact window w, stored at key, in the full form (the
+-- same window: u, s, r, p, and what its holder reserved and its producer
+-- holds, w.mine as read), expiring at r + grace, for a change the compact
+-- form cannot hold. w is full afterwards. Nothing to do for a full window.
+local function expand(key, w, grace)
+  if w == nil or w.holder == nil then
+    return
+  end
+  redis.call("DEL", key)
+  redis.call("HSET", key, "u", num(w.u), "s", num(w.s), "r", num(w.r), "p", num(w.p), "g:" .. w.holder, num(w.mine),
+    "c:" .. w.producer, num(w.mine))
+  redis.call("PEXPIREAT", key, num(w.r + grace))
+  w.holder, w.producer = nil, nil
 end
 
 -- opening returns the start of the window a request at t opens: the whole
@@ -131,6 +235,13 @@ end
 local function fresh(t, len, p)
   local s = opening(t)
   return { u = 0, s = s, r = s + len, p = p, new = true }
+end
+
+-- first_p returns the earliest event start a first window, from s, accepts
+-- (p): later than any start whose window could have been garbage collected
+-- before a request at any time of s's second.
+local function first_p(s, grace)
+  return s + 1000 - grace
 end
 
 -- ending returns a new window that resets at r (a whole second), as opened by

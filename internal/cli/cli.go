@@ -73,7 +73,7 @@ func Main(ctx context.Context, env Env, args []string) int {
 		return 0
 	}
 	name := args[0]
-	if len(args) > 1 && (name == "dead-letters" || name == "limits") && !strings.HasPrefix(args[1], "-") {
+	if len(args) > 1 && (name == "dead-letters" || name == "limits" || name == "windows") && !strings.HasPrefix(args[1], "-") {
 		name += " " + args[1] // commands with subcommands
 		args = args[1:]
 	}

@@ -263,3 +263,34 @@ func operator(c *call, by string) (string, error) {
 	}
 	return "", usagef("say who acts: --by NAME (neither $USER nor $LOGNAME is set); the record names who")
 }
+
+func init() {
+	register(&command{name: "windows compact", args: "[--yes]",
+		summary: "let every process open windows compact (after upgrading every edge and accountant)",
+		help: `Records on every shard's primary that windows may be stored compact: one string per window
+that one edge alone reserved in, opened by one SET (docs/windows.md). A deployment that began on
+this version has it from the start; one upgraded from 0.1 runs this once every edge-checker and
+accountant runs a version that reads compact windows — an older one fails on them. Processes
+learn it within redis.epoch_check. It cannot be undone while compact windows live.`,
+		setup: func(c *call) func(context.Context) error {
+			yes := c.flags.Bool("yes", false, "do not ask for confirmation")
+			return func(ctx context.Context) error {
+				st, err := c.redis()
+				if err != nil {
+					return err
+				}
+				if err := c.confirm(*yes, "Every edge-checker and accountant runs a version that reads compact windows?"); err != nil {
+					return err
+				}
+				was, err := st.MakeCompact(ctx)
+				for i, w := range was {
+					if w {
+						c.out("shard %s: compact already\n", st.ShardName(i))
+					} else {
+						c.out("shard %s: compact from now on\n", st.ShardName(i))
+					}
+				}
+				return err
+			}
+		}})
+}

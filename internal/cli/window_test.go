@@ -234,3 +234,25 @@ func TestOperatorRecordsNameWho(t *testing.T) {
 	require.Equal(t, 0, code, errOut.String())
 	testutil.WaitFor(t, "the record", func() bool { return hasRecord(operatorRecords(t, d), "limit_set", "night-shift: paging") })
 }
+
+// `tally windows compact` records the format on every shard, once asked
+// (or with --yes), and says when it was there already.
+func TestWindowsCompact(t *testing.T) {
+	d := start(t, "- {name: core, limit: 3, window: 1h}")
+	ctx := context.Background()
+	rdb := d.Redis.Client()
+	require.NoError(t, rdb.Del(ctx, "tally:windows").Err()) // a deployment upgraded from 0.1.0
+
+	r := d.tally(ctx, "n\n", "windows", "compact")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Zero(t, rdb.Exists(ctx, "tally:windows").Val(), "nothing recorded without a yes")
+
+	r = d.tally(ctx, "yes\n", "windows", "compact")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "compact from now on")
+	require.Equal(t, "compact", rdb.Get(ctx, "tally:windows").Val())
+
+	r = d.tally(ctx, "", "windows", "compact", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "compact already")
+}

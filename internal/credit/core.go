@@ -316,7 +316,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 		defer c.probing[e.at()].Store(false)
 	}
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
-		Holder: e.holder, Owed: e.owed()}
+		Holder: e.holder, Owed: e.owed(), Fresh: !e.asked}
 	g, full, err := c.takeWaiting(ctx, e, args, now, deadline)
 	if err != nil {
 		return c.fallback(v, e, cost)
@@ -341,6 +341,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 // the error (the reservation may have been made all the same: takeFailed).
 // Callers hold e.mu.
 func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs, now, deadline time.Time) (limiter.Grant, bool, error) {
+	e.asked = true
 	e.inflight++
 	e.mu.Unlock()
 	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
@@ -362,7 +363,8 @@ func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs,
 func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	need := max(1, cost-e.free())
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
-		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed()}
+		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: !e.asked}
+	e.asked = true
 	c.freezeIn(e, &args, now)
 	ch := make(chan struct{})
 	e.refill = ch

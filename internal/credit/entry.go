@@ -23,6 +23,9 @@ type entry struct {
 
 	// reset and start name the window this knowledge is about (zero: none).
 	reset, start time.Time
+	// asked: a reservation of the key has been sent from this entry; until
+	// then no window of it is known here (limiter.TakeArgs.Fresh).
+	asked bool
 	// used is the window's count as the last reservation (or a notice, or
 	// a read) reported it, every edge's reservations included.
 	used int64

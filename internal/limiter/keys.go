@@ -303,6 +303,11 @@ func (ks *KeySpace) EpochKey() string { return ks.prefix + ":epoch" }
 // ReseedKey: see EpochKey.
 func (ks *KeySpace) ReseedKey() string { return ks.prefix + ":reseed" }
 
+// FormatKey is a shard primary's window format record: "compact" once every
+// process of the deployment reads compact windows (lua/window.lua,
+// docs/windows.md).
+func (ks *KeySpace) FormatKey() string { return ks.prefix + ":windows" }
+
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s

@@ -38,6 +38,11 @@ type TakeArgs struct {
 	Freeze      bool
 	Keep, Share int64
 	ShareExpiry time.Time
+	// Fresh says the caller knows of no window of the key (its first
+	// reservation of it): where windows may be compact, the store first
+	// tries to open one with a single SET ... NX, and makes the whole
+	// reservation when a window is there after all.
+	Fresh bool
 }
 
 // Owed is one charge an edge sent as an accounting event: its sequence and

@@ -41,9 +41,26 @@ type takeCall struct {
 	ctx  context.Context
 	keys []string
 	args []any
+	// open, when set, is a compact window to open first with one SET ... NX
+	// (TakeArgs.Fresh): the whole take when no key is stored; the script
+	// runs only when one is.
+	open *opening
 	v    []int64
 	err  error
 	done chan struct{}
+}
+
+// opening is a window a take opens with one SET ... NX: its compact value
+// (lua/window.lua), its bounds, when its key expires, the units reserved.
+type opening struct {
+	value                 []byte
+	start, reset, expires time.Time
+	want                  int64
+}
+
+// reply is take.lua's reply for the window the SET opened.
+func (o *opening) reply() []int64 {
+	return []int64{o.want, o.want, o.reset.UnixMilli(), o.start.UnixMilli(), 1, 0, o.want, -1}
 }
 
 type takeQueue struct {
@@ -66,8 +83,8 @@ func newTakeQueue(s *Store, c *redis.Client) *takeQueue {
 var errStoreClosed = errors.New("limiter: the store is closed")
 
 // do runs one take through the queue and waits for its answer or ctx.
-func (q *takeQueue) do(ctx context.Context, keys []string, args []any) ([]int64, error) {
-	c := &takeCall{ctx: ctx, keys: keys, args: args, done: make(chan struct{})}
+func (q *takeQueue) do(ctx context.Context, keys []string, args []any, open *opening) ([]int64, error) {
+	c := &takeCall{ctx: ctx, keys: keys, args: args, open: open, done: make(chan struct{})}
 	select {
 	case q.calls <- c:
 	case <-ctx.Done():
@@ -125,7 +142,9 @@ func (q *takeQueue) send() {
 		case 0:
 		case 1:
 			c := live[0]
-			c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
+			if c.open == nil || !q.openAlone(c) {
+				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
+			}
 			close(c.done)
 		default:
 			q.pipeline(live)
@@ -133,9 +152,26 @@ func (q *takeQueue) send() {
 	}
 }
 
-// pipeline sends calls in one round trip; the calls the node answers
-// NOSCRIPT (its script cache emptied) are sent again once the script is
-// loaded.
+// openAlone sends c's SET ... NX on its caller's context, and reports
+// whether that was the whole take: false when a key was there (the script
+// runs then) or the SET failed (its error is c's).
+func (q *takeQueue) openAlone(c *takeCall) bool {
+	ok, err := q.c.SetArgs(c.ctx, c.keys[0], c.open.value, redis.SetArgs{Mode: "NX", ExpireAt: c.open.expires}).Result()
+	switch {
+	case err == nil && ok == "OK":
+		c.v = c.open.reply()
+		return true
+	case err == nil || errors.Is(err, redis.Nil):
+		return false
+	}
+	c.err = err
+	return true
+}
+
+// pipeline sends calls in one round trip: the SETs of the windows they open
+// and the scripts of the others; then, in a second, the scripts of those
+// whose SET found a key. The calls the node answers NOSCRIPT (its script
+// cache emptied) are sent again once the script is loaded.
 func (q *takeQueue) pipeline(calls []*takeCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
@@ -144,7 +180,10 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 	if len(calls) == 1 { // its caller's deadline and trace
 		ctx = calls[0].ctx
 	}
-	q.exec(ctx, calls)
+	scripts := q.exec(ctx, calls, true)
+	if len(scripts) > 0 {
+		q.exec(ctx, scripts, false)
+	}
 	var again []*takeCall
 	for _, c := range calls {
 		if noScript(c.err) {
@@ -152,22 +191,41 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 		}
 	}
 	if len(again) > 0 && q.s.reload(ctx, q.c, takeScript) == nil {
-		q.exec(ctx, again)
+		q.exec(ctx, again, false)
 	}
 	for _, c := range calls {
 		close(c.done)
 	}
 }
 
-// exec sends calls in one pipeline and takes in their answers.
-func (q *takeQueue) exec(ctx context.Context, calls []*takeCall) {
+// exec sends calls in one pipeline and takes in their answers: with open,
+// a call that opens a window sends its SET ... NX, and is returned when
+// the SET found a key, for its script to run.
+func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, open bool) (scripts []*takeCall) {
 	pipe := q.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
+	sets := make([]*redis.StatusCmd, len(calls))
 	for i, c := range calls {
+		if open && c.open != nil {
+			sets[i] = pipe.SetArgs(ctx, c.keys[0], c.open.value, redis.SetArgs{Mode: "NX", ExpireAt: c.open.expires})
+			continue
+		}
 		cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, c := range calls {
-		c.v, c.err = cmds[i].Int64Slice()
+		if sets[i] == nil {
+			c.v, c.err = cmds[i].Int64Slice()
+			continue
+		}
+		switch ok, err := sets[i].Result(); {
+		case err == nil && ok == "OK":
+			c.v, c.err = c.open.reply(), nil
+		case err == nil || errors.Is(err, redis.Nil):
+			scripts = append(scripts, c)
+		default:
+			c.v, c.err = nil, err
+		}
 	}
+	return scripts
 }

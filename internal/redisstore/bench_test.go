@@ -30,7 +30,8 @@ func benchEnvWithPrimary(b *testing.B) (*redisstore.Store, []limiter.Key, *redis
 	keys := make([]limiter.Key, 1000)
 	for i := range keys {
 		keys[i] = ks.Key("core", fmt.Sprintf("client-%d", i))
-		if _, err := st.Take(context.Background(), keys[i], time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench"}); err != nil {
+		if _, err := st.Take(context.Background(), keys[i], time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit,
+			Need: 1, Want: 1, Producer: "bench", Holder: "bench.1"}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -57,31 +58,96 @@ func BenchmarkCheckReplica(b *testing.B) {
 
 // BenchmarkTakePrimary: one reservation per call on the primary, 8
 // concurrent callers per core: in live windows (what mode exact does per
-// request), and each opening a new window (a key seen for the first time).
-// redis-µs/op is the primary's own time per script call (INFO
-// commandstats), beside the round trip.
+// request), and each opening a new window (a key seen for the first time);
+// by the windows' one holder (compact windows, lua/window.lua) and by
+// several (full windows). redis-µs/op is the primary's own time per script
+// call (INFO commandstats), beside the round trip.
 func BenchmarkTakePrimary(b *testing.B) {
 	for _, fresh := range []bool{false, true} {
-		name := "live"
-		if fresh {
-			name = "fresh"
+		for _, compact := range []bool{true, false} {
+			name := "live"
+			if fresh {
+				name = "fresh"
+			}
+			holder := "bench.1"
+			if compact {
+				name += "/compact"
+			} else {
+				name += "/full"
+				holder = "bench"
+			}
+			b.Run(name, func(b *testing.B) {
+				st, keys, primary := benchEnvWithPrimary(b)
+				var i atomic.Uint64
+				ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
+				before := scriptMicros(b, primary)
+				b.SetParallelism(8)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						n := i.Add(1)
+						k := keys[n%1000]
+						if fresh {
+							k = ks.Key("core", fmt.Sprintf("fresh-%s-%d", b.Name(), n))
+						}
+						_, err := st.Take(context.Background(), k, time.Now(),
+							limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench",
+								Holder: holder})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				b.StopTimer()
+				after := scriptMicros(b, primary)
+				if calls := after.calls - before.calls; calls > 0 {
+					b.ReportMetric((after.us-before.us)/float64(calls), "redis-µs/op")
+				}
+			})
 		}
+	}
+}
+
+// BenchmarkColdWindow: what a key seen once costs its shard, Tally's take
+// opening a compact window beside a synchronous limiter's INCRBY and
+// PEXPIREAT (one pipeline per request), on the same primary and replica,
+// 8 concurrent callers per core, every key new. primary-µs/op and
+// replica-µs/op are each server's CPU (INFO cpu, user and system) per
+// request; commands/op the primary's commands per request (those a script
+// runs counted).
+func BenchmarkColdWindow(b *testing.B) {
+	for _, name := range []string{"tally-take", "incrby+pexpireat"} {
 		b.Run(name, func(b *testing.B) {
-			st, keys, primary := benchEnvWithPrimary(b)
-			var i atomic.Uint64
+			p, r := redistest.StartPair(b)
 			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
-			before := scriptMicros(b, primary)
+			st := newStore(b, []shard.Config{{Name: "s0", Primary: node(p), Replicas: []shard.Node{node(r)}}}, ks, redisstore.Options{})
+			if err := st.LoadScripts(context.Background(), 0); err != nil { // the format read, as an edge starts
+				b.Fatal(err)
+			}
+			if !st.Compact(0) {
+				b.Fatal("a new deployment's windows are not compact")
+			}
+			pc := p.Client()
+			var i atomic.Uint64
+			p0, r0, c0 := serverCPU(b, p), serverCPU(b, r), commandTotal(b, p)
 			b.SetParallelism(8)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
 				for pb.Next() {
-					n := i.Add(1)
-					k := keys[n%1000]
-					if fresh {
-						k = ks.Key("core", fmt.Sprintf("fresh-%s-%d", b.Name(), n))
+					k := ks.Key("core", fmt.Sprintf("cold-%s-%d", b.Name(), i.Add(1)))
+					var err error
+					if name == "tally-take" {
+						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
+							Want: 1, Producer: "bench", Holder: "bench.1", Fresh: true})
+					} else {
+						reset := time.Now().Truncate(time.Second).Add(time.Hour)
+						pipe := pc.Pipeline()
+						pipe.IncrBy(ctx, k.String(), 1)
+						pipe.PExpireAt(ctx, k.String(), reset.Add(time.Minute))
+						_, err = pipe.Exec(ctx)
 					}
-					_, err := st.Take(context.Background(), k, time.Now(),
-						limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1, Want: 1, Producer: "bench"})
 					if err != nil {
 						b.Error(err)
 						return
@@ -89,12 +155,48 @@ func BenchmarkTakePrimary(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			after := scriptMicros(b, primary)
-			if calls := after.calls - before.calls; calls > 0 {
-				b.ReportMetric((after.us-before.us)/float64(calls), "redis-µs/op")
-			}
+			r.WaitSynced(p)
+			n := float64(b.N)
+			b.ReportMetric((serverCPU(b, p)-p0)/n, "primary-µs/op")
+			b.ReportMetric((serverCPU(b, r)-r0)/n, "replica-µs/op")
+			b.ReportMetric(float64(commandTotal(b, p)-c0-1)/n, "commands/op") // less the INFO that reads it
 		})
 	}
+}
+
+// serverCPU is a Redis server's CPU time so far, µs (INFO cpu).
+func serverCPU(b *testing.B, s *redistest.Server) float64 {
+	info, err := s.Client().Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var us float64
+	for _, line := range strings.Split(info, "\n") {
+		for _, f := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), f); ok {
+				sec, _ := strconv.ParseFloat(v, 64)
+				us += sec * 1e6
+			}
+		}
+	}
+	return us
+}
+
+// commandTotal is how many commands a server ran (INFO commandstats).
+func commandTotal(b *testing.B, s *redistest.Server) int64 {
+	info, err := s.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		if _, rest, ok := strings.Cut(line, ":calls="); ok {
+			c, _, _ := strings.Cut(rest, ",")
+			v, _ := strconv.ParseInt(c, 10, 64)
+			n += v
+		}
+	}
+	return n
 }
 
 type scriptStats struct {

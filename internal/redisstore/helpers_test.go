@@ -63,11 +63,12 @@ func (e *env) take(t *testing.T, k limiter.Key, limit, need, want int64) limiter
 	return e.takeAs(t, "edge-a", k, limit, need, want)
 }
 
-// takeAs is take for another producer.
+// takeAs is take for another producer, as its table entry 1 (the holder an
+// edge names: a window it opens is compact, lua/window.lua).
 func (e *env) takeAs(t *testing.T, producer string, k limiter.Key, limit, need, want int64) limiter.Grant {
 	t.Helper()
 	g, err := e.store.Take(context.Background(), k, e.clock.Now(),
-		limiter.TakeArgs{Window: minute, Limit: limit, Need: need, Want: want, Producer: producer})
+		limiter.TakeArgs{Window: minute, Limit: limit, Need: need, Want: want, Producer: producer, Holder: producer + ".1"})
 	require.NoError(t, err)
 	return g
 }

@@ -31,7 +31,7 @@ func (s *Store) Hold(ctx context.Context, i int, hs []limiter.Hold) ([]limiter.H
 		cmds := make([]*redis.Cmd, len(hs))
 		for j, h := range hs {
 			cmds[j] = pipe.EvalSha(ctx, holdScript.Hash(), []string{h.Key.String(), s.keys.ReseedKey()}, ms(s.opts.Clock.Now()), ms(h.ResetAt),
-				h.Holder, h.Producer, h.Expected, h.Frozen, ms(h.Expiry))
+				h.Holder, h.Producer, h.Expected, h.Frozen, ms(h.Expiry), s.opts.Grace.Milliseconds())
 		}
 		_, _ = pipe.Exec(ctx)
 		// A node without the script answers every call of the pipeline

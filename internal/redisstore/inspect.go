@@ -2,11 +2,14 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tallyhq/tally/internal/limiter"
 )
@@ -53,6 +56,21 @@ func (s *Store) Inspect(ctx context.Context, k limiter.Key, now time.Time) (Wind
 
 func (s *Store) inspectOn(ctx context.Context, i int, k limiter.Key, now time.Time) (WindowDetail, error) {
 	n := s.shards[i]
+	if v, err := n.primary.Get(ctx, k.String()).Result(); err == nil {
+		// A compact window: one holder's (lua/window.lua).
+		c, ok := limiter.ParseCompact(v)
+		if !ok {
+			return WindowDetail{}, fmt.Errorf("limiter: inspect on shard %s primary: %q is no window", n.name, v)
+		}
+		w := WindowDetail{Shard: n.name}
+		if c.ResetAt.After(now) {
+			w.Live, w.Used, w.Start, w.ResetAt = true, c.Used, c.Start, c.ResetAt
+			w.Holders = []Holding{{Who: c.Producer, Units: c.Used}}
+		}
+		return w, nil
+	} else if !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "WRONGTYPE") {
+		return WindowDetail{}, fmt.Errorf("limiter: inspect on shard %s primary: %w", n.name, err)
+	}
 	fields, err := n.primary.HGetAll(ctx, k.String()).Result()
 	if err != nil {
 		return WindowDetail{}, fmt.Errorf("limiter: inspect on shard %s primary: %w", n.name, err)

@@ -103,9 +103,10 @@ type reseeding struct {
 
 // epochReply is epoch.lua's answer.
 type epochReply struct {
-	state int64 // 0 same, 1 began, 2 joined, 3 late, 4 adopted
-	epoch string
-	pttl  time.Duration
+	state   int64 // 0 same, 1 began, 2 joined, 3 late, 4 adopted
+	epoch   string
+	pttl    time.Duration
+	compact bool // the shard's windows may be compact
 }
 
 const (
@@ -210,8 +211,8 @@ func (s *Store) check(ctx context.Context, i int, c redis.Scripter) error {
 	n.reseed.mu.Lock()
 	known := n.reseed.epoch
 	n.reseed.mu.Unlock()
-	v, err := epochScript.Run(ctx, c, []string{s.keys.EpochKey(), s.keys.ReseedKey()}, "check", newEpoch(), known,
-		s.opts.ReseedFor.Milliseconds()).Slice()
+	v, err := epochScript.Run(ctx, c, s.epochKeys(), "check", newEpoch(), known,
+		s.opts.ReseedFor.Milliseconds(), s.knewCompact(i)).Slice()
 	if err != nil {
 		return err
 	}
@@ -226,16 +227,32 @@ func (s *Store) check(ctx context.Context, i int, c redis.Scripter) error {
 }
 
 func parseEpoch(v []any) (epochReply, error) {
-	if len(v) != 3 {
+	if len(v) != 4 {
 		return epochReply{}, fmt.Errorf("unexpected reseed reply %v", v)
 	}
 	state, ok1 := v[0].(int64)
 	epoch, ok2 := v[1].(string)
 	pttl, ok3 := v[2].(int64)
-	if !ok1 || !ok2 || !ok3 {
+	compact, ok4 := v[3].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return epochReply{}, fmt.Errorf("unexpected reseed reply %v", v)
 	}
-	return epochReply{state: state, epoch: epoch, pttl: time.Duration(pttl) * time.Millisecond}, nil
+	return epochReply{state: state, epoch: epoch, pttl: time.Duration(pttl) * time.Millisecond, compact: compact == 1}, nil
+}
+
+// epochKeys are the keys epoch.lua takes.
+func (s *Store) epochKeys() []string {
+	return []string{s.keys.EpochKey(), s.keys.ReseedKey(), s.keys.FormatKey()}
+}
+
+// knewCompact is epoch.lua's ARGV[5] for shard i: "1" once this process has
+// seen the shard's windows compact, so that a primary that lost its format
+// record gets it back.
+func (s *Store) knewCompact(i int) string {
+	if s.shards[i].compact.Load() {
+		return "1"
+	}
+	return ""
 }
 
 // observe takes a epoch.lua answer into shard i's state, starting this
@@ -243,6 +260,9 @@ func parseEpoch(v []any) (epochReply, error) {
 // not know. It reports whether the shard takes no writes now.
 func (s *Store) observe(i int, r epochReply) bool {
 	n := s.shards[i]
+	if r.compact && n.compact.CompareAndSwap(false, true) {
+		s.log().Info("the shard's windows are compact from now on", "shard", n.name)
+	}
 	h := &n.reseed
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -350,8 +370,8 @@ func (s *Store) keepReseeding(ctx context.Context, i int, expired *atomic.Bool) 
 	defer t.Stop()
 	for {
 		c, cancel := context.WithTimeout(reseedCtx(ctx), s.opts.ReadTimeout)
-		v, err := epochScript.Run(c, n.primary, []string{s.keys.EpochKey(), s.keys.ReseedKey()}, "extend", newEpoch(), "",
-			max(100, (3*every).Milliseconds())).Slice()
+		v, err := epochScript.Run(c, n.primary, s.epochKeys(), "extend", newEpoch(), "",
+			max(100, (3*every).Milliseconds()), s.knewCompact(i)).Slice()
 		cancel()
 		if r, perr := parseEpoch(v); err == nil && perr == nil && r.epoch == "" && ctx.Err() == nil {
 			expired.Store(true)
@@ -458,12 +478,13 @@ func (s *Store) probe(i int) {
 	n := s.shards[i]
 	ctx, cancel := context.WithTimeout(reseedCtx(context.Background()), s.opts.ReadTimeout)
 	defer cancel()
-	var rec *redis.StringCmd
+	var rec, format *redis.StringCmd
 	var left *redis.DurationCmd
 	for attempt := 0; ; attempt++ {
 		pipe := n.primary.Pipeline()
 		rec = pipe.Get(ctx, s.keys.EpochKey())
 		left = pipe.PTTL(ctx, s.keys.ReseedKey())
+		format = pipe.Get(ctx, s.keys.FormatKey())
 		_, err := pipe.Exec(ctx)
 		if err == nil || errors.Is(err, redis.Nil) {
 			break
@@ -478,7 +499,13 @@ func (s *Store) probe(i int) {
 	known := n.reseed.epoch
 	n.reseed.mu.Unlock()
 	marked := left.Val() > 0 && left.Val() <= maxReseedFor
-	if !marked && known != "" && epochOf(rec.Val()) == known {
+	compact := format.Val() == "compact"
+	if compact && n.compact.CompareAndSwap(false, true) {
+		s.log().Info("the shard's windows are compact from now on", "shard", n.name)
+	}
+	// A format record gone while this process knew it: the check puts it
+	// back.
+	if !marked && known != "" && epochOf(rec.Val()) == known && (compact || !n.compact.Load()) {
 		return
 	}
 	if err := s.check(ctx, i, n.primary); err != nil && !errors.Is(err, ErrReseeding) {
@@ -535,4 +562,27 @@ func newEpoch() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// Compact reports whether shard i's windows may be compact, as this process
+// last read the shard's format record.
+func (s *Store) Compact(i int) bool { return s.shards[i].compact.Load() }
+
+// MakeCompact records on every shard's primary that the deployment's windows
+// may be compact (lua/window.lua): what an operator does once every process
+// runs a version that reads them (`tally windows compact`). Processes learn
+// it within EpochCheck. It reports, for each shard it recorded it on, in
+// order, whether the record was there already; an error stops it at the
+// shard that failed.
+func (s *Store) MakeCompact(ctx context.Context) ([]bool, error) {
+	var was []bool
+	for _, n := range s.shards {
+		prev, err := n.primary.SetArgs(ctx, s.keys.FormatKey(), "compact", redis.SetArgs{Get: true}).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return was, fmt.Errorf("limiter: shard %s: recording the window format: %w", n.name, err)
+		}
+		was = append(was, prev == "compact")
+		n.compact.Store(true)
+	}
+	return was, nil
 }

@@ -215,6 +215,9 @@ type shardNodes struct {
 	failover bool // Sentinel promotes a replica when the primary fails
 	// reseed is the shard's reseed state (reseed.go).
 	reseed reseeding
+	// compact: the shard's windows may be compact (its format record says
+	// so, read with every epoch check and probe; lua/window.lua).
+	compact atomic.Bool
 }
 
 // Log is where a store says what an operator should know.

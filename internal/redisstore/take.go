@@ -47,12 +47,23 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 	var err error
 	for attempt := 0; ; attempt++ {
 		args := []any{ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder,
-			a.Producer, string(owed), moving}
+			a.Producer, string(owed), moving, "", "", "", ""}
 		if a.Freeze {
-			args = append(args, a.Keep, a.Share, ms(a.ShareExpiry))
+			args[10], args[11], args[12] = a.Keep, a.Share, ms(a.ShareExpiry)
+		}
+		if s.shards[i].compact.Load() {
+			args[13] = "1"
+		}
+		var open *opening
+		if args[13] == "1" && a.Fresh && a.Need > 0 && moving == "" && len(owed) == 0 && !a.Freeze &&
+			a.Window%time.Second == 0 && limiter.CompactHolder(holder, a.Producer) {
+			start := now.Truncate(time.Second)
+			reset := start.Add(a.Window)
+			open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, holder), start: start,
+				reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
 		}
 		if err = s.gate(ctx, i); err == nil {
-			v, err = s.shards[i].takes.do(ctx, keys, args)
+			v, err = s.shards[i].takes.do(ctx, keys, args, open)
 		}
 		to, moved := movedTo(err)
 		if !moved || attempt > 0 {

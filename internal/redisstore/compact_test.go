@@ -1,0 +1,369 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
+)
+
+// commandCalls is INFO commandstats: calls per command since the last
+// CONFIG RESETSTAT.
+func commandCalls(t *testing.T, c *redis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		require.NoError(t, err)
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out
+}
+
+// A take on a key with no window is one SET on the primary (inside the
+// script call) and one SET replicated: what INCRBY and PEXPIREAT cost a
+// synchronous limiter, in one effect.
+func TestColdTakeIsOneWrite(t *testing.T) {
+	e := newEnv(t, redisstore.Options{EpochCheck: time.Minute}) // no probe between the counts
+	ctx := context.Background()
+	e.take(t, e.keys.Key("core", "warm"), 100, 1, 1) // the connection open, the shard's format read
+	require.True(t, e.store.Compact(0), "a new deployment's windows are compact")
+	e.replica.WaitSynced(e.primary)
+	require.NoError(t, e.primary.Client().ConfigResetStat(ctx).Err())
+	require.NoError(t, e.replica.Client().ConfigResetStat(ctx).Err())
+
+	k := e.keys.Key("core", "alice")
+	g := e.take(t, k, 100, 1, 1)
+	require.True(t, g.Opened)
+	require.EqualValues(t, 1, g.Granted)
+	require.EqualValues(t, 1, g.Mine)
+	require.Equal(t, g.ResetAt, g.Start.Add(minute))
+	e.replica.WaitSynced(e.primary)
+
+	p, r := commandCalls(t, e.primary.Client()), commandCalls(t, e.replica.Client())
+	require.EqualValues(t, 1, p["evalsha"], "primary: %v", p)
+	require.EqualValues(t, 1, p["set"], "primary: %v", p)
+	require.EqualValues(t, 1, r["set"], "replica: %v", r)
+	for _, c := range []string{"get", "hmget", "hset", "hget", "hgetall", "pexpireat", "pexpire", "pttl", "del"} {
+		require.Zero(t, p[c], "primary ran %s: %v", c, p)
+		require.Zero(t, r[c], "replica ran %s: %v", c, r)
+	}
+	require.Zero(t, r["multi"], "one effect, not a transaction: %v", r)
+
+	v, err := e.primary.Client().Get(ctx, k.String()).Result()
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("1:%d:60:edge-a.1", g.ResetAt.Unix()), v)
+	exp, err := e.primary.Client().PExpireTime(ctx, k.String()).Result()
+	require.NoError(t, err)
+	require.Equal(t, g.ResetAt.Add(60*time.Second).UnixMilli(), exp.Milliseconds(), "expires at reset + grace")
+	w := e.checkReplica(t, k)
+	require.True(t, w.Live)
+	require.EqualValues(t, 1, w.Used)
+	require.Equal(t, g.ResetAt, w.ResetAt)
+	require.Equal(t, g.Start, w.Start)
+}
+
+// A compact window stays compact while its holder alone reserves; another
+// holder's reservation expands it into the full form with every share it
+// held, and the limit holds throughout.
+func TestCompactWindowAcrossHolders(t *testing.T) {
+	e := newEnv(t, redisstore.Options{})
+	ctx := context.Background()
+	k := e.keys.Key("core", "alice")
+	kind := func() string { return e.primary.Client().Type(ctx, k.String()).Val() }
+	e.take(t, e.keys.Key("core", "warm"), 100, 1, 1) // the shard's format read
+
+	a := e.takeAs(t, "edge-a", k, 5, 1, 3)
+	require.EqualValues(t, 3, a.Granted)
+	a = e.takeAs(t, "edge-a", k, 5, 1, 1)
+	require.EqualValues(t, 1, a.Granted)
+	require.EqualValues(t, 4, a.Mine)
+	require.False(t, a.Opened)
+	require.Equal(t, "string", kind(), "its holder's own window stays compact")
+
+	b := e.takeAs(t, "edge-b", k, 5, 2, 2)
+	require.Zero(t, b.Granted, "one unit left, two needed")
+	require.EqualValues(t, 4, b.Used)
+	require.Zero(t, b.Mine)
+	require.Equal(t, "string", kind(), "a take that gets nothing writes nothing")
+
+	b = e.takeAs(t, "edge-b", k, 5, 1, 2)
+	require.EqualValues(t, 1, b.Granted)
+	require.EqualValues(t, 5, b.Used)
+	require.EqualValues(t, 1, b.Mine)
+	require.Equal(t, "hash", kind())
+	f := e.primary.Client().HGetAll(ctx, k.String()).Val()
+	require.Equal(t, "5", f["u"])
+	require.Equal(t, "4", f["g:edge-a.1"])
+	require.Equal(t, "4", f["c:edge-a"])
+	require.Equal(t, "1", f["g:edge-b.1"])
+	require.Equal(t, "1", f["c:edge-b"])
+	require.Equal(t, strconv.FormatInt(a.ResetAt.UnixMilli(), 10), f["r"])
+	require.Equal(t, strconv.FormatInt(a.Start.UnixMilli(), 10), f["s"])
+
+	a = e.takeAs(t, "edge-a", k, 5, 1, 1)
+	require.Zero(t, a.Granted, "the limit holds across the forms")
+	require.EqualValues(t, 4, a.Mine, "what the first holder was given, kept by the expansion")
+
+	// Once the window has ended its holder's next take replaces it, compact
+	// again, accepting events from the old reset on.
+	e.clock.Advance(minute)
+	a = e.takeAs(t, "edge-a", k, 5, 1, 1)
+	require.True(t, a.Opened)
+	require.Equal(t, "string", kind())
+	v := e.primary.Client().Get(ctx, k.String()).Val()
+	back := (a.Start.UnixMilli() - b.ResetAt.UnixMilli()) / 1000
+	require.Equal(t, fmt.Sprintf("1:%d:60:edge-a.1:%d", a.ResetAt.Unix(), back), v)
+}
+
+// Every script reads a compact window, and each change it cannot hold
+// expands it first: refunds and releases (only what their producer holds),
+// finishes, frozen shares, a reseed's claims; reads on replicas and inspect
+// see it as it is.
+func TestCompactWindowEverywhere(t *testing.T) {
+	e := newEnv(t, redisstore.Options{})
+	ctx := context.Background()
+	kind := func(k limiter.Key) string { return e.primary.Client().Type(ctx, k.String()).Val() }
+	e.take(t, e.keys.Key("core", "warm"), 100, 1, 1) // the shard's format read
+
+	t.Run("a release and a refund give back only what their producer holds", func(t *testing.T) {
+		k := e.keys.Key("core", "releases")
+		g := e.takeAs(t, "edge-a", k, 10, 1, 4)
+		rs := e.apply(t, release("billing", 1, k, g.ResetAt, 3))
+		require.Equal(t, limiter.Applied, rs[0].Outcome)
+		require.Zero(t, rs[0].Amount, "billing holds nothing in the window")
+		rs = e.apply(t, release("edge-a", 1, k, g.ResetAt, 3))
+		require.Equal(t, limiter.Applied, rs[0].Outcome)
+		require.EqualValues(t, 3, rs[0].Amount)
+		require.EqualValues(t, 1, rs[0].Used)
+		require.Equal(t, "hash", kind(k))
+		f := e.primary.Client().HGetAll(ctx, k.String()).Val()
+		require.Equal(t, "1", f["c:edge-a"], "what edge-a still holds")
+		require.Equal(t, "4", f["g:edge-a.1"], "what edge-a.1 was given")
+		require.EqualValues(t, 1, e.used(t, k))
+	})
+	t.Run("a charge", func(t *testing.T) {
+		k := e.keys.Key("core", "charges")
+		g := e.takeAs(t, "edge-a", k, 10, 1, 2)
+		rs := e.apply(t, charge("billing", 2, k, g.ResetAt, g.Start, 5))
+		require.Equal(t, limiter.Applied, rs[0].Outcome)
+		require.EqualValues(t, 7, rs[0].Used)
+		f := e.primary.Client().HGetAll(ctx, k.String()).Val()
+		require.Equal(t, "5", f["c:billing"])
+		require.Equal(t, "2", f["c:edge-a"])
+	})
+	t.Run("a read on a replica and inspect", func(t *testing.T) {
+		k := e.keys.Key("core", "reads")
+		g := e.takeAs(t, "edge-a", k, 10, 1, 6)
+		w := e.checkReplica(t, k)
+		require.Equal(t, limiter.Window{Live: true, Used: 6, ResetAt: g.ResetAt, Start: g.Start}, w)
+		d, err := e.store.Inspect(ctx, k, e.clock.Now())
+		require.NoError(t, err)
+		require.True(t, d.Live)
+		require.EqualValues(t, 6, d.Used)
+		require.Equal(t, g.ResetAt, d.ResetAt)
+		require.Equal(t, []redisstore.Holding{{Who: "edge-a", Units: 6}}, d.Holders)
+		e.clock.Advance(minute)
+		w = e.checkReplica(t, k)
+		require.False(t, w.Live, "a compact window whose reset has passed reads as absent")
+		e.clock.Set(t0)
+	})
+	t.Run("a frozen share", func(t *testing.T) {
+		k := e.keys.Key("core", "frozen")
+		g := e.takeAs(t, "edge-a", k, 10, 1, 8)
+		res, err := e.store.Hold(ctx, 0, []limiter.Hold{{Key: k, ResetAt: g.ResetAt, Holder: "edge-a.1", Producer: "edge-a",
+			Frozen: 0, Expiry: t0.Add(time.Second)}})
+		require.NoError(t, err)
+		require.Equal(t, limiter.Held, res[0].Outcome)
+		require.Equal(t, "string", kind(k), "nothing to record: still compact")
+		res, err = e.store.Hold(ctx, 0, []limiter.Hold{{Key: k, ResetAt: g.ResetAt, Holder: "edge-a.1", Producer: "edge-a",
+			Frozen: 5, Expiry: t0.Add(time.Second)}})
+		require.NoError(t, err)
+		require.Equal(t, limiter.Held, res[0].Outcome)
+		require.Equal(t, "hash", kind(k))
+		f := e.primary.Client().HGetAll(ctx, k.String()).Val()
+		require.Equal(t, "8", f["u"])
+		require.Equal(t, "8", f["g:edge-a.1"])
+		require.True(t, strings.HasPrefix(f["z:edge-a.1"], "5:"), f["z:edge-a.1"])
+	})
+	t.Run("a value that is no window fails the call and is left alone", func(t *testing.T) {
+		k := e.keys.Key("core", "garbage")
+		require.NoError(t, e.primary.Client().Set(ctx, k.String(), "hello", 0).Err())
+		_, err := e.store.Take(ctx, k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 5, Need: 2, Want: 2,
+			Producer: "edge-b", Holder: "edge-b.1"})
+		require.ErrorContains(t, err, "unreadable window")
+		require.Equal(t, "hello", e.primary.Client().Get(ctx, k.String()).Val())
+	})
+}
+
+// A deployment upgraded from 0.1.0 keeps the full form until the operator
+// says every process reads compact windows: a 0.1.0 edge (its own scripts)
+// and a new one reserve in the same windows, exactly. Afterwards new windows
+// open compact, and the windows of the old form are still read and changed.
+func TestRollingUpgradeFromFullWindows(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, redisstore.Options{EpochCheck: 20 * time.Millisecond})
+	// What 0.1.0 left on the primary: its epoch record, and no format record.
+	pc := e.primary.Client()
+	require.NoError(t, pc.Del(ctx, "tally:windows", "tally:epoch").Err())
+	run := regexpRunID(t, pc.Info(ctx, "server").Val())
+	require.NoError(t, pc.Set(ctx, "tally:epoch", run+":00000000000000aa:a", 0).Err())
+	e.store = newStore(t, e.config(), e.keys, redisstore.Options{Clock: e.clock, EpochCheck: 20 * time.Millisecond})
+
+	old := redis.NewScript(readOld(t, "window.lua") + "\n" + readOld(t, "take.lua"))
+	oldTake := func(k limiter.Key, need, want int64) []int64 {
+		t.Helper()
+		v, err := old.Run(ctx, pc, []string{k.String(), "tally:producer:{00000000000000000000000000000000}", "tally:reseed"},
+			e.clock.Now().UnixMilli(), minute.Milliseconds(), 10, need, want, 60000, "edge-old.1", "edge-old", "", "").Int64Slice()
+		require.NoError(t, err)
+		return v
+	}
+	k := e.keys.Key("core", "shared")
+	newTake := func(k limiter.Key, need, want int64) limiter.Grant { return e.takeAs(t, "edge-new", k, 10, need, want) }
+
+	// The new edge opens the window: the full form, which the old edge reads.
+	g := newTake(k, 1, 3)
+	require.True(t, g.Opened)
+	require.False(t, e.store.Compact(0))
+	require.Equal(t, "hash", pc.Type(ctx, k.String()).Val())
+	v := oldTake(k, 1, 4)
+	require.EqualValues(t, 4, v[0])
+	require.EqualValues(t, 7, v[1])
+	g = newTake(k, 1, 5)
+	require.EqualValues(t, 3, g.Granted, "what is left")
+	require.EqualValues(t, 6, g.Mine)
+	v = oldTake(k, 1, 1)
+	require.Zero(t, v[0], "full")
+	k2 := e.keys.Key("core", "opened-by-old")
+	oldTake(k2, 1, 2)
+	g = newTake(k2, 1, 9)
+	require.EqualValues(t, 8, g.Granted, "the new edge reads the old edge's window")
+	require.EqualValues(t, 10, g.Used)
+
+	// Every process upgraded: the operator lets windows be compact.
+	was, err := e.store.MakeCompact(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []bool{false}, was)
+	other := newStore(t, e.config(), e.keys, redisstore.Options{Clock: e.clock, EpochCheck: 20 * time.Millisecond})
+	require.Eventually(t, func() bool {
+		_, err := other.Take(ctx, e.keys.Key("core", "probe"), e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 10,
+			Producer: "edge-x"})
+		return err == nil && other.Compact(0)
+	}, 10*time.Second, 10*time.Millisecond, "another process learns it from its probe")
+	k3 := e.keys.Key("core", "after")
+	newTake(k3, 1, 1)
+	require.Equal(t, "string", pc.Type(ctx, k3.String()).Val())
+	require.Zero(t, newTake(k, 1, 1).Granted, "a window of the old form still counts")
+	_, err = old.Run(ctx, pc, []string{k3.String(), "tally:producer:{00000000000000000000000000000000}", "tally:reseed"},
+		e.clock.Now().UnixMilli(), minute.Milliseconds(), 10, 1, 1, 60000, "edge-old.1", "edge-old", "", "").Result()
+	require.ErrorContains(t, err, "WRONGTYPE", "why the switch waits for every process: 0.1.0 cannot read a compact window")
+}
+
+// A primary that comes back without its data gets its format record back
+// from the processes that knew it.
+func TestFormatRecordSurvivesAnEmptiedPrimary(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, redisstore.Options{EpochCheck: 20 * time.Millisecond, ReseedFor: 100 * time.Millisecond})
+	e.take(t, e.keys.Key("core", "a"), 10, 1, 1)
+	require.True(t, e.store.Compact(0))
+	require.NoError(t, e.primary.Client().FlushAll(ctx).Err())
+	require.Eventually(t, func() bool {
+		return e.primary.Client().Get(ctx, "tally:windows").Val() == "compact"
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+func readOld(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/v0.1.0/" + name)
+	require.NoError(t, err)
+	return string(b)
+}
+
+func regexpRunID(t *testing.T, info string) string {
+	t.Helper()
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return v
+		}
+	}
+	t.Fatal("no run_id in INFO server")
+	return ""
+}
+
+// A take of a key its caller knows no window of (TakeArgs.Fresh) opens it
+// with one SET ... NX and no script; when a window is there after all, the
+// script makes the reservation as any other. Alone and in pipelines.
+func TestFreshTakeOpensWithOneSet(t *testing.T) {
+	e := newEnv(t, redisstore.Options{EpochCheck: time.Minute})
+	ctx := context.Background()
+	e.take(t, e.keys.Key("core", "warm"), 100, 1, 1)
+	fresh := func(k limiter.Key, producer string, limit, want int64) (limiter.Grant, error) {
+		return e.store.Take(ctx, k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: limit, Need: 1, Want: want,
+			Producer: producer, Holder: producer + ".7", Fresh: true})
+	}
+	require.NoError(t, e.primary.Client().ConfigResetStat(ctx).Err())
+	k := e.keys.Key("core", "fresh")
+	g, err := fresh(k, "edge-a", 10, 3)
+	require.NoError(t, err)
+	require.Equal(t, limiter.Grant{Granted: 3, Live: true, Used: 3, ResetAt: g.Start.Add(minute), Start: t0.Truncate(time.Second),
+		Opened: true, Mine: 3, Frozen: -1}, g)
+	p := commandCalls(t, e.primary.Client())
+	require.EqualValues(t, 1, p["set"], "%v", p)
+	require.Zero(t, p["evalsha"], "%v", p)
+	require.Equal(t, fmt.Sprintf("3:%d:60:edge-a.7", g.ResetAt.Unix()), e.primary.Client().Get(ctx, k.String()).Val())
+
+	// Another edge that knows no window of the key either: the script.
+	g, err = fresh(k, "edge-b", 10, 9)
+	require.NoError(t, err)
+	require.EqualValues(t, 7, g.Granted)
+	require.EqualValues(t, 10, g.Used)
+	require.False(t, g.Opened)
+	require.EqualValues(t, 1, commandCalls(t, e.primary.Client())["evalsha"])
+
+	// Many at once, in pipelines: each key's limit holds, and every
+	// caller's grant is what the window counts for it.
+	const callers, keys = 48, 6
+	grants := make([]limiter.Grant, callers)
+	errs := make([]error, callers)
+	done := make(chan int)
+	for i := range callers {
+		go func() {
+			grants[i], errs[i] = fresh(e.keys.Key("core", fmt.Sprintf("busy-%d", i%keys)), fmt.Sprintf("edge-%d", i), 5, 2)
+			done <- i
+		}()
+	}
+	for range callers {
+		<-done
+	}
+	sum := map[int]int64{}
+	opened := map[int]int{}
+	for i, g := range grants {
+		require.NoError(t, errs[i])
+		sum[i%keys] += g.Granted
+		require.Equal(t, g.Granted, g.Mine)
+		if g.Opened {
+			opened[i%keys]++
+		}
+	}
+	for j := range keys {
+		require.EqualValues(t, 5, sum[j], "key %d", j)
+		require.Equal(t, 1, opened[j], "key %d opened once", j)
+		require.EqualValues(t, 5, e.used(t, e.keys.Key("core", fmt.Sprintf("busy-%d", j))))
+	}
+}

@@ -1,0 +1,244 @@
+-- take.lua: reserve units of a key's live window for one edge, opening the
+-- window at the whole second of now when none is live. The edge then admits
+-- requests against what it reserved (its credit) without calling Redis again.
+-- A reservation never takes a window past its limit, so whatever the edges
+-- admit from credit stays within it.
+-- Runs on: the shard primary. lua.go prepends window.lua.
+--
+-- KEYS[1] -> the window hash of one (resource, identity) key (keys.go)
+-- KEYS[2] -> the calling edge's producer hash on this shard (keys.go); read
+--            only, and only when the edge owes something (ARGV[9]): what of
+--            the edge's events apply.lua applied, so that the edge can tell
+--            which of its own events the returned count already holds
+-- KEYS[3] -> the shard's reseed marker (keys.go): while it lasts, nothing is
+--            reserved (window.lua's reseeding)
+-- ARGV[1] -> now, ms since the Unix epoch (the edge's clock, read once for
+--            the decision)
+-- ARGV[2] -> window length, ms (1000 .. 1e12)
+-- ARGV[3] -> limit, units (1 .. 1e9)
+-- ARGV[4] -> need, units (0 .. limit): reserve nothing unless at least this
+--            much is left. 0 (with want 0) only reads: it opens nothing and
+--            writes nothing
+-- ARGV[5] -> want, units (need .. limit): the most to reserve
+-- ARGV[6] -> grace, ms (1000 .. 1e12): keys expire at reset_at + grace, and a
+--            first window accepts event starts back to now - grace
+-- ARGV[7] -> holder, 1 to 100 of [A-Za-z0-9_.-]: who the units are reserved
+--            for (an edge's table entry). The window counts, in its field
+--            "g:<holder>", every unit ever reserved for the holder in it, so
+--            that a holder whose answer was lost (a timeout while the
+--            primary was frozen, after which Redis ran the script anyway)
+--            learns from its next call what it was given. It is the
+--            producer, or begins with the producer and a dot
+-- ARGV[8] -> producer, the calling edge's producer id (keys.go's
+--            ValidProducer): what is reserved is added to the window's
+--            c:<producer>, what the edge may give back later
+-- ARGV[9] -> owed: the edge's charges of this window sent as accounting
+--            events (mode async) that may not be applied yet, as
+--            "<seq>:<units>" pairs separated by commas (at most 64; "" for
+--            none). Those whose seq is beyond applied (below) count as used:
+--            a reservation never takes room the edge has already admitted
+--            requests into
+-- ARGV[10] -> moving to: "" (none), or, when the caller asks the key's
+--            previous shard while shards are added or removed, the name of
+--            the shard that owns the key now (1 to 32 of [a-z0-9_-]). A
+--            live window here is served here until it resets; with none,
+--            the key is marked moved (field "m": the new owner's name, for
+--            the window's length plus grace) and the call fails MOVED
+--            below, as every later call here fails while the mark lasts:
+--            from then on the key's windows open on the new owner only
+--
+-- ARGV[11] -> keep: "" (freeze nothing), or the units of what this call
+--            reserves the caller leaves free; the rest is added to its
+--            frozen share (hold.lua's "z:<holder>") when the window holds
+--            exactly ARGV[12] for it, until ARGV[13] (ms)
+-- ARGV[12] -> share: the holder's frozen share as the caller last saw it
+-- ARGV[13] -> share expiry, ms
+--
+-- A reservation that finds too little room first takes back the frozen
+-- shares (hold.lua's "z:<holder>" fields) whose expiry has passed: the
+-- credit of edges that stopped reporting, which they will not spend. It
+-- leaves "t:<holder>" behind, so that a reseed does not make the share again
+-- (reseed.lua).
+--
+-- Returns: {granted, used, reset_at, start, opened, applied, mine, frozen}
+--   granted   units reserved: 0, or from need to want (as much as is left)
+--   used      the window's units after the call, every reservation included
+--   reset_at, start  the window, ms; both 0 when need is 0 and none is live
+--   opened    1 when this call opened the window, else 0
+--   applied   the highest n such that every event 1..n of the producer has
+--             been applied here (0 when none has, and when owed is ""
+--             the producer's hash is not read: 0)
+--   mine      every unit reserved for the holder in this window so far, this
+--             call's included (0 when no window is live)
+--   frozen    the holder's frozen share after the call, when keep was given
+--             and the share was as the caller saw it; else -1
+-- Errors: "ERR tally: invalid <argument>"; nothing is written then.
+--         "TALLYMOVED <shard>": the key has moved to that shard (no live
+--         window here); nothing is reserved here.
+--         "TALLYRESEEDING": the shard's primary changed and its windows
+--         are being re-asserted (need > 0 only; a read goes on); nothing
+--         is written.
+local now = arg_int(1, 0, MAX_MS)
+if now == nil then return redis.error_reply("ERR tally: invalid now") end
+local len = arg_int(2, 1000, 1000000000000)
+if len == nil then return redis.error_reply("ERR tally: invalid window length") end
+local limit = arg_int(3, 1, MAX_UNITS)
+if limit == nil then return redis.error_reply("ERR tally: invalid limit") end
+local need = arg_int(4, 0, limit)
+if need == nil then return redis.error_reply("ERR tally: invalid need") end
+local want = arg_int(5, need, limit)
+if want == nil or (need == 0 and want ~= 0) then return redis.error_reply("ERR tally: invalid want") end
+local grace = arg_int(6, 1000, 1000000000000)
+if grace == nil then return redis.error_reply("ERR tally: invalid grace") end
+local holder = ARGV[7]
+if type(holder) ~= "string" or #holder < 1 or #holder > 100 or not string.match(holder, "^[%w_.-]+$") then
+  return redis.error_reply("ERR tally: invalid holder")
+end
+local producer = ARGV[8]
+if not valid_producer(producer) or (holder ~= producer and string.sub(holder, 1, #producer + 1) ~= producer .. ".") then
+  return redis.error_reply("ERR tally: invalid producer")
+end
+local mine_field = "g:" .. holder
+local moving = ARGV[10] or ""
+if #moving > 32 or not string.match(moving, "^[a-z0-9_-]*$") then
+  return redis.error_reply("ERR tally: invalid moving")
+end
+local owedArg = ARGV[9]
+if type(owedArg) ~= "string" or #owedArg > 64 * 28 or (#owedArg > 0 and (not string.match(owedArg, "^[%d:,]+$")
+    or string.sub(owedArg, 1, 1) == "," or string.sub(owedArg, -1) == "," or string.find(owedArg, ",,", 1, true))) then
+  return redis.error_reply("ERR tally: invalid owed")
+end
+local keep, share, shareExpiry = nil, 0, 0
+if ARGV[11] ~= nil and ARGV[11] ~= "" then
+  keep = arg_int(11, 0, MAX_UNITS)
+  share = arg_int(12, 0, MAX_UNITS)
+  shareExpiry = arg_int(13, 0, MAX_MS)
+  if keep == nil or share == nil or shareExpiry == nil then
+    return redis.error_reply("ERR tally: invalid freeze")
+  end
+end
+local owedPairs = {}
+for tok in string.gmatch(owedArg, "[^,]+") do
+  local sq, un = string.match(tok, "^(%d+):(%d+)$")
+  if sq == nil or #sq > 15 or #un > 10 or tonumber(sq) < 1 or tonumber(un) < 1 or tonumber(un) > MAX_UNITS or #owedPairs == 64 then
+    return redis.error_reply("ERR tally: invalid owed")
+  end
+  table.insert(owedPairs, { tonumber(sq), tonumber(un) })
+end
+
+if need > 0 and reseeding(KEYS[3]) then
+  return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
+end
+
+-- What the edge owes counts only for the events not applied yet: the
+-- producer's hash is read only when the edge owes something.
+local applied = 0
+local owed = 0
+if #owedPairs > 0 then
+  applied = applied_prefix(KEYS[2])
+  for _, o in ipairs(owedPairs) do
+    if o[1] > applied then
+      owed = owed + o[2]
+    end
+  end
+end
+-- One read: the window, and what it holds for the holder and the producer.
+local held_field = "c:" .. producer
+local f = redis.call("HMGET", KEYS[1], "u", "s", "r", "p", mine_field, held_field, "m")
+local w = nil
+if tonumber(f[3]) ~= nil and tonumber(f[2]) ~= nil then
+  w = { u = tonumber(f[1]) or 0, s = tonumber(f[2]), r = tonumber(f[3]), p = tonumber(f[4]) or 0 }
+end
+local mine, held = tonumber(f[5]) or 0, tonumber(f[6]) or 0
+local opened = 0
+if w == nil or w.r <= now then
+  -- No live window: a key that moved opens its windows on its new owner.
+  if f[7] then
+    return redis.error_reply("TALLYMOVED " .. f[7])
+  end
+  if moving ~= "" then
+    if need > 0 then
+      redis.call("DEL", KEYS[1])
+      redis.call("HSET", KEYS[1], "m", moving)
+      redis.call("PEXPIRE", KEYS[1], len + grace)
+    end
+    return redis.error_reply("TALLYMOVED " .. moving)
+  end
+  if need == 0 then
+    return { 0, 0, 0, 0, 0, applied, 0, -1 }
+  end
+  local p = now - grace
+  if w ~= nil then
+    p = w.r
+  end
+  -- A window that ended, or a key holding part of one: replaced whole.
+  if w ~= nil or f[1] or f[5] or f[6] then
+    redis.call("DEL", KEYS[1])
+  end
+  w = fresh(now, len, p)
+  opened, owed, mine, held = 1, 0, 0, 0
+end
+if need == 0 then
+  return { 0, w.u, w.r, w.s, 0, applied, mine, -1 }
+end
+local granted = 0
+local room = limit - w.u - owed
+if room < need and opened == 0 then
+  -- Short of room: the frozen shares of edges that stopped reporting
+  -- (hold.lua) come back first. An edge never spends a share once it has
+  -- expired unreported, so the units were never admitted.
+  local all = redis.call("HGETALL", KEYS[1])
+  local back = 0
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == "z:" then
+      local fr, ex, pr = string.match(all[i + 1], "^(%d+):(%d+):(.+)$")
+      if fr ~= nil and tonumber(ex) < now then
+        fr = tonumber(fr)
+        back = back + fr
+        local cf = "c:" .. pr
+        local c = math.max(0, (tonumber(redis.call("HGET", KEYS[1], cf)) or 0) - fr)
+        redis.call("HSET", KEYS[1], cf, num(c), "t:" .. string.sub(all[i], 3), "1")
+        if cf == held_field then
+          held = c
+        end
+        redis.call("HDEL", KEYS[1], all[i])
+      end
+    end
+  end
+  if back > 0 then
+    w.u = math.max(0, w.u - back)
+    redis.call("HSET", KEYS[1], "u", num(w.u))
+    room = limit - w.u - owed
+  end
+end
+if room >= need then
+  granted = math.min(want, room)
+  w.u = w.u + granted
+end
+mine, held = mine + granted, held + granted
+-- One write: a new window whole, with its expiry; else the count and the
+-- holder's and the producer's shares of it.
+if opened == 1 then
+  redis.call("HSET", KEYS[1], "u", num(w.u), "s", num(w.s), "r", num(w.r), "p", num(w.p), mine_field, num(mine),
+    held_field, num(held))
+  redis.call("PEXPIREAT", KEYS[1], num(w.r + grace))
+elseif granted > 0 then
+  redis.call("HSET", KEYS[1], "u", num(w.u), mine_field, num(mine), held_field, num(held))
+end
+-- What the caller will not spend yet, frozen in the same call.
+local frozen = -1
+if keep ~= nil and granted > 0 then
+  local zf = "z:" .. holder
+  local cur = redis.call("HGET", KEYS[1], zf)
+  local have = 0
+  if cur then
+    have = tonumber(string.match(cur, "^(%d+):")) or 0
+  end
+  if have == share then
+    frozen = have + math.max(0, granted - keep)
+    if frozen > have then
+      redis.call("HSET", KEYS[1], zf, num(frozen) .. ":" .. num(shareExpiry) .. ":" .. producer)
+    end
+  end
+end
+return { granted, w.u, w.r, w.s, opened, applied, mine, frozen }

@@ -1,0 +1,187 @@
+-- window.lua: the window model shared by take.lua and apply.lua. lua.go
+-- prepends this file to each of them; it is never run on its own.
+--
+-- A window is one Redis hash per (resource, identity) key:
+--   u   units used in the window, units reserved by edges included
+--   s   start of the window, ms since the Unix epoch: the whole second its
+--       first request (or event) fell in
+--   r   reset_at, ms since the Unix epoch: s + the window's length, a whole
+--       second (s is one); the window is live while now < r and r never
+--       changes once written
+--   p   the earliest event start the window accepts: the previous window's
+--       reset_at, or (for a first window) the oldest start whose window could
+--       already have been garbage collected
+--   c:<producer>  the units one producer holds in the window: what its
+--       reservations (take.lua) and charges (apply.lua) added, less what its
+--       refunds and releases gave back. A producer never gives back more
+--       than it holds: no one can refund another producer's charges
+--   g:<holder>    every unit ever reserved for one holder (take.lua)
+--   z:<holder>    the units of its credit a holder will not spend, until
+--       when, and its producer (hold.lua); taken back by take.lua once
+--       expired
+--   t:<holder>    set when take.lua took a holder's share back: a reseed does
+--       not make that share again (reseed.lua)
+--   h   the reseed that opened the window, when one did (reseed.lua)
+--   v:<producer>  "<reseed>:<from>:<to>": the producer's accounting events
+--       for this window numbered from < seq <= to are counted in it by that
+--       reseed's re-assertion; apply.lua takes them as applied
+--
+-- The hash expires at r + grace; expiry is garbage collection only, every
+-- read compares r with the caller's clock.
+
+-- Largest accepted millisecond timestamp or duration (year 5138; exact in a
+-- Lua double).
+local MAX_MS = 100000000000000
+local MAX_UNITS = 1000000000
+-- A window resets at most its length and this much (ms) after a request
+-- in it started: a second of rounding, and a minute for clocks that differ.
+local MAX_RESET_AHEAD = 61000
+
+-- arg_int returns ARGV[i] as an integer in [lo, hi], or nil when it is not
+-- made of 1 to 15 decimal digits or lies outside the range.
+local function arg_int(i, lo, hi)
+  local s = ARGV[i]
+  if type(s) ~= "string" or #s < 1 or #s > 15 or not string.match(s, "^%d+$") then
+    return nil
+  end
+  local v = tonumber(s)
+  if v < lo or v > hi then
+    return nil
+  end
+  return v
+end
+
+-- valid_producer reports whether s is a producer id: 1 to 64 of
+-- [A-Za-z0-9_.-], dot-separated tokens none of which is empty (keys.go's
+-- ValidProducer).
+local function valid_producer(s)
+  return type(s) == "string" and #s >= 1 and #s <= 64 and string.match(s, "^[%w_.-]+$") ~= nil
+    and string.sub(s, 1, 1) ~= "." and string.sub(s, -1) ~= "." and string.find(s, "..", 1, true) == nil
+end
+
+-- gaps_of returns the gaps of the producer whose hash is key ({from, to}
+-- pairs: numbers below its highest applied one not applied yet; apply.lua's
+-- layout).
+local function gaps_of(key)
+  local out = {}
+  local all = redis.call("HGETALL", key)
+  for j = 1, #all, 2 do
+    if string.sub(all[j], 1, 2) == "g:" then
+      local from, to = tonumber(string.sub(all[j], 3)), tonumber(all[j + 1])
+      if from ~= nil and to ~= nil then
+        table.insert(out, { from, to })
+      end
+    end
+  end
+  return out
+end
+
+-- applied_prefix returns the highest n such that every event 1..n of the
+-- producer whose hash is key has been applied: its highest applied number,
+-- or below the oldest number it is still missing (a gap, when a later batch
+-- was applied first).
+local function applied_prefix(key)
+  local f = redis.call("HMGET", key, "s", "g")
+  local applied = tonumber(f[1]) or 0
+  if (tonumber(f[2]) or 0) > 0 then
+    for _, gp in ipairs(gaps_of(key)) do
+      applied = math.min(applied, gp[1] - 1)
+    end
+  end
+  return applied
+end
+
+-- reseeding reports whether a reseed of the shard halts writes now: its
+-- marker (epoch.lua) lasts, with an expiry no longer than the longest
+-- reseed_for (a marker without one, or a longer one, no process set).
+-- Every script that changes windows calls it first and writes nothing
+-- while it holds: what the edges re-assert must land before anything else.
+local function reseeding(key)
+  local t = redis.call("PTTL", key)
+  return t > 0 and t <= 600000
+end
+
+-- num renders an integer-valued number without an exponent.
+local function num(v)
+  return string.format("%.0f", v)
+end
+
+-- load reads the window stored at key, or returns nil when there is none or
+-- it is unreadable.
+local function load(key)
+  local f = redis.call("HMGET", key, "u", "s", "r", "p")
+  local r = tonumber(f[3])
+  local s = tonumber(f[2])
+  if r == nil or s == nil then
+    return nil
+  end
+  return { u = tonumber(f[1]) or 0, s = s, r = r, p = tonumber(f[4]) or 0 }
+end
+
+-- opening returns the start of the window a request at t opens: the whole
+-- second t falls in, so that the window lasts exactly its length (a window of
+-- one second holds one second of requests, as a clock-aligned one does) and
+-- its reset, s + len, is a whole second.
+local function opening(t)
+  return t - t % 1000
+end
+
+-- fresh returns a new window opened by a request at t, used 0, accepting
+-- starts back to p. It is written by save.
+local function fresh(t, len, p)
+  local s = opening(t)
+  return { u = 0, s = s, r = s + len, p = p, new = true }
+end
+
+-- ending returns a new window that resets at r (a whole second), as opened by
+-- whoever showed that reset, accepting starts back to p.
+local function ending(r, len, p)
+  return { u = 0, s = r - len, r = r, p = p, new = true }
+end
+
+-- save writes w to key: the count, and for a new window every field and the
+-- expiry (reset + grace), replacing whatever the key held.
+local function save(key, w, grace)
+  if w.new then
+    redis.call("DEL", key)
+    redis.call("HSET", key, "u", num(w.u), "s", num(w.s), "r", num(w.r), "p", num(w.p))
+    redis.call("PEXPIREAT", key, num(w.r + grace))
+    w.new = false
+  else
+    redis.call("HSET", key, "u", num(w.u))
+  end
+end
+
+-- place finds the window an event that started at t belongs to, given the
+-- stored window w (nil when none) at time now. t is clamped to now first (a
+-- clock running ahead cannot open a window in the future).
+--   "live", w       w is live and t belongs to it
+--   "new", p, t     no live window holds t; one may open at t, accepting
+--                   starts back to p
+--   "late"          t's window has closed or was replaced
+local function place(w, t, now, len, tol, grace)
+  if t > now then
+    t = now
+  end
+  if w == nil then
+    -- Nothing stored: any window that held t and was garbage collected
+    -- ended at least grace ago, so only a start newer than that may open one.
+    if t > now - grace and opening(t) + len > now then
+      return "new", now - grace, t
+    end
+    return "late"
+  end
+  if t >= w.r then
+    if opening(t) + len > now then
+      return "new", w.r, t
+    end
+    return "late"
+  end
+  if w.r <= now then
+    return "late"
+  end
+  if t >= w.s or (t >= w.s - tol and t >= w.p) then
+    return "live", w
+  end
+  return "late"
+end

@@ -12,7 +12,8 @@
 --            the edge's events apply.lua applied, so that the edge can tell
 --            which of its own events the returned count already holds
 -- KEYS[3] -> the shard's reseed marker (keys.go): while it lasts, nothing is
---            reserved (window.lua's reseeding) but on the cold path below
+--            reserved (window.lua's reseeding), but in compact windows of
+--            the holder's own (below)
 -- ARGV[1] -> now, ms since the Unix epoch (the edge's clock, read once for
 --            the decision)
 -- ARGV[2] -> window length, ms (1000 .. 1e12)
@@ -57,18 +58,17 @@
 -- ARGV[14] -> "1" when the shard's windows may be compact (epoch.lua's
 --            format: every process of the deployment reads them), else ""
 --
--- The cold path: with ARGV[14] "1", a take that owes nothing, moves
--- nothing and freezes nothing, in a window of whole seconds, for a holder
--- <producer>.<n>, first tries to
--- open the window compact with one SET ... NX PXAT (reset + grace): when no
--- key is stored that is the whole call, one write and one effect to
--- replicate. It reads neither the producer's hash nor the reseed marker: a
--- process that knows of a reseed sends no take (redisstore's gate), and one
--- that does not yet has just opened a window no edge holds credit in
--- (docs/operations.md, "When a primary changes"). A compact window stays
--- compact while its holder alone reserves in it (one SET ... KEEPTTL); a
--- take by another holder, or one the compact form cannot hold, expands it
--- first (window.lua).
+-- Compact windows (window.lua): with ARGV[14] "1", a take that owes
+-- nothing, moves nothing and freezes nothing, in a window of whole
+-- seconds, for a holder <producer>.<n>, opens a window compact (one SET
+-- ... PXAT reset + grace) and keeps it compact while that holder alone
+-- reserves in it (one SET ... KEEPTTL). Those two writes touch nothing
+-- another holder has: they do not read the reseed marker (a process that
+-- knows of a reseed sends no take, redisstore's gate; docs/operations.md,
+-- "When a primary changes"). A take by another holder, or one the compact
+-- form cannot hold, expands the window first. An edge opens the window of
+-- a key it knows nothing of with a plain SET ... NX, without this script
+-- (redisstore's batch.go); this script runs when a key was there.
 --
 -- A reservation that finds too little room first takes back the frozen
 -- shares (hold.lua's "z:<holder>" fields) whose expiry has passed: the
@@ -147,19 +147,6 @@ local mine_field, held_field = "g:" .. holder, "c:" .. producer
 local simple = ARGV[14] == "1" and #owedPairs == 0 and moving == "" and keep == nil and need > 0 and len % 1000 == 0
   and compact_holder(holder, producer)
 
--- The cold path: no window stored, one write.
-if simple then
-  local s = opening(now)
-  local r = s + len
-  if redis.call("SET", KEYS[1], encode(want, s, r, holder, first_p(s, grace), grace), "NX", "PXAT", num(r + grace)) then
-    return { want, want, r, s, 1, 0, want, -1 }
-  end
-end
-
-if need > 0 and reseeding(KEYS[3]) then
-  return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
-end
-
 -- What the edge owes counts only for the events not applied yet: the
 -- producer's hash is read only when the edge owes something.
 local applied = 0
@@ -174,6 +161,13 @@ if #owedPairs > 0 then
 end
 -- One read: the window, and what it holds for the holder and the producer.
 local w, form, f = read(KEYS[1], grace, { mine_field, held_field, "m" })
+-- mine_alone: the write below touches only what is this holder's alone —
+-- its own compact window, or a key that holds nothing. Every other write
+-- waits for a reseed in progress.
+local mine_alone = simple and (form == nil or (form == "compact" and w.holder == holder))
+if need > 0 and not mine_alone and reseeding(KEYS[3]) then
+  return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
+end
 local mine, held_now, moved = 0, 0, nil
 if form == "compact" then
   if w.holder == holder then
@@ -208,7 +202,8 @@ if w == nil or w.r <= now then
     p = w.r
   end
   if simple then
-    -- The window that ended is replaced whole, in one write.
+    -- No window, or one that ended: opened (or replaced whole) compact, in
+    -- one write.
     local r = s + len
     redis.call("SET", KEYS[1], encode(want, s, r, holder, p, grace), "PXAT", num(r + grace))
     return { want, want, r, s, 1, applied, want, -1 }

@@ -369,12 +369,12 @@ func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	ch := make(chan struct{})
 	e.refill = ch
 	e.inflight++
-	c.wg.Go(func() {
-		// Longer than a request's budget: a late result still serves the
-		// next requests.
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		g, err := c.d.Reserver.Take(ctx, e.key, now, args)
-		cancel()
+	c.wg.Add(1)
+	// No goroutine and no timer of its own: the answer is taken in where
+	// the shard's reservations are sent, however late it comes (a late
+	// result still serves the next requests); the store's timeouts bound it.
+	c.d.Reserver.TakeAsync(e.key, now, args, func(g limiter.Grant, err error) {
+		defer c.wg.Done()
 		c.stats.takes.Add(1)
 		e.lock()
 		e.inflight--

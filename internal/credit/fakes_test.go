@@ -83,6 +83,16 @@ func (f *fakeRedis) Take(ctx context.Context, k limiter.Key, now time.Time, a li
 	return g, nil
 }
 
+// TakeAsync is Take on a goroutine of its own, bounded as the store's
+// timeouts bound a real one.
+func (f *fakeRedis) TakeAsync(k limiter.Key, now time.Time, a limiter.TakeArgs, done func(limiter.Grant, error)) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		done(f.Take(ctx, k, now, a))
+	}()
+}
+
 // take is take.lua's arithmetic. Callers hold f.mu.
 func (f *fakeRedis) take(k limiter.Key, now time.Time, a limiter.TakeArgs) limiter.Grant {
 	var owed int64

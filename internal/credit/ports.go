@@ -16,6 +16,11 @@ import (
 type Reserver interface {
 	// Take reserves units of k's window (lua/take.lua): never past its limit.
 	Take(ctx context.Context, k limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error)
+	// TakeAsync is Take without waiting: done gets its result once, on
+	// another goroutine than the caller's (which may hold the lock done
+	// takes), and must neither block nor take long. What bounds the call is
+	// the Reserver's own timeouts.
+	TakeAsync(k limiter.Key, now time.Time, a limiter.TakeArgs, done func(limiter.Grant, error))
 	// Check reads k's window (a replica, or the primary).
 	Check(ctx context.Context, k limiter.Key) (limiter.Window, error)
 	// Finish finishes a decision-API request once (lua/finish.lua).

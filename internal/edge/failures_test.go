@@ -223,6 +223,17 @@ func (o *observed) Take(ctx context.Context, k limiter.Key, now time.Time, a lim
 	return g, err
 }
 
+func (o *observed) TakeAsync(k limiter.Key, now time.Time, a limiter.TakeArgs, done func(limiter.Grant, error)) {
+	o.Store.TakeAsync(k, now, a, func(g limiter.Grant, err error) {
+		if err == nil && g.Granted > 0 {
+			o.mu.Lock()
+			o.charged[g.ResetAt.Unix()] += g.Granted
+			o.mu.Unlock()
+		}
+		done(g, err)
+	})
+}
+
 func (o *observed) Apply(ctx context.Context, shard int, now time.Time, evs []limiter.Event) (limiter.ApplyResult, error) {
 	res, err := o.Store.Apply(ctx, shard, now, evs)
 	if err == nil {

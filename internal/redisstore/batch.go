@@ -47,7 +47,19 @@ type takeCall struct {
 	open *opening
 	v    []int64
 	err  error
-	done chan struct{}
+	// done is closed when v and err are in; async, when set, is called
+	// with them instead (Store.TakeAsync), on the sender.
+	done  chan struct{}
+	async func([]int64, error)
+}
+
+// answer hands c's reply to whoever waits for it.
+func (c *takeCall) answer() {
+	if c.async != nil {
+		c.async(c.v, c.err)
+		return
+	}
+	close(c.done)
 }
 
 // opening is a window a take opens with one SET ... NX: its compact value
@@ -82,9 +94,35 @@ func newTakeQueue(s *Store, c *redis.Client) *takeQueue {
 
 var errStoreClosed = errors.New("limiter: the store is closed")
 
-// do runs one take through the queue and waits for its answer or ctx.
-func (q *takeQueue) do(ctx context.Context, keys []string, args []any, open *opening) ([]int64, error) {
-	c := &takeCall{ctx: ctx, keys: keys, args: args, open: open, done: make(chan struct{})}
+// queue hands c to the senders without waiting for its answer (c.async
+// gets it). It does not block its caller: when the queue is full, a
+// goroutine waits for room.
+func (q *takeQueue) queue(c *takeCall) {
+	select {
+	case <-q.stop:
+		c.v, c.err = nil, errStoreClosed
+		go c.answer() // never on the caller's goroutine (Store.TakeAsync)
+		return
+	default:
+	}
+	select {
+	case q.calls <- c:
+		return
+	default:
+	}
+	go func() {
+		select {
+		case q.calls <- c:
+		case <-q.stop:
+			c.v, c.err = nil, errStoreClosed
+			c.answer()
+		}
+	}()
+}
+
+// do runs c through the queue and waits for its answer or ctx.
+func (q *takeQueue) do(ctx context.Context, c *takeCall) ([]int64, error) {
+	c.done = make(chan struct{})
 	select {
 	case q.calls <- c:
 	case <-ctx.Done():
@@ -107,6 +145,16 @@ func (q *takeQueue) do(ctx context.Context, keys []string, args []any, open *ope
 func (q *takeQueue) close() {
 	q.once.Do(func() { close(q.stop) })
 	q.wg.Wait()
+	// What was queued and not sent is answered: the store is closed.
+	for {
+		select {
+		case c := <-q.calls:
+			c.v, c.err = nil, errStoreClosed
+			c.answer()
+		default:
+			return
+		}
+	}
 }
 
 func (q *takeQueue) send() {
@@ -133,7 +181,7 @@ func (q *takeQueue) send() {
 		for _, c := range batch {
 			if err := c.ctx.Err(); err != nil {
 				c.err = err
-				close(c.done)
+				c.answer()
 				continue
 			}
 			live = append(live, c)
@@ -145,7 +193,7 @@ func (q *takeQueue) send() {
 			if c.open == nil || !q.openAlone(c) {
 				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
 			}
-			close(c.done)
+			c.answer()
 		default:
 			q.pipeline(live)
 		}
@@ -194,7 +242,7 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 		q.exec(ctx, again, false)
 	}
 	for _, c := range calls {
-		close(c.done)
+		c.answer()
 	}
 }
 

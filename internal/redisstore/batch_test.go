@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -63,4 +64,63 @@ func TestTakeAfterClose(t *testing.T) {
 	_, err := e.store.Take(context.Background(), e.keys.Key("core", "closed"), e.clock.Now(),
 		limiter.TakeArgs{Window: minute, Limit: 3, Need: 1, Want: 1, Producer: "edge-b"})
 	require.Error(t, err)
+}
+
+// TakeAsync answers each reservation once, never on its caller's goroutine
+// (which may hold what done takes), exactly as Take would; a closed store
+// answers every one.
+func TestTakeAsync(t *testing.T) {
+	e := newEnv(t, redisstore.Options{})
+	e.take(t, e.keys.Key("core", "warm"), 100, 1, 1)
+	const callers, keys = 64, 8
+	var mu sync.Mutex
+	answers := make(chan limiter.Grant, callers)
+	returned := make(chan struct{})
+	go func() {
+		mu.Lock() // what a caller holds while it asks (an entry's lock)
+		for i := range callers {
+			k := e.keys.Key("core", fmt.Sprintf("async-%d", i%keys))
+			e.store.TakeAsync(k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 5, Need: 1, Want: 2,
+				Producer: fmt.Sprintf("edge-%d", i), Holder: fmt.Sprintf("edge-%d.1", i), Fresh: true},
+				func(g limiter.Grant, err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						t.Error(err)
+					}
+					answers <- g
+				})
+		}
+		mu.Unlock()
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("TakeAsync waited for its answer, or answered on its caller's goroutine")
+	}
+	got := map[time.Time]int64{}
+	for range callers {
+		select {
+		case g := <-answers:
+			got[g.ResetAt] += g.Granted
+			require.Equal(t, g.Granted, g.Mine)
+		case <-time.After(10 * time.Second):
+			t.Fatal("an answer never came")
+		}
+	}
+	for i := range keys {
+		require.EqualValues(t, 5, e.used(t, e.keys.Key("core", fmt.Sprintf("async-%d", i))), "key %d: its limit, no more", i)
+	}
+
+	require.NoError(t, e.store.Close())
+	closed := make(chan error, 1)
+	e.store.TakeAsync(e.keys.Key("core", "late"), e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 5, Need: 1, Want: 1,
+		Producer: "edge-a", Holder: "edge-a.1"}, func(_ limiter.Grant, err error) { closed <- err })
+	select {
+	case err := <-closed:
+		require.Error(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a closed store never answered")
+	}
 }

@@ -13,25 +13,72 @@ import (
 // caller's clock, read once for the decision), opening a window at the whole
 // second of now when none is live (reset limiter.Window after that). The
 // reservation is all or nothing above Need and never takes the window past
-// Limit. It is one atomic script call (lua/take.lua).
+// Limit. It is one atomic script call (lua/take.lua), or, for a key the
+// caller knows no window of where windows may be compact, one SET ... NX
+// (the script follows when a key was there).
 //
 // Take is not retried on a connection error: a retried reservation could
 // be granted twice. After an error the reservation may or may not have
 // been made (a primary that froze runs it when it wakes); the holder's next
 // Take (or a read: Need and Want 0) tells by limiter.Grant.Mine.
 func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error) {
-	if err := a.Validate(k); err != nil {
+	r, err := s.newTake(k, now, a)
+	if err != nil {
 		return limiter.Grant{}, err
 	}
-	holder := a.Holder
-	if holder == "" {
-		holder = a.Producer
+	for {
+		c, err := r.call(ctx)
+		var v []int64
+		if err == nil {
+			v, err = s.shards[r.i].takes.do(ctx, c)
+		}
+		if g, err, again := r.result(v, err); !again {
+			return g, err
+		}
 	}
-	i, moving := s.ShardOf(k), ""
+}
+
+// TakeAsync is Take without waiting: done gets its result, once, on one of
+// the store's goroutines — never the caller's, so that the caller may hold
+// a lock done takes. done must be short and must not block: it runs where
+// the shard's next reservations are sent. The reservation is bounded by the
+// client's read and write timeouts instead of a context.
+func (s *Store) TakeAsync(k limiter.Key, now time.Time, a limiter.TakeArgs, done func(limiter.Grant, error)) {
+	r, err := s.newTake(k, now, a)
+	if err != nil {
+		go done(limiter.Grant{}, err)
+		return
+	}
+	r.done = done
+	r.submit()
+}
+
+// takeReq is one reservation on its way: what it asks, and where.
+type takeReq struct {
+	s      *Store
+	k      limiter.Key
+	now    time.Time
+	a      limiter.TakeArgs
+	holder string
+	owed   string
+	i      int
+	moving string // the key's owner, when i is its previous owner (resharding)
+	moved  bool   // sent again to where a TALLYMOVED said the key went
+	done   func(limiter.Grant, error)
+}
+
+func (s *Store) newTake(k limiter.Key, now time.Time, a limiter.TakeArgs) (*takeReq, error) {
+	if err := a.Validate(k); err != nil {
+		return nil, err
+	}
+	r := &takeReq{s: s, k: k, now: now, a: a, holder: a.Holder, i: s.ShardOf(k)}
+	if r.holder == "" {
+		r.holder = a.Producer
+	}
 	if j, ok := s.previousOwner(k); ok {
 		// The key moves: its previous owner serves a live window it holds,
 		// or marks the key moved (lua/take.lua).
-		i, moving = j, s.shards[i].name
+		r.i, r.moving = j, s.shards[r.i].name
 	}
 	var owed []byte
 	for i, o := range a.Owed {
@@ -42,50 +89,79 @@ func (s *Store) Take(ctx context.Context, k limiter.Key, now time.Time, a limite
 		owed = append(owed, ':')
 		owed = strconv.AppendInt(owed, o.Units, 10)
 	}
-	keys := []string{k.String(), s.producerKey(a.Producer), s.keys.ReseedKey()}
-	var v []int64
-	var err error
-	for attempt := 0; ; attempt++ {
-		args := []any{ms(now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), holder,
-			a.Producer, string(owed), moving, "", "", "", ""}
-		if a.Freeze {
-			args[10], args[11], args[12] = a.Keep, a.Share, ms(a.ShareExpiry)
-		}
-		if s.shards[i].compact.Load() {
-			args[13] = "1"
-		}
-		var open *opening
-		if args[13] == "1" && a.Fresh && a.Need > 0 && moving == "" && len(owed) == 0 && !a.Freeze &&
-			a.Window%time.Second == 0 && limiter.CompactHolder(holder, a.Producer) {
-			start := now.Truncate(time.Second)
+	r.owed = string(owed)
+	return r, nil
+}
+
+// call is r's next call to its shard, once the shard takes writes.
+func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
+	s, a := r.s, r.a
+	if err := s.gate(ctx, r.i); err != nil {
+		return nil, err
+	}
+	args := []any{ms(r.now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder,
+		a.Producer, r.owed, r.moving, "", "", "", ""}
+	if a.Freeze {
+		args[10], args[11], args[12] = a.Keep, a.Share, ms(a.ShareExpiry)
+	}
+	c := &takeCall{ctx: ctx, keys: []string{r.k.String(), s.producerKey(a.Producer), s.keys.ReseedKey()}, args: args}
+	if s.shards[r.i].compact.Load() {
+		args[13] = "1"
+		if a.Fresh && a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && a.Window%time.Second == 0 &&
+			limiter.CompactHolder(r.holder, a.Producer) {
+			start := r.now.Truncate(time.Second)
 			reset := start.Add(a.Window)
-			open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, holder), start: start,
+			c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
 				reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
 		}
-		if err = s.gate(ctx, i); err == nil {
-			v, err = s.shards[i].takes.do(ctx, keys, args, open)
-		}
-		to, moved := movedTo(err)
-		if !moved || attempt > 0 {
-			break
-		}
-		j, ok := s.byName[to]
-		if !ok {
-			return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: the key moved to shard %q, which is not configured",
-				s.shards[i].name, to)
-		}
-		i, moving = j, ""
 	}
-	n := s.shards[i]
+	return c, nil
+}
+
+// result reads the reply to r's call: the grant, or an error, or again when
+// the key has moved and r is to be sent to its owner (once).
+func (r *takeReq) result(v []int64, err error) (g limiter.Grant, _ error, again bool) {
+	if to, moved := movedTo(err); moved && !r.moved {
+		j, ok := r.s.byName[to]
+		if !ok {
+			return g, fmt.Errorf("limiter: take on shard %s: the key moved to shard %q, which is not configured",
+				r.s.shards[r.i].name, to), false
+		}
+		r.i, r.moving, r.moved = j, "", true
+		return g, nil, true
+	}
+	n := r.s.shards[r.i]
 	if err != nil {
-		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err))
+		return g, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err)), false
 	}
 	if len(v) != 8 {
-		return limiter.Grant{}, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v)
+		return g, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v), false
 	}
-	g := limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6], Frozen: v[7], Shard: i}
+	g = limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6], Frozen: v[7], Shard: r.i}
 	if v[2] != 0 {
 		g.Live, g.ResetAt, g.Start = true, fromMS(v[2]), fromMS(v[3])
 	}
-	return g, nil
+	return g, nil, false
+}
+
+// submit queues r's call on its shard, its answer to r.done; a shard that
+// takes no writes now answers at once.
+func (r *takeReq) submit() {
+	c, err := r.call(context.Background())
+	if err != nil {
+		go r.finish(nil, err)
+		return
+	}
+	c.async = r.finish
+	r.s.shards[r.i].takes.queue(c)
+}
+
+// finish takes the reply to an asynchronous call in.
+func (r *takeReq) finish(v []int64, err error) {
+	g, err, again := r.result(v, err)
+	if again {
+		r.submit()
+		return
+	}
+	r.done(g, err)
 }

@@ -322,3 +322,63 @@ func BenchmarkReseed(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWindowMemory: a primary's memory per window, 100,000 windows
+// opened on an empty primary — Tally's compact windows (as a cold take
+// opens them), its full windows (0.1.0's hash), and a synchronous limiter's
+// counters (envoyproxy/ratelimit's key layout: domain, descriptor, the
+// window's start) — by INFO memory's used_memory and by MEMORY USAGE of one
+// key. b.N is ignored: the figures are per window.
+func BenchmarkWindowMemory(b *testing.B) {
+	const n = 100_000
+	for _, form := range []string{"compact", "full", "incrby"} {
+		b.Run(form, func(b *testing.B) {
+			p, r := redistest.StartPair(b)
+			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
+			st := newStore(b, []shard.Config{{Name: "s0", Primary: node(p), Replicas: []shard.Node{node(r)}}}, ks, redisstore.Options{})
+			if err := st.LoadScripts(context.Background(), 0); err != nil {
+				b.Fatal(err)
+			}
+			ctx, pc := context.Background(), p.Client()
+			used := func() int64 {
+				info := pc.Info(ctx, "memory").Val()
+				for _, line := range strings.Split(info, "\n") {
+					if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+						m, _ := strconv.ParseInt(v, 10, 64)
+						return m
+					}
+				}
+				b.Fatal("no used_memory")
+				return 0
+			}
+			before := used()
+			now := time.Now()
+			var sample string
+			for i := range n {
+				k := ks.Key("core", fmt.Sprintf("198.51.%d.%d", i/256, i%256))
+				sample = k.String()
+				var err error
+				switch form {
+				case "compact", "full":
+					holder := "edge.4f1c9a0b12d3e5f6.1"
+					if form == "full" {
+						holder = "edge.4f1c9a0b12d3e5f6"
+					}
+					_, err = st.Take(ctx, k, now, limiter.TakeArgs{Window: time.Minute, Limit: 100, Need: 1, Want: 1,
+						Producer: "edge.4f1c9a0b12d3e5f6", Holder: holder, Fresh: true})
+				default:
+					sample = fmt.Sprintf("bench_remote_address_198.51.%d.%d_%d", i/256, i%256, now.Unix()/60*60)
+					pipe := pc.Pipeline()
+					pipe.IncrBy(ctx, sample, 1)
+					pipe.Expire(ctx, sample, time.Minute)
+					_, err = pipe.Exec(ctx)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(used()-before)/n, "used_memory-B/window")
+			b.ReportMetric(float64(pc.MemoryUsage(ctx, sample).Val()), "MEMORY-USAGE-B/key")
+		})
+	}
+}

@@ -110,14 +110,15 @@ func BenchmarkTakePrimary(b *testing.B) {
 }
 
 // BenchmarkColdWindow: what a key seen once costs its shard, Tally's take
-// opening a compact window beside a synchronous limiter's INCRBY and
-// PEXPIREAT (one pipeline per request), on the same primary and replica,
+// opening a compact window (and, for comparison, 0.1.0's path: the script
+// opening a hash) beside a synchronous limiter's INCRBY and PEXPIREAT (one
+// pipeline per request), on the same primary and replica,
 // 8 concurrent callers per core, every key new. primary-µs/op and
 // replica-µs/op are each server's CPU (INFO cpu, user and system) per
 // request; commands/op the primary's commands per request (those a script
 // runs counted).
 func BenchmarkColdWindow(b *testing.B) {
-	for _, name := range []string{"tally-take", "incrby+pexpireat"} {
+	for _, name := range []string{"tally-take", "tally-take-full", "incrby+pexpireat"} {
 		b.Run(name, func(b *testing.B) {
 			p, r := redistest.StartPair(b)
 			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
@@ -138,10 +139,14 @@ func BenchmarkColdWindow(b *testing.B) {
 				for pb.Next() {
 					k := ks.Key("core", fmt.Sprintf("cold-%s-%d", b.Name(), i.Add(1)))
 					var err error
-					if name == "tally-take" {
+					switch name {
+					case "tally-take":
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench.1", Fresh: true})
-					} else {
+					case "tally-take-full": // 0.1.0's path: the script, the hash
+						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
+							Want: 1, Producer: "bench", Holder: "bench"})
+					default:
 						reset := time.Now().Truncate(time.Second).Add(time.Hour)
 						pipe := pc.Pipeline()
 						pipe.IncrBy(ctx, k.String(), 1)

@@ -3,6 +3,7 @@ package credit
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,3 +59,46 @@ func benchDecide(b *testing.B, keys int) {
 
 func BenchmarkDecideOneKey(b *testing.B)   { benchDecide(b, 1) }
 func BenchmarkDecide100kKeys(b *testing.B) { benchDecide(b, 100_000) }
+
+// BenchmarkEntryMemory: the edge's heap per known key, after one decision
+// each of 200,000 keys (a key seen once: an entry, its window, its
+// reservation spent), the store answering without keeping anything. b.N is
+// ignored: the figure is per key.
+func BenchmarkEntryMemory(b *testing.B) {
+	const n = 200_000
+	h, dgs := benchHarness(b, n)
+	var err error
+	h.core, err = New(Config{Keys: n}, Deps{Reserver: grantAll{h.redis}, Ledger: h.ledger, Keys: h.keys,
+		Producer: "edge.bench", FailOpen: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i, dg := range dgs {
+		if _, err := h.core.Decide(ctx, h.policy, 1, dg, time.Now(), uint64(i+1)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	h.core.Wait()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/n, "heap-B/key")
+	runtime.KeepAlive(h)
+}
+
+// grantAll grants every reservation in full in a window opened now, and
+// keeps nothing.
+type grantAll struct{ *fakeRedis }
+
+func (grantAll) Take(_ context.Context, _ limiter.Key, now time.Time, a limiter.TakeArgs) (limiter.Grant, error) {
+	s := now.Truncate(time.Second)
+	return limiter.Grant{Granted: a.Want, Live: true, Used: a.Want, ResetAt: s.Add(a.Window), Start: s, Opened: true,
+		Mine: a.Want, Frozen: -1}, nil
+}
+
+func (g grantAll) TakeAsync(k limiter.Key, now time.Time, a limiter.TakeArgs, done func(limiter.Grant, error)) {
+	go done(g.Take(context.Background(), k, now, a))
+}

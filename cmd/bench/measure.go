@@ -31,7 +31,8 @@ type sample struct {
 	cpu       map[string]time.Duration
 	self      time.Duration
 	calls     int64
-	commands  int64 // every command, those run inside scripts included
+	commands  int64            // every command, those run inside scripts included
+	byCommand map[string]int64 // commands by name, every node's
 	streamSeq map[string]uint64
 	// decisions of the edges, by path: "credit" and "cache" (from memory),
 	// and every path.
@@ -45,7 +46,7 @@ func (b *bench) sample(ctx context.Context, procs map[string][]*stack.Proc) samp
 			s.cpu[name] += p.CPU()
 		}
 	}
-	s.calls, s.commands = b.redisCalls(ctx)
+	s.calls, s.commands, s.byCommand = b.redisCommands(ctx)
 	for _, e := range procs["edge-checker"] {
 		for k, v := range metricsText(e.AdminAddr) {
 			if !strings.HasPrefix(k, "tally_edge_decisions_total{") {
@@ -71,6 +72,13 @@ func (b *bench) sample(ctx context.Context, procs map[string][]*stack.Proc) samp
 // redisCalls counts the script calls all Redis nodes have served, and
 // every command (those scripts ran included).
 func (b *bench) redisCalls(ctx context.Context) (scripts, commands int64) {
+	scripts, commands, _ = b.redisCommands(ctx)
+	return scripts, commands
+}
+
+// redisCommands is redisCalls, and the commands by name.
+func (b *bench) redisCommands(ctx context.Context) (scripts, commands int64, byName map[string]int64) {
+	byName = map[string]int64{}
 	for _, c := range b.rdb {
 		info, err := c.Info(ctx, "commandstats").Result()
 		if err != nil {
@@ -84,13 +92,36 @@ func (b *bench) redisCalls(ctx context.Context) (scripts, commands int64) {
 			}
 			v, _ := strconv.ParseInt(rest[:max(0, strings.IndexByte(rest, ','))], 10, 64)
 			commands += v
+			byName[strings.TrimPrefix(name, "cmdstat_")] += v
 			switch name {
 			case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro":
 				scripts += v
 			}
 		}
 	}
-	return scripts, commands
+	return scripts, commands, byName
+}
+
+// add sums what happened between before and after into s (several runs of
+// one target, others run between them).
+func (s *sample) add(before, after sample) {
+	if s.cpu == nil {
+		s.cpu, s.byCommand, s.streamSeq = map[string]time.Duration{}, map[string]int64{}, map[string]uint64{}
+	}
+	for k, v := range after.cpu {
+		s.cpu[k] += v - before.cpu[k]
+	}
+	s.self += after.self - before.self
+	s.calls += after.calls - before.calls
+	s.commands += after.commands - before.commands
+	for k, v := range after.byCommand {
+		s.byCommand[k] += v - before.byCommand[k]
+	}
+	for k, v := range after.streamSeq {
+		s.streamSeq[k] += v - before.streamSeq[k]
+	}
+	s.fromMemory += after.fromMemory - before.fromMemory
+	s.decided += after.decided - before.decided
 }
 
 // cost turns two samples around a run into per-request figures.

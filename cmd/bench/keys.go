@@ -377,7 +377,9 @@ func byCommand(m map[string]float64) string {
 	for n := range m {
 		names = append(names, n)
 	}
-	sort.Slice(names, func(i, j int) bool { return m[names[i]] > m[names[j]] || m[names[i]] == m[names[j]] && names[i] < names[j] })
+	sort.Slice(names, func(i, j int) bool {
+		return m[names[i]] > m[names[j]] || m[names[i]] == m[names[j]] && names[i] < names[j]
+	})
 	parts := make([]string, len(names))
 	for i, n := range names {
 		parts[i] = fmt.Sprintf("%s %.2f", n, m[n])

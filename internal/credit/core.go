@@ -48,6 +48,7 @@ type Core struct {
 	cfg   Config
 	d     Deps
 	table *table
+	seen  *seen // keys reserved in lately, beyond the table
 
 	// suspect[i] holds until when (Unix ns of the clock) shard i's primary
 	// is presumed down: requests then do not wait for reservations.
@@ -78,7 +79,7 @@ func New(cfg Config, d Deps) (*Core, error) {
 	}
 	cfg = cfg.WithDefaults()
 	n := d.Reserver.Shards()
-	c := &Core{cfg: cfg, d: d, table: newTable(cfg.Keys), suspect: make([]atomic.Int64, n),
+	c := &Core{cfg: cfg, d: d, table: newTable(cfg.Keys), seen: newSeen(cfg.Keys), suspect: make([]atomic.Int64, n),
 		failures: make([]atomic.Int64, n), probing: make([]atomic.Bool, n)}
 	c.stats.byPolicy = make(map[string]*[2]atomic.Uint64, len(d.Policies))
 	for name := range d.Policies {
@@ -316,7 +317,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 		defer c.probing[e.at()].Store(false)
 	}
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
-		Holder: e.holder, Owed: e.owed(), Fresh: !e.asked}
+		Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e)}
 	g, full, err := c.takeWaiting(ctx, e, args, now, deadline)
 	if err != nil {
 		return c.fallback(v, e, cost)
@@ -341,7 +342,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 // the error (the reservation may have been made all the same: takeFailed).
 // Callers hold e.mu.
 func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs, now, deadline time.Time) (limiter.Grant, bool, error) {
-	e.asked = true
+	c.asked(e)
 	e.inflight++
 	e.mu.Unlock()
 	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
@@ -363,8 +364,8 @@ func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs,
 func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	need := max(1, cost-e.free())
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
-		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: !e.asked}
-	e.asked = true
+		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e)}
+	c.asked(e)
 	c.freezeIn(e, &args, now)
 	ch := make(chan struct{})
 	e.refill = ch
@@ -392,6 +393,18 @@ func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 		e.mu.Unlock()
 		close(ch)
 	})
+}
+
+// fresh reports whether no window of e's key can be known to this edge: e
+// never reserved, and the key was not seen lately (seen). Callers hold e.mu.
+func (c *Core) fresh(e *entry) bool { return !e.asked && !c.seen.has(e.key.Digest()) }
+
+// asked records that a reservation of e's key is sent. Callers hold e.mu.
+func (c *Core) asked(e *entry) {
+	if !e.asked {
+		e.asked = true
+		c.seen.add(e.key.Digest())
+	}
 }
 
 // want sizes a reservation: enough for Horizon at the key's rate here, at

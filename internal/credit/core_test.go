@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -463,5 +464,35 @@ func TestFullNoticeDoesNotCountDebtsTwice(t *testing.T) {
 	}
 	if d := h.entry().debts; len(d) != 0 {
 		t.Fatalf("debts %v after a reservation showed them applied", d)
+	}
+}
+
+// A reservation is Fresh (the store may open the window with one SET ... NX)
+// only for a key this edge knows no window of: not for an entry that
+// reserved before, nor for a key whose entry the table let go while its
+// window may live on, until the key has not been seen for two rotations.
+func TestFreshOnlyForKeysNotSeen(t *testing.T) {
+	p := limiter.Policy{Name: "api", Limit: 100, Window: time.Hour, Mode: limiter.ModeExact}
+	h := newHarness(t, p, true, Config{})
+	decide := func() {
+		t.Helper()
+		if _, err := h.decide(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decide()
+	decide()
+	h.core.table.remove(h.dg, h.entry()) // evicted, its window still live
+	decide()
+	for range 3 { // the first sweep starts the clock of rotations
+		h.clock.Advance(seenFor + time.Second)
+		h.core.Sweep(context.Background(), h.clock.Now())
+	}
+	h.core.table.remove(h.dg, h.entry())
+	decide()
+	h.redis.mu.Lock()
+	defer h.redis.mu.Unlock()
+	if want := []bool{true, false, false, true}; !slices.Equal(h.redis.fresh, want) {
+		t.Fatalf("Fresh of each reservation: %v, want %v", h.redis.fresh, want)
 	}
 }

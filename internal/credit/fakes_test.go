@@ -42,6 +42,7 @@ type fakeRedis struct {
 	// down fails every call; lose makes a reservation and then fails (its
 	// answer lost); slow, when set, holds every Take until it is closed.
 	down, lose bool
+	fresh      []bool // TakeArgs.Fresh of every reservation (Need > 0), in order
 	slow       chan struct{}
 	late       sync.WaitGroup // calls a slow primary runs when it wakes
 }
@@ -54,6 +55,9 @@ func (f *fakeRedis) Take(ctx context.Context, k limiter.Key, now time.Time, a li
 	}
 	f.mu.Lock()
 	f.calls++
+	if a.Need > 0 {
+		f.fresh = append(f.fresh, a.Fresh)
+	}
 	slow := f.slow
 	f.mu.Unlock()
 	if slow != nil {

@@ -47,6 +47,7 @@ const forgetAfter = time.Minute
 // and the windows of reservations whose answer was lost. The edge calls it
 // every quarter of a second; ctx bounds its reads.
 func (c *Core) Sweep(ctx context.Context, now time.Time) {
+	c.seen.rotate(now)
 	idle := now.Add(-c.cfg.IdleRelease).UnixNano()
 	forget := now.Add(-forgetAfter).UnixNano()
 	var recheck, lost []*entry

@@ -133,6 +133,10 @@ func (s *Server) SetDescriptors(c *descriptors.Config) error {
 	return nil
 }
 
+// RLSRulesLoaded reports whether the rate-limit service has rules to
+// answer from (until then every call is refused).
+func (s *Server) RLSRulesLoaded() bool { return s.rls.Load() != nil }
+
 // RateLimitService returns Envoy's rate-limit service, to register on a
 // gRPC server (rlsv3.RegisterRateLimitServiceServer).
 func (s *Server) RateLimitService() rlsv3.RateLimitServiceServer { return rlsService{s: s} }

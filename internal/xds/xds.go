@@ -154,6 +154,8 @@ func (cl *Client) stream(ctx context.Context) (got bool, err error) {
 	}
 	cl.stats.Connects.Add(1)
 	cl.c.Log.Info("xDS stream to the management server open", "server", cl.c.Server, "node", node.Id)
+	var refused string      // the version last refused
+	var again time.Duration // the pause before NACKing it again
 	for {
 		resp, err := st.Recv()
 		if err != nil {
@@ -163,10 +165,26 @@ func (cl *Client) stream(ctx context.Context) (got bool, err error) {
 		req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.Nonce}
 		if err := cl.apply(resp); err != nil {
 			cl.stats.Refused.Add(1)
-			cl.c.Log.Error("xDS update refused; the rules in effect stay", "version", resp.VersionInfo, "err", err)
 			req.VersionInfo = cl.version
 			req.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+			// A server resends what was refused at once (go-control-plane's
+			// does): the same version refused again is NACKed after a
+			// doubling pause, and logged once.
+			if resp.VersionInfo == refused {
+				again = min(max(2*again, cl.c.BackoffInitial), cl.c.BackoffMax)
+				t := time.NewTimer(jitter(again))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return got, ctx.Err()
+				case <-t.C:
+				}
+			} else {
+				refused, again = resp.VersionInfo, 0
+				cl.c.Log.Error("xDS update refused; the rules in effect stay", "version", resp.VersionInfo, "err", err)
+			}
 		} else {
+			refused, again = "", 0
 			cl.stats.Accepted.Add(1)
 			cl.version = resp.VersionInfo
 			cl.c.Log.Info("xDS update applied", "version", resp.VersionInfo, "resources", len(resp.Resources))

@@ -1,0 +1,69 @@
+package serve
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tallyhq/tally/internal/config"
+)
+
+// SharedSecretKey is the Redis key that holds the key secret shared by
+// every tally serve started with envoyproxy/ratelimit's settings and no
+// TALLY_KEY_SECRET, on the first shard's primary. (It belongs with
+// Tally's other key names, internal/limiter/keys.go.)
+func SharedSecretKey(prefix string) string { return prefix + ":shared:key-secret" }
+
+// SharedSecret returns the key secret kept in Redis for processes that
+// were given none (envoyproxy/ratelimit's settings have no such thing),
+// making it — 32 random bytes, in hex — when there is none yet: every
+// process over the same Redis then keys identities alike, as they must to
+// count together. Anyone who can read Redis can read it: set
+// TALLY_KEY_SECRET to keep it out (docs/security.md).
+func SharedSecret(ctx context.Context, cfg *config.File) (string, error) {
+	if len(cfg.Redis.Shards) == 0 {
+		return "", errors.New("no Redis shard")
+	}
+	sh := cfg.Redis.Shards[0]
+	var c *redis.Client
+	if s := sh.Sentinel; s != nil {
+		c = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.Master, SentinelAddrs: s.Addrs,
+			SentinelUsername: s.Username, SentinelPassword: s.Password, Username: sh.Primary.Username,
+			Password: sh.Primary.Password, DB: sh.Primary.DB, TLSConfig: cfg.RedisTLS(), MaxRetries: -1})
+	} else {
+		c = redis.NewClient(&redis.Options{Addr: sh.Primary.Addr, Username: sh.Primary.Username, Password: sh.Primary.Password,
+			DB: sh.Primary.DB, TLSConfig: cfg.RedisTLS(), MaxRetries: -1})
+	}
+	defer c.Close()
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	key := SharedSecretKey(cfg.KeyPrefix)
+	// Redis may not be up yet at start: try for a while, as the processes
+	// wait for it.
+	var err error
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		// SET NX GET: the value there, or ours when there was none.
+		var v string
+		v, err = c.SetArgs(cctx, key, hex.EncodeToString(b), redis.SetArgs{Mode: "NX", Get: true}).Result()
+		cancel()
+		switch {
+		case errors.Is(err, redis.Nil):
+			return hex.EncodeToString(b), nil
+		case err == nil:
+			return v, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", fmt.Errorf("the shared key secret at %s: %w", key, err)
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,220 @@
+package serve_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/tallyhq/tally/deploy"
+	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/redistest"
+	"github.com/tallyhq/tally/internal/rlsconformance"
+	"github.com/tallyhq/tally/internal/serve"
+	"github.com/tallyhq/tally/internal/testutil"
+)
+
+// instance is one tally serve run in process by serve.Run.
+type instance struct {
+	log      *testutil.Buffer
+	rls      string
+	cancel   context.CancelFunc
+	done     chan error
+	stopOnce sync.Once
+}
+
+// start runs serve.Run on the configuration src (YAML) in env until the
+// test ends (or stop).
+func start(t *testing.T, src string, env map[string]string) *instance {
+	t.Helper()
+	cfg, err := config.Parse([]byte(src), func(k string) string { return env[k] })
+	require.NoError(t, err)
+	in := &instance{log: &testutil.Buffer{}, rls: cfg.Edge.RLS.Listen, done: make(chan error, 1)}
+	var ctx context.Context
+	ctx, in.cancel = context.WithCancel(context.Background())
+	log := slog.New(slog.NewJSONHandler(in.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	go func() { in.done <- serve.Run(ctx, cfg, log, serve.Options{Hostname: "test"}) }()
+	t.Cleanup(func() { in.stop(t) })
+	return in
+}
+
+func (in *instance) stop(t *testing.T) {
+	in.stopOnce.Do(func() {
+		in.cancel()
+		select {
+		case err := <-in.done:
+			assert.NoError(t, err, "serve.Run's error; its log:\n%s", in.log.String())
+		case <-time.After(60 * time.Second):
+			t.Errorf("serve.Run did not stop within 60s; its log:\n%s", in.log.String())
+		}
+	})
+}
+
+// rulesDir writes one file of envoyproxy/ratelimit's YAML.
+func rulesDir(t *testing.T, rules string) string {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "rules.yaml"), []byte(rules), 0o600))
+	return dir
+}
+
+func baseConfig(redisAddr, rules, rls, dataDir string) string {
+	return "redis:\n  shards:\n    - name: s0\n      primary: {addr: \"" + redisAddr + "\"}\n" +
+		"edge:\n  admin_listen: 127.0.0.1:0\n  rls:\n    listen: " + rls + "\n    config: " + rules + "\n" +
+		"serve:\n  data_dir: " + dataDir + "\n"
+}
+
+// One tally serve from a configuration file: it decides, and it stops in
+// the documented order — the edge first (it gives back and hands over
+// what it holds), then the accountant, then the embedded NATS.
+func TestServeStopsInOrder(t *testing.T) {
+	rs := redistest.Start(t)
+	rls := freeAddr(t)
+	in := start(t, baseConfig(rs.Addr, rulesDir(t, "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"),
+		rls, t.TempDir()), map[string]string{config.EnvKeySecret: secret})
+	c := rlsClient(t, rls)
+	var codes []rlsv3.RateLimitResponse_Code
+	for range 4 {
+		codes = append(codes, rlsconformance.Ask(t, c, "api", rlsconformance.Desc("client", "a")).OverallCode)
+	}
+	assert.Equal(t, []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK,
+		rlsv3.RateLimitResponse_OVER_LIMIT}, codes)
+	in.stop(t)
+	log := in.log.String()
+	order := []string{`"msg":"shutting down","part":"edge"`, `"msg":"stopped","part":"edge"`, `"msg":"stopped","part":"accountant"`,
+		`"msg":"embedded NATS stopped"`}
+	last := -1
+	for _, line := range order {
+		i := strings.Index(log, line)
+		require.Greater(t, i, last, "%s after the lines before it; the log:\n%s", line, log)
+		last = i
+	}
+}
+
+// Two tally serve over one Redis, their embedded servers one JetStream
+// cluster (routes to each other), admit exactly a rule's limit together
+// when clients ask both at once.
+func TestTwoServeAdmitExactlyTheLimit(t *testing.T) {
+	rs := redistest.Start(t)
+	rules := rulesDir(t, "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 50}\n")
+	routeA, routeB := freeAddr(t), freeAddr(t)
+	env := map[string]string{config.EnvKeySecret: secret, deploy.NATSRoutePasswordEnv: "route-secret"}
+	var ins []*instance
+	for i, pair := range [][2]string{{routeA, routeB}, {routeB, routeA}} {
+		src := baseConfig(rs.Addr, rules, freeAddr(t), t.TempDir()) +
+			fmt.Sprintf("  nats:\n    name: tally-%d\n    cluster:\n      listen: %s\n      routes: [%s]\n", i, pair[0], pair[1])
+		ins = append(ins, start(t, src, env))
+	}
+	var clients []rlsv3.RateLimitServiceClient
+	for _, in := range ins {
+		clients = append(clients, rlsClient(t, in.rls))
+	}
+	var allowed, denied atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 8 {
+		c := clients[w%2]
+		wg.Go(func() {
+			for range 25 {
+				resp, err := c.ShouldRateLimit(metadata.NewOutgoingContext(context.Background(), nil), &rlsv3.RateLimitRequest{
+					Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{rlsconformance.Desc("client", "shared")}})
+				if !assert.NoError(t, err) {
+					return
+				}
+				if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+					allowed.Add(1)
+				} else {
+					denied.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(50), allowed.Load(), "two processes together admit exactly the limit")
+	assert.Equal(t, int64(150), denied.Load())
+	// Both stop at once, as a rollout would: each edge delivers what it
+	// holds while the cluster is still whole.
+	var stops sync.WaitGroup
+	for _, in := range ins {
+		stops.Go(func() { in.stop(t) })
+	}
+	stops.Wait()
+	for _, in := range ins {
+		assert.Contains(t, in.log.String(), `"routes":1`)
+		assert.NotContains(t, in.log.String(), "not everything was delivered")
+	}
+}
+
+// The embedded server's client listener holds Tally's shipped users and
+// permissions: a service (billing) may publish its own accounting events
+// and nothing else, an analytics consumer may read the decisions stream
+// and publish nothing, a user without a password in the environment
+// cannot log in at all (its password is random), and nobody gets in
+// without one.
+func TestEmbeddedListenerPermissions(t *testing.T) {
+	rs := redistest.Start(t)
+	listen := freeAddr(t)
+	env := map[string]string{config.EnvKeySecret: secret,
+		deploy.NATSPasswordEnv("billing"): "billing-pw", deploy.NATSPasswordEnv("analytics"): "analytics-pw"}
+	src := baseConfig(rs.Addr, rulesDir(t, "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"),
+		freeAddr(t), t.TempDir()) + "  nats:\n    listen: " + listen + "\n"
+	in := start(t, src, env)
+	c := rlsClient(t, in.rls)
+	rlsconformance.Ask(t, c, "api", rlsconformance.Desc("client", "a")) // a decision on the stream
+	url := "nats://" + listen
+	connect := func(user, pw string) (*nats.Conn, error) {
+		return nats.Connect(url, nats.UserInfo(user, pw), nats.CustomInboxPrefix(deploy.InboxPrefix(user)), nats.Timeout(5*time.Second))
+	}
+	for _, u := range []struct{ user, pw string }{{"edge", "guess"}, {"operator", ""}, {"accountant", "placeholder-accountant"}, {"nobody", "x"}} {
+		_, err := connect(u.user, u.pw)
+		require.Error(t, err, "%s must not get in", u.user)
+	}
+	errs := make(chan error, 8)
+	handler := nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err })
+	billing, err := nats.Connect(url, nats.UserInfo("billing", "billing-pw"), nats.CustomInboxPrefix("_INBOX_billing"), handler)
+	require.NoError(t, err)
+	defer billing.Close()
+	require.NoError(t, billing.Publish("tally.accounting.s0.edge.forged", []byte("x")))
+	require.NoError(t, billing.Flush())
+	testutil.WaitFor(t, "publishing as the edge refused", func() bool {
+		select {
+		case err := <-errs:
+			return strings.Contains(err.Error(), "Permissions Violation")
+		default:
+			return false
+		}
+	})
+	analytics, err := connect("analytics", "analytics-pw")
+	require.NoError(t, err)
+	defer analytics.Close()
+	js, err := jetstream.New(analytics)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	testutil.WaitFor(t, "analytics reads the decisions stream", func() bool {
+		s, err := js.Stream(ctx, "TALLY_DECISIONS")
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs > 0
+	})
+	// A publish the server refuses is never answered: a short wait says
+	// so.
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancelShort()
+	_, err = js.Publish(short, "tally.decisions.edge", []byte("{}"))
+	require.Error(t, err, "analytics publishes nothing")
+}

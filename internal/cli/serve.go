@@ -79,7 +79,8 @@ func (c *call) serveReference(ctx context.Context, dataDir string, printConfig b
 		dataDir = getenv(EnvDataDir)
 	}
 	res, err := ratelimitenv.Read(getenv, ratelimitenv.Options{DataDir: dataDir,
-		AdminToken: getenv(config.EnvAdminToken) != "", APIToken: getenv(config.EnvAPIToken) != ""})
+		AdminToken: getenv(config.EnvAdminToken) != "", APIToken: getenv(config.EnvAPIToken) != "",
+		ExternalNATS: getenv(config.EnvNATSURL) != ""})
 	if err != nil {
 		return err
 	}

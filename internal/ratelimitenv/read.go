@@ -46,6 +46,9 @@ type Options struct {
 	// GRPC_CLIENT_TLS_CACERT) the rate-limit service takes calls from
 	// anyone who reaches it, as the reference does.
 	AdminToken, APIToken bool
+	// ExternalNATS says that TALLY_NATS_URL names an external NATS: no
+	// server is embedded, and DataDir is not used.
+	ExternalNATS bool
 }
 
 // Result is the reference's settings as Tally's configuration.
@@ -112,7 +115,9 @@ func Read(getenv func(string) string, o Options) (*Result, error) {
 	if dir == "" {
 		dir = "/var/lib/tally"
 	}
-	doc["serve"] = map[string]any{"data_dir": dir}
+	if !o.ExternalNATS {
+		doc["serve"] = map[string]any{"data_dir": dir}
+	}
 	if res.File, err = yaml.Marshal(doc); err != nil {
 		return nil, err
 	}

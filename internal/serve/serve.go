@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/tallyhq/tally/deploy"
 	"github.com/tallyhq/tally/internal/config"
 	"github.com/tallyhq/tally/internal/service"
 	"github.com/tallyhq/tally/internal/telemetry"
@@ -39,7 +42,17 @@ func Run(ctx context.Context, cfg *config.File, log *slog.Logger, o Options) (er
 		}()
 		edgeHost.NATS, accHost.NATS = ns.options("edge"), ns.options("accountant")
 	} else {
-		log.Info("using an external NATS", "url", cfg.NATS.URL)
+		// With the passwords of the shipped roles, each part connects as
+		// its role (deploy/nats/tally.conf); otherwise both as the file's
+		// user, who then needs both roles' permissions.
+		pw := cfg.Serve.NATS.Passwords
+		roles := pw["edge"] != "" && pw["accountant"] != ""
+		if roles {
+			edgeHost.NATS = append(cfg.NATSOptions(), nats.UserInfo("edge", pw["edge"]), nats.CustomInboxPrefix(deploy.InboxPrefix("edge")))
+			accHost.NATS = append(cfg.NATSOptions(), nats.UserInfo("accountant", pw["accountant"]),
+				nats.CustomInboxPrefix(deploy.InboxPrefix("accountant")))
+		}
+		log.Info("using an external NATS", "url", cfg.NATS.URL, "as_roles", roles)
 	}
 	metrics, err := telemetry.Setup(ctx, "tally-serve")
 	if err != nil {

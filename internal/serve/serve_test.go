@@ -22,6 +22,7 @@ import (
 
 	"github.com/tallyhq/tally/deploy"
 	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/rlsconformance"
 	"github.com/tallyhq/tally/internal/serve"
@@ -217,4 +218,38 @@ func TestEmbeddedListenerPermissions(t *testing.T) {
 	defer cancelShort()
 	_, err = js.Publish(short, "tally.decisions.edge", []byte("{}"))
 	require.Error(t, err, "analytics publishes nothing")
+}
+
+// With nats.url, tally serve embeds no server and uses that NATS, each
+// part as its role of the shipped permissions when their passwords are
+// given (a service's or an analyst's NATS stays where it was).
+func TestServeWithExternalNATS(t *testing.T) {
+	rs := redistest.Start(t)
+	ns := natstest.Start(t)
+	rls := freeAddr(t)
+	src := "redis:\n  shards:\n    - name: s0\n      primary: {addr: \"" + rs.Addr + "\"}\n" +
+		"nats:\n  url: " + ns.ClientURL() + "\n" +
+		"edge:\n  admin_listen: 127.0.0.1:0\n  rls:\n    listen: " + rls + "\n    config: " +
+		rulesDir(t, "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 1}\n") + "\n"
+	in := start(t, src, map[string]string{config.EnvKeySecret: secret,
+		deploy.NATSPasswordEnv("edge"): natstest.Password("edge"), deploy.NATSPasswordEnv("accountant"): natstest.Password("accountant")})
+	c := rlsClient(t, rls)
+	assert.Equal(t, rlsv3.RateLimitResponse_OK, rlsconformance.Ask(t, c, "api", rlsconformance.Desc("client", "a")).OverallCode)
+	assert.Equal(t, rlsv3.RateLimitResponse_OVER_LIMIT, rlsconformance.Ask(t, c, "api", rlsconformance.Desc("client", "a")).OverallCode)
+	_, js := ns.Connect()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	testutil.WaitFor(t, "the decisions on the external NATS", func() bool {
+		s, err := js.Stream(ctx, "TALLY_DECISIONS")
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs > 0
+	})
+	in.stop(t)
+	log := in.log.String()
+	assert.Contains(t, log, `"as_roles":true`)
+	assert.NotContains(t, log, "embedded NATS started")
+	assert.NotContains(t, log, "Permissions Violation")
 }

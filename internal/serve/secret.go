@@ -52,11 +52,16 @@ func SharedSecret(ctx context.Context, cfg *config.File) (string, error) {
 		var v string
 		v, err = c.SetArgs(cctx, key, hex.EncodeToString(b), redis.SetArgs{Mode: "NX", Get: true}).Result()
 		cancel()
+		var refused redis.Error
 		switch {
 		case errors.Is(err, redis.Nil):
 			return hex.EncodeToString(b), nil
 		case err == nil:
 			return v, nil
+		case errors.As(err, &refused):
+			// Redis answered, and said no (an ACL without SET, a wrong
+			// password): waiting will not change it.
+			return "", fmt.Errorf("the shared key secret at %s: %w (set TALLY_KEY_SECRET)", key, err)
 		}
 		t := time.NewTimer(wait)
 		select {

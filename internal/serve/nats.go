@@ -39,15 +39,20 @@ func startNATS(cfg *config.File, hostname string, log *slog.Logger, ready time.D
 	if sv.DataDir == "" {
 		return nil, ErrNoDataDir
 	}
-	store := filepath.Join(sv.DataDir, "jetstream")
-	if err := os.MkdirAll(store, 0o700); err != nil {
+	// The server keeps its store in StoreDir/jetstream.
+	if err := os.MkdirAll(sv.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("serve.data_dir: %w", err)
 	}
+	store := filepath.Join(sv.DataDir, "jetstream")
 	o, passwords, err := natsOptions(cfg, hostname, log)
 	if err != nil {
 		return nil, err
 	}
-	o.StoreDir = store
+	o.StoreDir = sv.DataDir
+	if l := sv.NATS.Listen; l != "" && !config.Loopback(l) && !sv.NATS.TLS.On() {
+		log.Warn("the embedded NATS's client listener is reachable beyond loopback without TLS: passwords and events cross the network in the clear (serve.nats.tls)",
+			"listen", l)
+	}
 	s, err := server.NewServer(o)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallyhq/tally/internal/metrics"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/rlsconformance"
 )
@@ -31,6 +32,8 @@ func referenceEnv(t *testing.T, redisAddr, runtimeRoot string) (env map[string]s
 func TestReferenceSettingsConformance(t *testing.T) {
 	rs := redistest.Start(t)
 	env, grpcAddr, httpAddr := referenceEnv(t, rs.Addr, runtimeDir(t))
+	promAddr := freeAddr(t)
+	env["USE_PROMETHEUS"], env["PROMETHEUS_ADDR"], env["PROMETHEUS_PATH"] = "true", promAddr, "/prom"
 	tallyServe(t, env, "-data-dir", t.TempDir())
 	c := rlsClient(t, grpcAddr)
 	rlsconformance.Run(t, c)
@@ -59,4 +62,14 @@ func TestReferenceSettingsConformance(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, 400, resp.StatusCode)
+	// USE_PROMETHEUS: the process's metrics — the edge's and the
+	// accountant's together — at PROMETHEUS_ADDR and PROMETHEUS_PATH.
+	m, err := metrics.Scrape("http://" + promAddr + "/prom")
+	require.NoError(t, err)
+	assert.Greater(t, m[`tally_edge_decisions_total{path="reserve",result="allowed"}`], 0.0)
+	found := false
+	for k := range m {
+		found = found || strings.HasPrefix(k, "tally_accountant_")
+	}
+	assert.True(t, found, "the accountant's metrics are there too")
 }

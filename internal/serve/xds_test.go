@@ -2,6 +2,7 @@ package serve_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"math"
 	"net"
@@ -20,9 +21,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/rlsconformance"
+	"github.com/tallyhq/tally/internal/testpki"
 	"github.com/tallyhq/tally/internal/testutil"
 )
 
@@ -43,7 +46,7 @@ type managementServer struct {
 	nodes []string // the node ids of the requests
 }
 
-func startManagementServer(t *testing.T, addr string, cache cachev3.SnapshotCache) *managementServer {
+func startManagementServer(t *testing.T, addr string, cache cachev3.SnapshotCache, opts ...grpc.ServerOption) *managementServer {
 	t.Helper()
 	if cache == nil {
 		cache = cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
@@ -65,7 +68,7 @@ func startManagementServer(t *testing.T, addr string, cache cachev3.SnapshotCach
 		ln, err = net.Listen("tcp", addr)
 		return err == nil
 	})
-	m.gs = grpc.NewServer()
+	m.gs = grpc.NewServer(opts...)
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(m.gs, serverv3.NewServer(context.Background(), cache, cb))
 	m.done = make(chan struct{})
 	go func() { defer close(m.done); _ = m.gs.Serve(ln) }()
@@ -189,4 +192,58 @@ func TestReferenceSettingsOverXDS(t *testing.T) {
 
 func rlsconformanceProbe() []*rlv3.RateLimitDescriptor {
 	return []*rlv3.RateLimitDescriptor{rlsconformance.Desc("user", fmt.Sprint("probe-", time.Now().UnixNano()))}
+}
+
+// Over mutual TLS, as Envoy Gateway sets it (CONFIG_GRPC_XDS_SERVER_USE_TLS
+// with the client certificate and the server's CA): the rules arrive; a
+// management server that asks for a client certificate refuses a Tally
+// without one, and the service keeps refusing calls (no rules) rather
+// than answering from nothing.
+func TestXDSOverMutualTLS(t *testing.T) {
+	rs := redistest.Start(t)
+	ca := testpki.NewCA(t, "xds CA")
+	serverCert, serverKey := ca.Server("envoy-gateway")
+	clientCert, clientKey := ca.Client("envoy-ratelimit")
+	cert, err := tls.LoadX509KeyPair(serverCert, serverKey)
+	require.NoError(t, err)
+	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool(),
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+	xdsAddr := freeAddr(t)
+	ms := startManagementServer(t, xdsAddr, nil, grpc.Creds(creds))
+	ms.push("1", limitConfig("secure", rlsconfv3.RateLimitUnit_HOUR, 4))
+
+	env, grpcAddr, _ := referenceEnv(t, rs.Addr, t.TempDir())
+	for k, v := range map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": xdsAddr, "CONFIG_GRPC_XDS_NODE_ID": nodeID,
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": ca.File,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": clientCert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": clientKey,
+		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "100ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "1s"} {
+		env[k] = v
+	}
+	tallyServe(t, env, "-data-dir", t.TempDir())
+	c := rlsClient(t, grpcAddr)
+	testutil.WaitFor(t, "the rules over mutual TLS", func() bool { return limitOfSafe(c, "secure") == 4 })
+
+	// Without a client certificate the server refuses the stream: no rules,
+	// every call refused.
+	env2, grpcAddr2, _ := referenceEnv(t, rs.Addr, t.TempDir())
+	for k, v := range map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": xdsAddr, "CONFIG_GRPC_XDS_NODE_ID": nodeID,
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": ca.File,
+		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "100ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "1s"} {
+		env2[k] = v
+	}
+	tallyServe(t, env2, "-data-dir", t.TempDir())
+	c2 := rlsClient(t, grpcAddr2)
+	_, err = c2.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "secure",
+		Descriptors: []*rlv3.RateLimitDescriptor{rlsconformance.Desc("client", "x")}})
+	require.Error(t, err, "no rules without the management server")
+}
+
+// limitOfSafe is limitOf that answers 0 while the service refuses calls.
+func limitOfSafe(c rlsv3.RateLimitServiceClient, domain string) uint32 {
+	resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain,
+		Descriptors: []*rlv3.RateLimitDescriptor{rlsconformance.Desc("client", "probe")}})
+	if err != nil || resp.Statuses[0].CurrentLimit == nil {
+		return 0
+	}
+	return resp.Statuses[0].CurrentLimit.RequestsPerUnit
 }

@@ -106,7 +106,7 @@ func (cl *Client) Run(ctx context.Context) error {
 		}
 		d := jitter(wait)
 		cl.c.Log.Warn("xDS stream to the management server ended; the rules in effect stay", "server", cl.c.Server,
-			"err", err, "retry_in", d.Round(time.Millisecond))
+			"version", cl.version, "err", err, "retry_in", d.Round(time.Millisecond))
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -242,4 +243,31 @@ func (r *report) grpcMarkdown(p func(string, ...any)) {
 			byProcess(g.Memory))
 	}
 	p("")
+	// One process against three: the CPU and memory of Tally's own
+	// processes (the load generator and Redis left out).
+	var sep, one *grpcResult
+	for i := range r.GRPC {
+		switch r.GRPC[i].Target {
+		case "tally: Envoy's rate-limit service (gRPC)":
+			sep = &r.GRPC[i]
+		case serveName:
+			one = &r.GRPC[i]
+		}
+	}
+	if sep != nil && one != nil {
+		own := func(m map[string]float64) float64 {
+			var sum float64
+			for k, v := range m {
+				if k != "load generator" && !strings.HasPrefix(k, "redis") && k != "no-op" {
+					sum += v
+				}
+			}
+			return sum
+		}
+		p("`tally serve` spent %.0f µs of CPU per decision in its one process, the separate processes %.0f (edge-checker,",
+			own(one.CPU), own(sep.CPU))
+		p("accountant and nats-server together); %.0f MB of memory against %.0f; %.0f decisions/s against %.0f.",
+			own(one.Memory), own(sep.Memory), one.Median, sep.Median)
+		p("")
+	}
 }

@@ -145,17 +145,15 @@ func TestTwoServeAdmitExactlyTheLimit(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, int64(50), allowed.Load(), "two processes together admit exactly the limit")
 	assert.Equal(t, int64(150), denied.Load())
-	// Both stop at once, as a rollout would: each edge delivers what it
-	// holds while the cluster is still whole.
-	var stops sync.WaitGroup
-	for _, in := range ins {
-		stops.Go(func() { in.stop(t) })
-	}
-	stops.Wait()
+	// One stops, then the other, as a rollout would: the first delivers
+	// what it holds while the cluster is whole. (The last of two has no
+	// quorum left: its accounting goes to the primary itself.)
 	for _, in := range ins {
 		assert.Contains(t, in.log.String(), `"routes":1`)
-		assert.NotContains(t, in.log.String(), "not everything was delivered")
 	}
+	ins[0].stop(t)
+	assert.NotContains(t, ins[0].log.String(), "not everything was delivered")
+	ins[1].stop(t)
 }
 
 // The embedded server's client listener holds Tally's shipped users and
@@ -252,4 +250,81 @@ func TestServeWithExternalNATS(t *testing.T) {
 	assert.Contains(t, log, `"as_roles":true`)
 	assert.NotContains(t, log, "embedded NATS started")
 	assert.NotContains(t, log, "Permissions Violation")
+}
+
+// Three tally serve, their embedded servers one cluster (R3 by default),
+// keep deciding exactly when one of them stops: the two left admit what
+// is left of the limit, no more, and stop with everything delivered.
+func TestThreeServeR3OneStops(t *testing.T) {
+	rs := redistest.Start(t)
+	rules := rulesDir(t, "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 60}\n")
+	routes := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	env := map[string]string{config.EnvKeySecret: secret, deploy.NATSRoutePasswordEnv: "route-secret",
+		deploy.NATSPasswordEnv("operator"): "operator-pw"}
+	listen := freeAddr(t) // the second's client listener, to look at the streams
+	var ins []*instance
+	for i := range 3 {
+		var others []string
+		for j, r := range routes {
+			if j != i {
+				others = append(others, r)
+			}
+		}
+		src := baseConfig(rs.Addr, rules, freeAddr(t), t.TempDir()) +
+			fmt.Sprintf("  nats:\n    name: tally-%d\n    cluster:\n      listen: %s\n      routes: [%s]\n", i, routes[i], strings.Join(others, ", "))
+		if i == 1 {
+			src += "    listen: " + listen + "\n"
+		}
+		ins = append(ins, start(t, src, env))
+	}
+	var clients []rlsv3.RateLimitServiceClient
+	for _, in := range ins {
+		clients = append(clients, rlsClient(t, in.rls))
+	}
+	ask := func(cs []rlsv3.RateLimitServiceClient, n int) (allowed int64) {
+		var a atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 6 {
+			c := cs[w%len(cs)]
+			wg.Go(func() {
+				for range n {
+					resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+						Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{rlsconformance.Desc("client", "shared")}})
+					if assert.NoError(t, err) && resp.OverallCode == rlsv3.RateLimitResponse_OK {
+						a.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return a.Load()
+	}
+	first := ask(clients, 5) // 30 asked of 60
+	assert.Equal(t, int64(30), first)
+	nc, err := nats.Connect("nats://"+listen, nats.UserInfo("operator", "operator-pw"))
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	testutil.WaitFor(t, "the accounting stream on three servers", func() bool {
+		s, err := js.Stream(ctx, "TALLY_ACCOUNTING")
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		return err == nil && info.Config.Replicas == 3 && info.Cluster != nil && len(info.Cluster.Replicas) == 2
+	})
+	ins[0].stop(t)
+	rest := ask(clients[1:], 10) // 60 asked, 30 left
+	assert.Equal(t, int64(30), rest, "the two left admit exactly what is left")
+	// The first stopped while two of three servers stayed: it delivered
+	// everything. The others stop in turn.
+	assert.NotContains(t, ins[0].log.String(), "not everything was delivered")
+	for _, in := range ins {
+		assert.Contains(t, in.log.String(), `"routes":2`)
+	}
+	ins[1].stop(t)
+	ins[2].stop(t)
 }

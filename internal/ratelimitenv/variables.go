@@ -160,7 +160,7 @@ var Variables = []Variable{
 // the reference's (it reads none of them).
 var Others = []Variable{
 	{"GRPC_SERVER_TLS_CA_CERT", "", Ignored, "Envoy Gateway sets it, but the reference reads GRPC_CLIENT_TLS_CACERT and ignores this one; Tally does as the reference does"},
-	{"OTEL_EXPORTER_OTLP_ENDPOINT", "", Honoured, "OpenTelemetry's own: Tally exports traces and metrics there over OTLP/HTTP"},
+	{"OTEL_EXPORTER_OTLP_ENDPOINT", "", Honoured, "OpenTelemetry's own: Tally exports traces and metrics there over OTLP/HTTP (a collector's HTTP port, 4318, not its gRPC port)"},
 }
 
 // lookup finds a variable of Variables or Others.

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -41,6 +42,9 @@ type grpcResult struct {
 	Runs   []float64          `json:"runs_rps"`
 	P99    float64            `json:"p99_ms"` // median of the runs' p99
 	CPU    map[string]float64 `json:"cpu_us_per_decision_by_process"`
+	// Memory is the resident memory after the runs, MB by process (Redis
+	// left out).
+	Memory map[string]float64 `json:"rss_mb_by_process"`
 }
 
 // writeRLSRules writes the rate-limit service's rules: domain "bench", one
@@ -173,6 +177,11 @@ func (b *bench) grpcDoor(ctx context.Context) error {
 		{"no-op gRPC handler", noopAddr, map[string][]*stack.Proc{"no-op": {noop}}},
 		{"tally: Envoy's rate-limit service (gRPC)", b.rlsAddr, b.processes(auto)},
 	}
+	serveAddr, serveProcs, err := b.startServe(ctx)
+	if err != nil {
+		return err
+	}
+	ts = append(ts, gtarget{serveName, serveAddr, serveProcs})
 	if b.reference != nil {
 		ts = append(ts, gtarget{referenceName + " (gRPC)", b.referenceGRPC, b.reference.procs})
 	}
@@ -204,9 +213,10 @@ func (b *bench) grpcDoor(ctx context.Context) error {
 	for i, t := range ts {
 		lo, hi := minMax(runs[i])
 		r := grpcResult{Target: t.name, Median: median(runs[i]), Min: lo, Max: hi, Runs: runs[i], P99: median(p99s[i]),
-			CPU: costs[i].CPUPerRequest}
+			CPU: costs[i].CPUPerRequest, Memory: memory(t.procs)}
 		b.report.GRPC = append(b.report.GRPC, r)
-		fmt.Printf("  %-42s median %.0f decisions/s (%.0f – %.0f), CPU µs per decision: %s\n", t.name, r.Median, lo, hi, byProcess(r.CPU))
+		fmt.Printf("  %-42s median %.0f decisions/s (%.0f – %.0f), CPU µs per decision: %s, memory MB: %s\n", t.name, r.Median, lo, hi,
+			byProcess(r.CPU), byProcess(r.Memory))
 	}
 	return nil
 }
@@ -220,14 +230,44 @@ func (r *report) grpcMarkdown(p func(string, ...any)) {
 	p("")
 	p("Envoy's rate-limit service (`ShouldRateLimit`) called as Envoy calls it: %d gRPC connections, %d calls in flight,", grpcConns, conns)
 	p("one descriptor per call, 1,000 keys far from their limits; Tally's edge answering from envoyproxy/ratelimit")
-	p("rules, a no-op gRPC handler of the same protocol, and %s's own gRPC port when the run was given it.", referenceName)
-	p("Median of the runs and their range; CPU µs per decision by process, the load generator's included.")
+	p("rules, `tally serve` (edge, accountant and an embedded NATS JetStream in one process, on a Redis primary and")
+	p("replica of its own), a no-op gRPC handler of the same protocol, and %s's own gRPC port when the run was given it.", referenceName)
+	p("Median of the runs and their range; CPU µs per decision by process, the load generator's included; resident")
+	p("memory (MB) of the processes that decide, after the runs (Redis left out).")
 	p("")
-	p("| target | decisions/s (median) | range | × no-op gRPC | p99 ms | CPU µs per decision |")
-	p("|---|---|---|---|---|---|")
+	p("| target | decisions/s (median) | range | × no-op gRPC | p99 ms | CPU µs per decision | memory MB |")
+	p("|---|---|---|---|---|---|---|")
 	base := r.GRPC[0].Median
 	for _, g := range r.GRPC {
-		p("| %s | %.0f | %.0f – %.0f | %.2f | %.2f | %s |", g.Target, g.Median, g.Min, g.Max, g.Median/base, g.P99, byProcess(g.CPU))
+		p("| %s | %.0f | %.0f – %.0f | %.2f | %.2f | %s | %s |", g.Target, g.Median, g.Min, g.Max, g.Median/base, g.P99, byProcess(g.CPU),
+			byProcess(g.Memory))
 	}
 	p("")
+	// One process against three: the CPU and memory of Tally's own
+	// processes (the load generator and Redis left out).
+	var sep, one *grpcResult
+	for i := range r.GRPC {
+		switch r.GRPC[i].Target {
+		case "tally: Envoy's rate-limit service (gRPC)":
+			sep = &r.GRPC[i]
+		case serveName:
+			one = &r.GRPC[i]
+		}
+	}
+	if sep != nil && one != nil {
+		own := func(m map[string]float64) float64 {
+			var sum float64
+			for k, v := range m {
+				if k != "load generator" && !strings.HasPrefix(k, "redis") && k != "no-op" {
+					sum += v
+				}
+			}
+			return sum
+		}
+		p("`tally serve` spent %.0f µs of CPU per decision in its one process, the separate processes %.0f (edge-checker,",
+			own(one.CPU), own(sep.CPU))
+		p("accountant and nats-server together); %.0f MB of memory against %.0f; %.0f decisions/s against %.0f.",
+			own(one.Memory), own(sep.Memory), one.Median, sep.Median)
+		p("")
+	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tallyhq/tally/deploy"
 	"github.com/tallyhq/tally/internal/accountant"
 	"github.com/tallyhq/tally/internal/backoff"
 	"github.com/tallyhq/tally/internal/credit"
@@ -47,6 +48,9 @@ type File struct {
 	Accountant Accountant `yaml:"accountant"`
 	Policies   []Policy   `yaml:"policies"`
 	Routes     []Route    `yaml:"routes"`
+	// Serve is what tally serve adds: the embedded NATS JetStream server
+	// (docs/operations.md, One process).
+	Serve Serve `yaml:"serve"`
 
 	// KeySecret keys the identity hash and signs request ids and notices
 	// (TALLY_KEY_SECRET, at least 32 random bytes in hex or base64:
@@ -63,7 +67,12 @@ type File struct {
 	path string
 	env  func(string) string
 
+	// natsURLGiven: nats.url (or TALLY_NATS_URL) was set, naming an
+	// external NATS; otherwise tally serve embeds one.
+	natsURLGiven bool
+
 	redisTLS *tls.Config // built from Redis.TLS by validate
+	xdsTLS   *tls.Config // built from Edge.RLS.XDS.TLS by validate
 	// descriptors are Edge.RLS.Config's rules, read by validate.
 	descriptors *descriptors.Config
 	natsOpts    []nats.Option
@@ -178,6 +187,17 @@ type Edge struct {
 	// ForwardAuth answers gateways' forward-auth requests (nginx
 	// auth_request, Traefik ForwardAuth, Caddy forward_auth).
 	ForwardAuth ForwardAuth `yaml:"forward_auth"`
+	// Metrics is a listener of its own for /metrics (envoyproxy/ratelimit's
+	// PROMETHEUS_ADDR and PROMETHEUS_PATH), beside the admin listener's.
+	Metrics MetricsListener `yaml:"metrics"`
+}
+
+// MetricsListener serves the process's metrics at Path only.
+type MetricsListener struct {
+	// Listen is its address. Empty: none.
+	Listen string `yaml:"listen"`
+	// Path is where the metrics are. Default /metrics.
+	Path string `yaml:"path"`
 }
 
 // ForwardAuth is the forward-auth listener (docs/nginx.md, docs/traefik.md,
@@ -211,6 +231,11 @@ type RLS struct {
 	// MergeDomains lets several files add to one domain (the reference's
 	// MERGE_DOMAIN_CONFIG).
 	MergeDomains bool `yaml:"merge_domains"`
+	// ShadowMode and QuotaMode put every rule in shadow_mode, or
+	// quota_mode (the reference's SHADOW_MODE and QUOTA_MODE). Default
+	// false.
+	ShadowMode bool `yaml:"shadow_mode"`
+	QuotaMode  bool `yaml:"quota_mode"`
 	// Mode is the mode of every rule: auto (default), exact or async.
 	Mode limiter.Mode `yaml:"mode"`
 	// ResponseHeaders adds RateLimit-Limit, -Remaining and -Reset to the
@@ -221,7 +246,110 @@ type RLS struct {
 	// hits_addend are charges of a cost known only at the end (Envoy's
 	// apply_on_stream_done): applied in full, even past the limit.
 	ChargeAtEnd []string `yaml:"charge_at_end"`
+	// XDS takes the rules from an xDS management server instead of Config
+	// (envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW). Off when its
+	// server is empty.
+	XDS XDS `yaml:"xds"`
+	// HTTPListen serves envoyproxy/ratelimit's HTTP port: POST /json (a
+	// RateLimitRequest in protobuf JSON; 429 when over the limit) and
+	// GET /healthcheck. Empty: none.
+	HTTPListen string `yaml:"http_listen"`
+	// HealthNeedsRules makes /healthcheck (http_listen) fail until rules
+	// are loaded (the reference's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
+	// Default false.
+	HealthNeedsRules bool `yaml:"health_needs_rules"`
+	// Unauthenticated lets the rate-limit service (gRPC and http_listen)
+	// reachable beyond loopback take calls with neither a token nor a
+	// client certificate, as envoyproxy/ratelimit does: for a network
+	// where only the gateways reach it (docs/security.md). Default false.
+	Unauthenticated bool `yaml:"unauthenticated"`
 }
+
+// XDS subscribes to the rate-limit rules as envoyproxy/ratelimit does with
+// CONFIG_TYPE=GRPC_XDS_SOTW: resources of the type
+// type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig over
+// the aggregated discovery service, state of the world.
+type XDS struct {
+	// Server is the management server, host:port.
+	Server string `yaml:"server"`
+	// NodeID and NodeMetadata are the node Tally presents (default id
+	// "default", as the reference's).
+	NodeID       string            `yaml:"node_id"`
+	NodeMetadata map[string]string `yaml:"node_metadata"`
+	// Headers are gRPC metadata sent on the stream.
+	Headers map[string]string `yaml:"headers"`
+	// TLS to the management server. Off by default.
+	TLS TLS `yaml:"tls"`
+	// BackoffInitial and BackoffMax bound the wait before reconnecting
+	// (doubled each time, with jitter). Defaults 500ms and 30s.
+	BackoffInitial time.Duration `yaml:"backoff_initial"`
+	BackoffMax     time.Duration `yaml:"backoff_max"`
+	// MaxMessageBytes bounds an update. Default 4 MiB.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+}
+
+// RuleOptions are how the rules' files are put together.
+func (r RLS) RuleOptions() descriptors.Options {
+	return descriptors.Options{MergeDomains: r.MergeDomains, Shadow: r.ShadowMode, Quota: r.QuotaMode}
+}
+
+// On says whether the rules come over xDS.
+func (x XDS) On() bool { return x.Server != "" }
+
+// Serve configures tally serve: an edge-checker, an accountant and —
+// unless nats.url names an external NATS — an embedded NATS JetStream
+// server in one process.
+type Serve struct {
+	// DataDir holds the embedded server's JetStream store (in
+	// DataDir/jetstream). Required with the embedded NATS; on a durable
+	// disk.
+	DataDir string `yaml:"data_dir"`
+	// NATS is the embedded server.
+	NATS EmbeddedNATS `yaml:"nats"`
+}
+
+// EmbeddedNATS is the embedded NATS server: Tally's users and permissions
+// (deploy/nats/tally.conf) with their passwords from
+// TALLY_NATS_<USER>_PASSWORD; a user with none gets a random one, known
+// to the process only.
+type EmbeddedNATS struct {
+	// Name is the server's name, unique in a cluster. Default the host
+	// name.
+	Name string `yaml:"name"`
+	// Listen is a client listener for services and analytics consumers.
+	// Empty (default): none, the process's own parts connect in process.
+	Listen string `yaml:"listen"`
+	// TLS is the client listener's TLS. Off by default.
+	TLS servertls.Config `yaml:"tls"`
+	// Cluster joins the embedded servers of several tally serve into one
+	// JetStream cluster.
+	Cluster EmbeddedCluster `yaml:"cluster"`
+	// Passwords are the users' passwords (TALLY_NATS_<USER>_PASSWORD),
+	// by user. Never in the file.
+	Passwords map[string]string `yaml:"-"`
+}
+
+// EmbeddedCluster is the embedded server's cluster: routes authenticate
+// with TALLY_NATS_ROUTE_PASSWORD, as deploy/nats/cluster.conf's.
+type EmbeddedCluster struct {
+	// Name is the cluster's name. Default tally.
+	Name string `yaml:"name"`
+	// Listen is the route listener (host:port). Empty: no cluster.
+	Listen string `yaml:"listen"`
+	// Routes are the other servers' route listeners
+	// (nats-route://host:6222, or host:6222).
+	Routes []string `yaml:"routes"`
+	// Password is the routes' password (TALLY_NATS_ROUTE_PASSWORD). Never
+	// in the file.
+	Password string `yaml:"-"`
+}
+
+// On says whether the embedded server is clustered.
+func (c EmbeddedCluster) On() bool { return c.Listen != "" }
+
+// EmbeddedNATS says whether tally serve embeds NATS: nats.url (and
+// TALLY_NATS_URL) named none.
+func (f *File) EmbeddedNATS() bool { return !f.natsURLGiven }
 
 // Identity says whose window a request counts against.
 type Identity struct {
@@ -406,6 +534,14 @@ func (f *File) applyEnv(ps *problems, env func(string) string) {
 	if v := env(EnvNATSURL); v != "" {
 		f.NATS.URL = v
 	}
+	f.natsURLGiven = f.NATS.URL != ""
+	f.Serve.NATS.Passwords = map[string]string{}
+	for _, u := range deploy.NATSUsers {
+		if v := env(deploy.NATSPasswordEnv(u)); v != "" {
+			f.Serve.NATS.Passwords[u] = v
+		}
+	}
+	f.Serve.NATS.Cluster.Password = env(deploy.NATSRoutePasswordEnv)
 	if v := env(EnvUpstream); v != "" {
 		f.Edge.Upstream = v
 	}
@@ -520,6 +656,15 @@ func (n NATS) options(ps *problems) []nats.Option {
 		}
 	}
 	return opts
+}
+
+// RedisTLS is the TLS of the connections to Redis; nil when they are
+// plain.
+func (f *File) RedisTLS() *tls.Config {
+	if f.redisTLS == nil {
+		return nil
+	}
+	return f.redisTLS.Clone()
 }
 
 // NATSOptions are the connection options the file sets: TLS and

@@ -8,6 +8,7 @@
 package config
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -21,6 +22,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tallyhq/tally/deploy"
 	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -46,6 +48,16 @@ func (f *File) withDefaults() {
 		f.NATS.URL = "nats://127.0.0.1:4222"
 	}
 	f.Edge = f.Edge.withDefaults()
+	if c := &f.Serve.NATS.Cluster; c.On() {
+		if c.Name == "" {
+			c.Name = "tally"
+		}
+		// R3 from three servers: every accounting event kept through the
+		// loss of any one.
+		if f.NATS.Streams.Replicas == 0 && len(c.Routes) >= 2 {
+			f.NATS.Streams.Replicas = 3
+		}
+	}
 }
 
 // withDefaults is e with the defaults of its own fields.
@@ -72,6 +84,23 @@ func (e Edge) withDefaults() Edge {
 	}
 	if e.Identity.IPv6Prefix == 0 {
 		e.Identity.IPv6Prefix = 64
+	}
+	if e.Metrics.Listen != "" && e.Metrics.Path == "" {
+		e.Metrics.Path = "/metrics"
+	}
+	if x := &e.RLS.XDS; x.On() {
+		if x.NodeID == "" {
+			x.NodeID = "default"
+		}
+		if x.BackoffInitial == 0 {
+			x.BackoffInitial = 500 * time.Millisecond
+		}
+		if x.BackoffMax == 0 {
+			x.BackoffMax = 30 * time.Second
+		}
+		if x.MaxMessageBytes == 0 {
+			x.MaxMessageBytes = 4 << 20
+		}
 	}
 	return e
 }
@@ -301,6 +330,8 @@ func (f *File) validateEdge(ps *problems) {
 		}
 	}
 	f.validateRLS(ps)
+	f.validateXDSNumbers(ps)
+	f.validateServe(ps)
 	f.validateForwardAuth(ps)
 	ps.in("edge.outbox", e.Outbox.Validate())
 	ps.in("edge.credit", e.Credit.Validate())
@@ -408,8 +439,13 @@ func (f *File) Gateways() []netip.Prefix {
 func (f *File) validateRLS(ps *problems) {
 	r := &f.Edge.RLS
 	if r.Listen == "" {
-		if r.Config != "" {
+		switch {
+		case r.Config != "":
 			ps.field("edge.rls.listen", "empty: set it to serve the rules of edge.rls.config")
+		case r.XDS.On():
+			ps.field("edge.rls.listen", "empty: set it to serve the rules of edge.rls.xds")
+		case r.HTTPListen != "":
+			ps.field("edge.rls.listen", "empty: set it with edge.rls.http_listen")
 		}
 		return
 	}
@@ -420,18 +456,29 @@ func (f *File) validateRLS(ps *problems) {
 		ps.field("edge.rls.mode", "%q: want auto, exact or async", r.Mode)
 		modeOK = false
 	}
-	if r.Config == "" {
-		ps.field("edge.rls.config", "empty: name the directory of envoyproxy/ratelimit configuration files")
+	switch {
+	case r.Config != "" && r.XDS.On():
+		ps.field("edge.rls.xds", "set with edge.rls.config: take the rules from a directory or from xDS, not both")
+	case r.Config == "" && !r.XDS.On():
+		ps.field("edge.rls.config", "empty: name the directory of envoyproxy/ratelimit configuration files (or set edge.rls.xds.server)")
 	}
 	for i, d := range r.ChargeAtEnd {
 		if d == "" {
 			ps.field(fmt.Sprintf("edge.rls.charge_at_end[%d]", i), "empty: name a domain")
 		}
 	}
-	if r.Config == "" {
+	if r.HTTPListen != "" {
+		if _, _, err := net.SplitHostPort(r.HTTPListen); err != nil {
+			ps.field("edge.rls.http_listen", "%q: want host:port", r.HTTPListen)
+		}
+	}
+	if r.XDS.On() {
+		f.validateXDS(ps)
+	}
+	if r.Config == "" || r.XDS.On() {
 		return
 	}
-	c, err := descriptors.LoadDir(r.Config, descriptors.Options{MergeDomains: r.MergeDomains})
+	c, err := descriptors.LoadDir(r.Config, r.RuleOptions())
 	if err == nil && modeOK { // the rules are judged in the mode they run in
 		err = edge.ValidDescriptors(c, r.Mode)
 	}
@@ -440,6 +487,111 @@ func (f *File) validateRLS(ps *problems) {
 		return
 	}
 	f.descriptors = c
+}
+
+// validateXDSNumbers checks the xDS subscription's numbers, whenever
+// they are written (defaults fill them only when xDS is on).
+func (f *File) validateXDSNumbers(ps *problems) {
+	x := &f.Edge.RLS.XDS
+	if x.BackoffInitial != 0 && (x.BackoffInitial < 10*time.Millisecond || x.BackoffInitial > 10*time.Minute) {
+		ps.field("edge.rls.xds.backoff_initial", "%v: want 10ms to 10m", x.BackoffInitial)
+	} else if x.BackoffMax != 0 && (x.BackoffMax < x.BackoffInitial || x.BackoffMax > time.Hour) {
+		ps.field("edge.rls.xds.backoff_max", "%v: want backoff_initial (%v) to 1h", x.BackoffMax, x.BackoffInitial)
+	}
+	if x.MaxMessageBytes != 0 && (x.MaxMessageBytes < 1<<10 || x.MaxMessageBytes > 256<<20) {
+		ps.field("edge.rls.xds.max_message_bytes", "%d: want 1 KiB to 256 MiB", x.MaxMessageBytes)
+	}
+}
+
+// validateXDS checks the xDS subscription's settings.
+func (f *File) validateXDS(ps *problems) {
+	x := &f.Edge.RLS.XDS
+	if host, port, err := net.SplitHostPort(x.Server); err != nil || host == "" || port == "" {
+		ps.field("edge.rls.xds.server", "%q: want host:port", x.Server)
+	}
+	var err error
+	if f.xdsTLS, err = x.TLS.Config(); err != nil {
+		ps.field("edge.rls.xds.tls", "%v", err)
+	}
+}
+
+// XDSTLS is the TLS of the connection to the xDS management server; nil
+// when it is plain.
+func (f *File) XDSTLS() *tls.Config {
+	if f.xdsTLS == nil {
+		return nil
+	}
+	return f.xdsTLS.Clone()
+}
+
+// validateServe checks tally serve's section: the embedded NATS, which an
+// external one (nats.url) excludes.
+func (f *File) validateServe(ps *problems) {
+	n := &f.Serve.NATS
+	if f.natsURLGiven {
+		switch {
+		case f.Serve.DataDir != "":
+			ps.field("serve.data_dir", "set, but nats.url names an external NATS: the data directory is the embedded server's")
+		case n.Listen != "" || n.Cluster.On() || len(n.Cluster.Routes) > 0 || n.Name != "":
+			ps.field("serve.nats", "set, but nats.url names an external NATS: configure the embedded server or name an external one, not both")
+		}
+		return
+	}
+	if n.Listen != "" {
+		if _, _, err := net.SplitHostPort(n.Listen); err != nil {
+			ps.field("serve.nats.listen", "%q: want host:port", n.Listen)
+		}
+	}
+	if n.TLS.On() && n.Listen == "" {
+		ps.field("serve.nats.tls", "set, but serve.nats.listen is empty: nothing listens with it")
+	} else {
+		ps.in("serve.nats.tls", n.TLS.Validate())
+	}
+	c := &n.Cluster
+	if !c.On() {
+		if len(c.Routes) > 0 {
+			ps.field("serve.nats.cluster.listen", "empty: the routes need a route listener of this server's")
+		}
+		if f.NATS.Streams.Replicas > 1 {
+			ps.field("nats.streams.replicas", "%d: the embedded server is alone (no serve.nats.cluster): want 1", f.NATS.Streams.Replicas)
+		}
+		return
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		ps.field("serve.nats.cluster.listen", "%q: want host:port", c.Listen)
+	}
+	if !validPrefixTokens(c.Name) {
+		ps.field("serve.nats.cluster.name", "%q: want letters, digits, _ and -", c.Name)
+	}
+	for i, r := range c.Routes {
+		if _, err := RouteURL(r); err != nil {
+			ps.field(fmt.Sprintf("serve.nats.cluster.routes[%d]", i), "%v", err)
+		}
+	}
+	if c.Password == "" {
+		ps.field("serve.nats.cluster", "set %s: the routes' password (a server that joins the cluster sees every message)",
+			deploy.NATSRoutePasswordEnv)
+	}
+	if servers := len(c.Routes) + 1; f.NATS.Streams.Replicas > servers {
+		ps.field("nats.streams.replicas", "%d: the embedded cluster has %d servers (this one and its routes)", f.NATS.Streams.Replicas, servers)
+	}
+}
+
+// RouteURL is a route of serve.nats.cluster.routes as a URL: host:port or
+// nats-route://host:port (nats:// is taken too), without credentials (the
+// password is TALLY_NATS_ROUTE_PASSWORD's).
+func RouteURL(route string) (*url.URL, error) {
+	s := route
+	if !strings.Contains(s, "://") {
+		s = "nats-route://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" || u.Port() == "" || (u.Scheme != "nats-route" && u.Scheme != "nats") || u.User != nil ||
+		(u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("%q: want host:port or nats-route://host:port, without credentials", route)
+	}
+	u.Scheme = "nats-route"
+	return u, nil
 }
 
 // Descriptors are the rate-limit service's rules as read when the file was
@@ -459,9 +611,17 @@ func (f *File) validateSecurity(ps *problems) {
 		ps.field("edge.api_listen", "%q is reachable beyond loopback: set %s, the bearer token the API then requires",
 			e.APIListen, EnvAPIToken)
 	}
-	if e.RLS.Listen != "" && f.APIToken == "" && !Loopback(e.RLS.Listen) {
+	if e.RLS.HTTPListen != "" && f.APIToken == "" && !Loopback(e.RLS.HTTPListen) && !e.RLS.Unauthenticated {
+		ps.field("edge.rls.http_listen", "%q is reachable beyond loopback: set %s, the bearer token it then requires "+
+			"(or edge.rls.unauthenticated, docs/security.md)", e.RLS.HTTPListen, EnvAPIToken)
+	}
+	if e.Metrics.Listen != "" && !strings.HasPrefix(e.Metrics.Path, "/") {
+		ps.field("edge.metrics.path", "%q: want a path starting with /", e.Metrics.Path)
+	}
+	if e.RLS.Listen != "" && f.APIToken == "" && !Loopback(e.RLS.Listen) && !e.RLS.Unauthenticated && e.RLS.TLS.ClientCAFile == "" {
 		ps.field("edge.rls.listen", "%q is reachable beyond loopback: set %s, the bearer token the rate-limit service then requires "+
-			"(Envoy sends it as initial_metadata: authorization: Bearer <token>)", e.RLS.Listen, EnvAPIToken)
+			"(Envoy sends it as initial_metadata: authorization: Bearer <token>), or require client certificates (edge.rls.tls.client_ca_file)",
+			e.RLS.Listen, EnvAPIToken)
 	}
 	for _, l := range []struct{ field, addr string }{{"edge.admin_listen", e.AdminListen}, {"accountant.admin_listen", f.Accountant.AdminListen}} {
 		if l.addr != "" && f.AdminToken == "" && !Loopback(l.addr) {

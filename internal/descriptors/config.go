@@ -117,6 +117,9 @@ type Options struct {
 	// ratelimit's MERGE_DOMAIN_CONFIG); otherwise a domain written twice is
 	// refused.
 	MergeDomains bool
+	// Shadow and Quota put every rule in shadow_mode, or quota_mode, as
+	// envoyproxy/ratelimit's SHADOW_MODE and QUOTA_MODE do.
+	Shadow, Quota bool
 }
 
 // LoadDir reads every file of dir, as envoyproxy/ratelimit reads its
@@ -172,6 +175,10 @@ func Load(files []File, o Options) (*Config, error) {
 		if err := c.add(f.Name, root.domain, d, root.domain+".", root.descriptors); err != nil {
 			return nil, err
 		}
+	}
+	for _, r := range c.rules {
+		r.Shadow = r.Shadow || o.Shadow
+		r.Quota = r.Quota || o.Quota
 	}
 	return c, nil
 }

@@ -158,7 +158,12 @@ type Options struct {
 	// (RateLimitService), in envoyproxy/ratelimit's format; SetDescriptors
 	// replaces them. RLS says how the service decides.
 	Descriptors *descriptors.Config
-	RLS         RLSConfig
+	// DescriptorsLater says that the rate-limit service's rules come
+	// after the start (SetDescriptors, from xDS): until then its calls are
+	// refused, as envoyproxy/ratelimit's are before its first
+	// configuration.
+	DescriptorsLater bool
+	RLS              RLSConfig
 }
 
 // Server holds the edge's handlers and its background work: the table of
@@ -216,7 +221,7 @@ type Server struct {
 // New validates o and starts the server's background work. Call Close to
 // stop it.
 func New(o Options) (*Server, error) {
-	if o.Store == nil || o.Keys == nil || (len(o.Policies) == 0 && o.Descriptors == nil) {
+	if o.Store == nil || o.Keys == nil || (len(o.Policies) == 0 && o.Descriptors == nil && !o.DescriptorsLater) {
 		return nil, errors.New("edge: Store, Keys, and Policies or Descriptors are required")
 	}
 	if o.Clock == nil {

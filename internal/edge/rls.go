@@ -80,7 +80,10 @@ func newRLSRules(c *descriptors.Config, mode limiter.Mode) (*rlsRules, error) {
 	return r, nil
 }
 
-// rulePolicy is the policy of a rule.
+// rulePolicy is the policy of a rule. Its window opens at the second of
+// its first request; windows aligned to the clock, as the reference's
+// (issue 28, item 4), will be chosen here, per domain, once the window
+// model has them.
 func rulePolicy(rule *descriptors.Rule, mode limiter.Mode) (limiter.Policy, error) {
 	if rule.Limit > limiter.MaxLimit {
 		return limiter.Policy{}, fmt.Errorf("requests_per_unit %d: Tally counts up to %d per window (unlimited: true takes no limit)",
@@ -132,6 +135,10 @@ func (s *Server) SetDescriptors(c *descriptors.Config) error {
 	s.rls.Store(r)
 	return nil
 }
+
+// RLSRulesLoaded reports whether the rate-limit service has rules to
+// answer from (until then every call is refused).
+func (s *Server) RLSRulesLoaded() bool { return s.rls.Load() != nil }
 
 // RateLimitService returns Envoy's rate-limit service, to register on a
 // gRPC server (rlsv3.RegisterRateLimitServiceServer).

@@ -45,7 +45,7 @@ func buildAndRun(m *testing.M) (int, error) {
 	}
 	defer os.RemoveAll(dir)
 	for _, args := range [][]string{
-		{"-o", dir + string(filepath.Separator), "./cmd/edge-checker", "./cmd/accountant", "./examples/decisions"},
+		{"-o", dir + string(filepath.Separator), "./cmd/edge-checker", "./cmd/accountant", "./cmd/tally", "./examples/decisions"},
 		{"-o", filepath.Join(dir, "nats-server"), "github.com/nats-io/nats-server/v2"},
 	} {
 		cmd := exec.Command("go", append([]string{"build"}, args...)...)

@@ -303,6 +303,12 @@ func (ks *KeySpace) EpochKey() string { return ks.prefix + ":epoch" }
 // ReseedKey: see EpochKey.
 func (ks *KeySpace) ReseedKey() string { return ks.prefix + ":reseed" }
 
+// SharedSecretKey is the key, on the first shard's primary, that holds the
+// key secret every tally serve started with envoyproxy/ratelimit's settings
+// and no TALLY_KEY_SECRET shares (internal/serve). It is named by the
+// prefix alone: no KeySpace exists before the secret is known.
+func SharedSecretKey(prefix string) string { return prefix + ":shared:key-secret" }
+
 // FormatKey is a shard primary's window format record: "compact" once every
 // process of the deployment reads compact windows (lua/window.lua,
 // docs/windows.md).

@@ -19,12 +19,18 @@ import (
 // given up (another accountant takes over at once), then the NATS and
 // Redis connections close.
 func RunAccountant(ctx context.Context, cfg *config.File, log *slog.Logger) error {
-	p, err := open(ctx, cfg, "tally-accountant", log)
+	return RunAccountantIn(ctx, cfg, log, nil)
+}
+
+// RunAccountantIn is RunAccountant as a part of the process h describes
+// (nil: a process of its own).
+func RunAccountantIn(ctx context.Context, cfg *config.File, log *slog.Logger, h *Host) error {
+	p, err := open(ctx, cfg, "tally-accountant", log, h)
 	if err != nil {
 		return err
 	}
 	defer p.close(5*time.Second, log)
-	nc, err := ConnectNATS(cfg, "tally-accountant", "shards stop reading until it is back", log)
+	nc, err := connectNATS(cfg, h, "tally-accountant", "shards stop reading until it is back", log)
 	if err != nil {
 		return err
 	}

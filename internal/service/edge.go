@@ -14,8 +14,11 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/servertls"
+	"github.com/tallyhq/tally/internal/xds"
 )
 
 // RunEdge runs an edge-checker until ctx ends or a listener fails (its
@@ -25,7 +28,13 @@ import (
 // JetStream, or the primaries) and decisions published, the NATS
 // connections drain, Redis connections close.
 func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
-	p, err := open(ctx, cfg, "tally-edge-checker", log)
+	return RunEdgeIn(ctx, cfg, log, nil)
+}
+
+// RunEdgeIn is RunEdge as a part of the process h describes (nil: a
+// process of its own).
+func RunEdgeIn(ctx context.Context, cfg *config.File, log *slog.Logger, h *Host) error {
+	p, err := open(ctx, cfg, "tally-edge-checker", log, h)
 	if err != nil {
 		return err
 	}
@@ -35,14 +44,14 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	defer stopProbes()
 	go store.RunProbes(probeCtx, time.Second)
 
-	nc, err := ConnectNATS(cfg, "tally-edge-checker", "accounting events are applied on the primaries until it is back", log)
+	nc, err := connectNATS(cfg, h, "tally-edge-checker", "accounting events are applied on the primaries until it is back", log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	// Decisions (bulk telemetry) travel on a connection of their own, so that
 	// accounting events never queue behind them.
-	dnc, err := ConnectNATS(cfg, "tally-edge-checker-decisions", "decision records are dropped until it is back", log)
+	dnc, err := connectNATS(cfg, h, "tally-edge-checker-decisions", "decision records are dropped until it is back", log)
 	if err != nil {
 		return err
 	}
@@ -81,9 +90,27 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 			log.Warn("rate-limit rules", "warning", w)
 		}
 	}
-	if cfg.Edge.RLS.Listen != "" {
-		if rls, err = serveRLS(cfg.Edge.RLS.Listen, cfg.Edge.RLS.TLS, srv, cfg.APIToken, l.failed, log); err != nil {
+	if r := cfg.Edge.RLS; r.Listen != "" {
+		if rls, err = serveRLS(r.Listen, r.TLS, srv, cfg.APIToken, l.failed, log); err != nil {
 			return err
+		}
+		if r.HTTPListen != "" {
+			hs, err := l.serve(r.HTTPListen, servertls.Config{}, rlsHTTPHandler(srv, cfg.APIToken, r.HealthNeedsRules), lim)
+			if err != nil {
+				return err
+			}
+			serving = append(serving, hs)
+		}
+		if r.XDS.On() {
+			stopXDS, err := subscribe(ctx, cfg, srv, log.With("component", "xds"))
+			if err != nil {
+				return err
+			}
+			defer stopXDS()
+		}
+		if r.Unauthenticated && cfg.APIToken == "" {
+			log.Warn("the rate-limit service takes calls from anyone who reaches it (edge.rls.unauthenticated), as envoyproxy/ratelimit does: "+
+				"let only the gateways reach it (a NetworkPolicy), or set TALLY_API_TOKEN or a client CA", "listen", r.Listen, "http_listen", r.HTTPListen)
 		}
 	}
 	if fa := cfg.Edge.ForwardAuth; fa.Listen != "" {
@@ -113,6 +140,15 @@ func RunEdge(ctx context.Context, cfg *config.File, log *slog.Logger) error {
 	admin, err := l.serve(cfg.Edge.AdminListen, cfg.Edge.AdminTLS, GuardAdmin(cfg.AdminToken, srv.AdminHandler()), lim)
 	if err != nil {
 		return err
+	}
+	if m := cfg.Edge.Metrics; m.Listen != "" {
+		mux := http.NewServeMux()
+		mux.Handle(m.Path, RequireToken(cfg.AdminToken, p.metrics.Handler()))
+		hs, err := l.serve(m.Listen, servertls.Config{}, mux, adminLimits)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = hs.Close() }()
 	}
 	failed := l.wait(ctx)
 
@@ -161,7 +197,38 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 		Identity:         edge.Identifier{Header: id.Header, Trusted: id.Trusted(), IPv4Prefix: id.IPv4Prefix, IPv6Prefix: id.IPv6Prefix},
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
 		Upstream:         upstream, Source: source, Pprof: cfg.Edge.Pprof, Log: log,
-		Gateways: cfg.Gateways(), Descriptors: cfg.Descriptors(), RLS: edge.RLSConfig{Mode: cfg.Edge.RLS.Mode, ResponseHeaders: cfg.Edge.RLS.ResponseHeaders,
+		Gateways: cfg.Gateways(), Descriptors: cfg.Descriptors(), DescriptorsLater: cfg.Edge.RLS.XDS.On(), RLS: edge.RLSConfig{Mode: cfg.Edge.RLS.Mode, ResponseHeaders: cfg.Edge.RLS.ResponseHeaders,
 			ChargeAtEnd: chargeAtEnd},
 	}
+}
+
+// subscribe takes the rate-limit rules from the xDS management server of
+// edge.rls.xds until ctx ends or stop is called (which waits for the
+// subscription to end). Each update is read as the rules' files are and
+// put in effect at once; one that cannot be is refused, the rules in
+// effect kept.
+func subscribe(ctx context.Context, cfg *config.File, srv *edge.Server, log *slog.Logger) (stop func(), err error) {
+	x, r := cfg.Edge.RLS.XDS, cfg.Edge.RLS
+	c, err := xds.New(xds.Config{Server: x.Server, TLS: cfg.XDSTLS(), NodeID: x.NodeID, NodeMetadata: x.NodeMetadata,
+		Headers: x.Headers, BackoffInitial: x.BackoffInitial, BackoffMax: x.BackoffMax, MaxMessageBytes: x.MaxMessageBytes, Log: log,
+		Apply: func(files []descriptors.File) error {
+			rules, err := descriptors.Load(files, r.RuleOptions())
+			if err != nil {
+				return err
+			}
+			for _, w := range rules.Warnings {
+				log.Warn("rate-limit rules", "warning", w)
+			}
+			return srv.SetDescriptors(rules)
+		}})
+	if err != nil {
+		return nil, err
+	}
+	xctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Run(xctx)
+	}()
+	return func() { cancel(); <-done }, nil
 }

@@ -50,7 +50,7 @@ func TestProcessTracesRedisCommands(t *testing.T) {
 	})
 	require.NoError(t, err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	p, err := open(context.Background(), cfg, "tally-test", log)
+	p, err := open(context.Background(), cfg, "tally-test", log, nil)
 	require.NoError(t, err)
 	ctx, span := p.tracing.Tracer("tally/test").Start(context.Background(), "tally-test-request")
 	require.NoError(t, p.store.Ping(ctx))

@@ -80,7 +80,7 @@ func reloadOnce(current *config.File, srv *edge.Server) (*config.File, changes, 
 	if current.Path() == "" {
 		// Only the rate-limit rules come from files.
 		r := &current.Edge.RLS
-		rules, err := descriptors.LoadDir(r.Config, descriptors.Options{MergeDomains: r.MergeDomains})
+		rules, err := descriptors.LoadDir(r.Config, r.RuleOptions())
 		if err == nil {
 			err = srv.SetDescriptors(rules)
 		}

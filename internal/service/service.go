@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -33,7 +34,17 @@ import (
 // the connection (a clean stop) is not a disconnect: it is logged at debug
 // level only.
 func ConnectNATS(cfg *config.File, name, degraded string, log *slog.Logger) (*nats.Conn, error) {
-	opts := append(cfg.NATSOptions(), nats.Name(name),
+	return connectNATS(cfg, nil, name, degraded, log)
+}
+
+// connectNATS is ConnectNATS with the host's connection options, when it
+// gives some, in place of the file's.
+func connectNATS(cfg *config.File, h *Host, name, degraded string, log *slog.Logger) (*nats.Conn, error) {
+	base := cfg.NATSOptions()
+	if h != nil && h.NATS != nil {
+		base = slices.Clip(h.NATS)
+	}
+	opts := append(base, nats.Name(name),
 		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if nc.IsClosed() {
@@ -116,6 +127,38 @@ func GuardAdmin(token string, h http.Handler) http.Handler {
 	})
 }
 
+// StartLogging sets up the logging of a process named name: to stderr
+// (JSON lines, or text when format is "text"; level debug, info, warn or
+// error) and, with OTEL_LOGS_EXPORTER, over OpenTelemetry too. Every line
+// the process writes goes through the logger it returns — the standard
+// library's log package, go-redis's and OpenTelemetry's own lines too.
+// flush pushes the records the log exporter holds: call it after the last
+// line.
+func StartLogging(name, format, level string) (log *slog.Logger, flush func(), err error) {
+	h, err := telemetry.NewLogHandler(os.Stderr, format, level)
+	var logs *telemetry.Logs
+	if err == nil {
+		// The resource is named as open names traces and metrics.
+		h, logs, err = telemetry.SetupLogs(context.Background(), "tally-"+name, h)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	log = slog.New(h).With("service", name)
+	slog.SetDefault(log)
+	redis.SetLogger(redisLogger{log.With("component", "go-redis")})
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("opentelemetry: "+err.Error(), "component", "opentelemetry")
+	}))
+	return log, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if ferr := logs.Shutdown(ctx); ferr != nil {
+			fmt.Fprintln(os.Stderr, name+": logs not exported:", ferr)
+		}
+	}, nil
+}
+
 // Main is the main of a Tally binary: "name version" (or -version) prints
 // its build information (internal/buildinfo) and exits; otherwise it reads
 // -config, logs to stderr
@@ -134,26 +177,11 @@ func Main(name string, run func(context.Context, *config.File, *slog.Logger) err
 		fmt.Fprintf(os.Stderr, "%s: unexpected argument %q (usage: %s [-config FILE] | %s version)\n", name, flag.Arg(0), name, name)
 		os.Exit(2)
 	}
-	h, err := telemetry.NewLogHandler(os.Stderr, os.Getenv("TALLY_LOG_FORMAT"), os.Getenv("TALLY_LOG_LEVEL"))
-	var logs *telemetry.Logs
-	if err == nil {
-		// The resource is named as open names traces and metrics.
-		h, logs, err = telemetry.SetupLogs(context.Background(), "tally-"+name, h)
-	}
+	log, flushLogs, err := StartLogging(name, os.Getenv("TALLY_LOG_FORMAT"), os.Getenv("TALLY_LOG_LEVEL"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, name+":", err)
 		os.Exit(2)
 	}
-	log := slog.New(h).With("service", name)
-	// Every line the process writes goes through log: the standard
-	// library's log package (net/http's server errors), go-redis's own
-	// lines (a pool that cannot dial) and OpenTelemetry's errors (an
-	// exporter that cannot export) as well.
-	slog.SetDefault(log)
-	redis.SetLogger(redisLogger{log.With("component", "go-redis")})
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("opentelemetry: "+err.Error(), "component", "opentelemetry")
-	}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	cfg, err := config.Load(*path, os.Getenv)
 	if err == nil {
@@ -163,12 +191,7 @@ func Main(name string, run func(context.Context, *config.File, *slog.Logger) err
 	if err != nil {
 		log.Error(name+" stopped", "err", err)
 	}
-	// After the last line: push the records the log exporter holds.
-	flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	if ferr := logs.Shutdown(flush); ferr != nil {
-		fmt.Fprintln(os.Stderr, name+": logs not exported:", ferr)
-	}
-	cancel()
+	flushLogs()
 	if err != nil {
 		os.Exit(1)
 	}

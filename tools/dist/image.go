@@ -33,8 +33,10 @@ const (
 	UID = 65532
 	// BinDir holds the binaries; ConfigPath is where the default command
 	// reads its configuration (mount it there).
-	BinDir     = "/usr/local/bin"
-	ConfigPath = "/etc/tally/tally.yaml"
+	BinDir = "/usr/local/bin"
+	// RatelimitLink is envoyproxy/ratelimit's command, a link to tally.
+	RatelimitLink = "bin/ratelimit"
+	ConfigPath    = "/etc/tally/tally.yaml"
 	// CACerts is the CA bundle (Mozilla's roots, as golang.org/x/crypto's
 	// x509roots/fallback carries them), where Go looks for it on Linux.
 	CACerts = "/etc/ssl/certs/ca-certificates.crt"
@@ -125,7 +127,11 @@ func platformImage(src Source, p Platform, base v1.Layer, files map[string][]byt
 		}
 		bins = append(bins, entry{name: strings.TrimPrefix(BinDir, "/") + "/" + b, mode: 0o755, body: raw})
 	}
-	bins = append(bins, entry{name: "usr/share/doc/tally/LICENSE", mode: 0o644, body: files["LICENSE"]})
+	bins = append(bins, entry{name: "usr/share/doc/tally/LICENSE", mode: 0o644, body: files["LICENSE"]},
+		// Envoy Gateway and Istio's sample run /bin/ratelimit: tally run
+		// under that name is "tally serve -envoy-settings"
+		// (docs/envoy-gateway.md).
+		entry{name: RatelimitLink, mode: 0o777, link: BinDir + "/tally"})
 	binLayer, err := layer(bins, src.Time)
 	if err != nil {
 		return nil, err
@@ -211,8 +217,11 @@ func layer(entries []entry, at time.Time) (v1.Layer, error) {
 	for _, n := range names {
 		e := all[n]
 		h := &tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: e.mode, Size: int64(len(e.body)), ModTime: at, Format: tar.FormatPAX}
-		if strings.HasSuffix(n, "/") {
+		switch {
+		case strings.HasSuffix(n, "/"):
 			h.Typeflag, h.Size = tar.TypeDir, 0
+		case e.link != "":
+			h.Typeflag, h.Size, h.Linkname = tar.TypeSymlink, 0, e.link
 		}
 		if err := tw.WriteHeader(h); err != nil {
 			return nil, err

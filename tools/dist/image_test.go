@@ -131,7 +131,14 @@ func TestImage(t *testing.T) {
 			}
 
 			hs, bodies := files(t, img)
-			for _, shell := range []string{"/bin/sh", "/bin/bash", "/bin/busybox", "/usr/bin/sh", "/bin", "/sbin", "/usr/bin",
+			for name, h := range hs {
+				if strings.HasPrefix(name, "/bin/") {
+					require.Equal(t, "/bin/ratelimit", name, "/bin holds envoyproxy/ratelimit's command only")
+					require.Equal(t, byte(tar.TypeSymlink), h.Typeflag)
+					require.Equal(t, "/usr/local/bin/tally", h.Linkname, "/bin/ratelimit is tally (serve -envoy-settings)")
+				}
+			}
+			for _, shell := range []string{"/bin/sh", "/bin/bash", "/bin/busybox", "/usr/bin/sh", "/sbin", "/usr/bin",
 				"/usr/bin/apt", "/usr/bin/dpkg", "/sbin/apk", "/var/lib/dpkg", "/lib/apk"} {
 				require.NotContains(t, hs, shell, "no shell, no package manager")
 			}

@@ -201,6 +201,9 @@ type entry struct {
 	name string
 	mode int64
 	body []byte
+	// link, when set, makes the entry a symbolic link to it (image layers
+	// only).
+	link string
 }
 
 // writeTarball is a gzipped tar of entries under the directory top, every

@@ -57,6 +57,9 @@
 -- ARGV[13] -> share expiry, ms
 -- ARGV[14] -> "1" when the shard's windows may be compact (epoch.lua's
 --            format: every process of the deployment reads them), else ""
+-- ARGV[15] -> "1" when the policy's windows are aligned to the clock: a
+--            window opened here starts at the multiple of its length since
+--            the Unix epoch that now falls in (window.lua's opening), else ""
 --
 -- Compact windows (window.lua): with ARGV[14] "1", a take that owes
 -- nothing, moves nothing and freezes nothing, in a window of whole
@@ -141,6 +144,10 @@ for tok in string.gmatch(owedArg, "[^,]+") do
   table.insert(owedPairs, { tonumber(sq), tonumber(un) })
 end
 
+local align = ARGV[15] == "1"
+if ARGV[15] ~= nil and ARGV[15] ~= "" and not align then
+  return redis.error_reply("ERR tally: invalid align")
+end
 local mine_field, held_field = "g:" .. holder, "c:" .. producer
 -- simple: a take the compact form can hold, when the shard's windows may be
 -- compact.
@@ -196,7 +203,7 @@ if w == nil or w.r <= now then
   if need == 0 then
     return { 0, 0, 0, 0, 0, applied, 0, -1 }
   end
-  local s = opening(now)
+  local s = opening(now, len, align)
   local p = first_p(s, grace)
   if w ~= nil then
     p = w.r
@@ -212,7 +219,7 @@ if w == nil or w.r <= now then
   if form ~= nil then
     redis.call("DEL", KEYS[1])
   end
-  w = fresh(now, len, p)
+  w = fresh(now, len, p, align)
   opened, owed, mine, held_now = 1, 0, 0, 0
 end
 if need == 0 then

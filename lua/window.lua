@@ -225,15 +225,20 @@ end
 -- opening returns the start of the window a request at t opens: the whole
 -- second t falls in, so that the window lasts exactly its length (a window of
 -- one second holds one second of requests, as a clock-aligned one does) and
--- its reset, s + len, is a whole second.
-local function opening(t)
+-- its reset, s + len, is a whole second; or, for a window aligned to the
+-- clock (align), the multiple of its length since the Unix epoch that t
+-- falls in (envoyproxy/ratelimit's windows).
+local function opening(t, len, align)
+  if align then
+    return t - t % len
+  end
   return t - t % 1000
 end
 
 -- fresh returns a new window opened by a request at t, used 0, accepting
 -- starts back to p. It is written by save.
-local function fresh(t, len, p)
-  local s = opening(t)
+local function fresh(t, len, p, align)
+  local s = opening(t, len, align)
   return { u = 0, s = s, r = s + len, p = p, new = true }
 end
 
@@ -277,13 +282,13 @@ local function place(w, t, now, len, tol, grace)
   if w == nil then
     -- Nothing stored: any window that held t and was garbage collected
     -- ended at least grace ago, so only a start newer than that may open one.
-    if t > now - grace and opening(t) + len > now then
+    if t > now - grace and opening(t, len) + len > now then
       return "new", now - grace, t
     end
     return "late"
   end
   if t >= w.r then
-    if opening(t) + len > now then
+    if opening(t, len) + len > now then
       return "new", w.r, t
     end
     return "late"

@@ -246,6 +246,10 @@ type RLS struct {
 	// hits_addend are charges of a cost known only at the end (Envoy's
 	// apply_on_stream_done): applied in full, even past the limit.
 	ChargeAtEnd []string `yaml:"charge_at_end"`
+	// ClockWindows names the domains whose windows are aligned to the
+	// clock, as envoyproxy/ratelimit's ("*": every domain); the others
+	// open at the second of their first request.
+	ClockWindows []string `yaml:"clock_windows"`
 	// XDS takes the rules from an xDS management server instead of Config
 	// (envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW). Off when its
 	// server is empty.
@@ -387,6 +391,10 @@ type Policy struct {
 	Key string `yaml:"key"`
 	// Shadow decides and records without enforcing (limiter.Policy.Shadow).
 	Shadow bool `yaml:"shadow"`
+	// Windows is when a window opens: first_request (the default: at the
+	// second of a client's first request) or clock (at the multiple of the
+	// window since the Unix epoch, limiter.Policy.Align).
+	Windows string `yaml:"windows"`
 	// Tiers give other limits by the client's plan (edge.Tiers).
 	Tiers *Tiers `yaml:"tiers"`
 	// Overrides give one identity another limit (edge.Override).
@@ -410,6 +418,12 @@ type Override struct {
 	Identity string `yaml:"identity"`
 	Limit    int64  `yaml:"limit"`
 }
+
+// When a policy's windows open.
+const (
+	WindowsFirstRequest = "first_request"
+	WindowsClock        = "clock"
+)
 
 // Policy keys.
 const (
@@ -684,7 +698,8 @@ func (f *File) AddressKeyed() map[string]bool {
 
 // Limiter is the policy as the limiter takes it.
 func (p Policy) Limiter() limiter.Policy {
-	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode, Shadow: p.Shadow}
+	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode, Shadow: p.Shadow,
+		Align: p.Windows == WindowsClock}
 }
 
 // Limits are the terms the edge holds requests to, as the edge takes them

@@ -221,6 +221,9 @@ func (f *File) validatePolicies(ps *problems) {
 		if p.Key != "" && p.Key != KeyIdentity && p.Key != KeyAddress {
 			ps.field(path+".key", "%q: want identity or address", p.Key)
 		}
+		if p.Windows != "" && p.Windows != WindowsFirstRequest && p.Windows != WindowsClock {
+			ps.field(path+".windows", "%q: want first_request or clock", p.Windows)
+		}
 		p.validateTerms(ps, path)
 		named[p.Name] = true
 	}
@@ -465,6 +468,11 @@ func (f *File) validateRLS(ps *problems) {
 	for i, d := range r.ChargeAtEnd {
 		if d == "" {
 			ps.field(fmt.Sprintf("edge.rls.charge_at_end[%d]", i), "empty: name a domain")
+		}
+	}
+	for i, d := range r.ClockWindows {
+		if d == "" {
+			ps.field(fmt.Sprintf("edge.rls.clock_windows[%d]", i), "empty: name a domain, or * for every domain")
 		}
 	}
 	if r.HTTPListen != "" {

@@ -52,9 +52,15 @@ func (c *Core) fallback(v Verdict, e *entry, cost int64) (Verdict, error) {
 			return v, nil
 		}
 	}
-	// Nothing known: admit, and charge by the request's start.
-	if seq := c.d.Ledger.Record(e.at(), limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: cost, Start: v.Now,
-		Time: c.d.Clock.Now(), RequestID: v.RequestID()}); seq != 0 {
+	// Nothing known: admit, and charge by the request's start (a window
+	// aligned to the clock is known by it: charged there, so that the
+	// charge opens no other window).
+	charge := limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: cost, Start: v.Now,
+		Time: c.d.Clock.Now(), RequestID: v.RequestID()}
+	if v.Policy.Align {
+		_, charge.ResetAt = v.Policy.AlignedWindow(v.Now)
+	}
+	if seq := c.d.Ledger.Record(e.at(), charge); seq != 0 {
 		v.ChargeSeq = seq
 	}
 	v.Path = PathFailOpen

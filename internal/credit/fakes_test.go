@@ -112,6 +112,9 @@ func (f *fakeRedis) take(k limiter.Key, now time.Time, a limiter.TakeArgs) limit
 		}
 		w = &fakeWindow{start: now.Truncate(time.Second), reset: now.Truncate(time.Second).Add(a.Window),
 			mine: map[string]int64{}}
+		if a.Align {
+			w.start, w.reset = limiter.Policy{Window: a.Window}.AlignedWindow(now)
+		}
 		f.windows[k.Digest()] = w
 		owed = 0
 	}

@@ -53,7 +53,15 @@ type RLSConfig struct {
 	// answered with): applied in full, even past the limit, and answered
 	// OK.
 	ChargeAtEnd map[string]bool
+	// ClockWindows names the domains whose rules' windows are aligned to
+	// the clock (limiter.Policy.Align), as envoyproxy/ratelimit's are; "*"
+	// names every domain. The others open at the second of their first
+	// request.
+	ClockWindows map[string]bool
 }
+
+// aligned reports whether domain's windows are aligned to the clock.
+func (c RLSConfig) aligned(domain string) bool { return c.ClockWindows["*"] || c.ClockWindows[domain] }
 
 // rlsRules are the loaded rules and their policies (a rule of 0 requests
 // has a policy of limit 0: it names the rule's windows in records, and is
@@ -63,15 +71,16 @@ type rlsRules struct {
 	policies map[*descriptors.Rule]limiter.Policy
 }
 
-// newRLSRules turns every rule of c into a policy of mode, refusing what
-// Tally cannot count (a limit beyond limiter.MaxLimit).
-func newRLSRules(c *descriptors.Config, mode limiter.Mode) (*rlsRules, error) {
+// newRLSRules turns every rule of c into a policy of o's mode, aligned to
+// the clock for the domains o names, refusing what Tally cannot count (a
+// limit beyond limiter.MaxLimit).
+func newRLSRules(c *descriptors.Config, o RLSConfig) (*rlsRules, error) {
 	r := &rlsRules{c: c, policies: make(map[*descriptors.Rule]limiter.Policy, len(c.Rules()))}
 	for _, rule := range c.Rules() {
 		if rule.Unlimited {
 			continue
 		}
-		p, err := rulePolicy(rule, mode)
+		p, err := rulePolicy(rule, o.Mode, o.aligned(rule.Domain))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s:%d: %w", descriptors.ErrInvalid, rule.File, rule.Line, err)
 		}
@@ -80,16 +89,16 @@ func newRLSRules(c *descriptors.Config, mode limiter.Mode) (*rlsRules, error) {
 	return r, nil
 }
 
-// rulePolicy is the policy of a rule. Its window opens at the second of
-// its first request; windows aligned to the clock, as the reference's
-// (issue 28, item 4), will be chosen here, per domain, once the window
-// model has them.
-func rulePolicy(rule *descriptors.Rule, mode limiter.Mode) (limiter.Policy, error) {
+// rulePolicy is the policy of a rule: its window opens at the second of its
+// first request, or, aligned (the domain's windows aligned to the clock),
+// at the multiple of its unit since the Unix epoch, as the reference's.
+func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limiter.Policy, error) {
 	if rule.Limit > limiter.MaxLimit {
 		return limiter.Policy{}, fmt.Errorf("requests_per_unit %d: Tally counts up to %d per window (unlimited: true takes no limit)",
 			rule.Limit, limiter.MaxLimit)
 	}
-	p := limiter.Policy{Name: rlsPolicyName(rule.Key), Limit: rule.Limit, Window: rule.Window(), Mode: mode, Shadow: rule.Shadow}
+	p := limiter.Policy{Name: rlsPolicyName(rule.Key), Limit: rule.Limit, Window: rule.Window(), Mode: mode, Shadow: rule.Shadow,
+		Align: aligned}
 	if p.Limit == 0 {
 		return p, nil
 	}
@@ -120,7 +129,7 @@ func rlsPolicyName(key string) string {
 // ValidDescriptors refuses rules the rate-limit service cannot count, with
 // the rule's file and line (what SetDescriptors would refuse).
 func ValidDescriptors(c *descriptors.Config, mode limiter.Mode) error {
-	_, err := newRLSRules(c, mode)
+	_, err := newRLSRules(c, RLSConfig{Mode: mode})
 	return err
 }
 
@@ -128,7 +137,7 @@ func ValidDescriptors(c *descriptors.Config, mode limiter.Mode) error {
 // at once for the next request, without dropping one in flight. It refuses
 // rules Tally cannot count and keeps the rules in effect then.
 func (s *Server) SetDescriptors(c *descriptors.Config) error {
-	r, err := newRLSRules(c, s.o.RLS.Mode)
+	r, err := newRLSRules(c, s.o.RLS)
 	if err != nil {
 		return err
 	}
@@ -201,7 +210,7 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 		if o := d.Limit; o != nil {
 			rule, err := overrideRule(req.Domain, entries, o)
 			if err == nil {
-				f.policy, err = rulePolicy(rule, s.o.RLS.Mode)
+				f.policy, err = rulePolicy(rule, s.o.RLS.Mode, s.o.RLS.aligned(req.Domain))
 			}
 			if err != nil {
 				s.badRequests.Add(1)

@@ -528,3 +528,35 @@ func TestRLSChargeAtTheEnd(t *testing.T) {
 	_, c := rlsEdge(t, pl, nil, file)
 	assert.Equal(t, over, ask(t, c, "ai", withHits(desc("user", "u2"), 101)).OverallCode)
 }
+
+// Windows aligned to the clock (edge.rls.clock_windows), as the reference's:
+// a minute's rule counts the clock's minutes on every edge — exactly its
+// limit in each from two edges, the last half second of one minute and the
+// first of the next apart — and duration_until_reset is unit − now mod unit.
+// The edges share an injected clock: nothing sleeps.
+func TestRLSClockWindowsAcrossEdges(t *testing.T) {
+	pl := newPipeline(t)
+	minute := time.Now().Truncate(time.Minute).Add(time.Minute)
+	clock := limiter.NewManualClock(minute.Add(-500 * time.Millisecond))
+	const file = "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"
+	aligned := func(o *edge.Options) { o.Clock, o.RLS.ClockWindows = clock, map[string]bool{"*": true} }
+	_, a := rlsEdge(t, pl, aligned, file)
+	_, b := rlsEdge(t, pl, aligned, file)
+	for _, at := range []time.Time{minute.Add(-500 * time.Millisecond), minute.Add(200 * time.Millisecond)} {
+		clock.Set(at)
+		allowed := 0
+		for i := range 16 {
+			c := a
+			if i%2 == 1 {
+				c = b
+			}
+			resp := ask(t, c, "api", desc("client", "c1"))
+			if resp.OverallCode == ok {
+				allowed++
+			}
+			want := 60 - at.Unix()%60
+			require.Equal(t, time.Duration(want)*time.Second, resp.Statuses[0].DurationUntilReset.AsDuration(), "at %v", at)
+		}
+		require.Equal(t, 10, allowed, "the clock's minute before %v: its limit, from two edges", at)
+	}
+}

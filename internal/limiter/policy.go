@@ -67,8 +67,13 @@ type Policy struct {
 	Limit int64
 	// Window is the window length, whole seconds from MinWindow to MaxWindow.
 	// A window starts at the whole second of its first request and ends
-	// (resets) exactly Window later.
+	// (resets) exactly Window later; with Align, at the multiple of Window
+	// since the Unix epoch its first request falls in.
 	Window time.Duration
+	// Align aligns windows to the clock, as envoyproxy/ratelimit's are: a
+	// window of a minute is a minute of the clock, and its reset is known
+	// without asking Redis (AlignedWindow).
+	Align bool
 	// Cost is what one request charges, 1 to Limit. 0 means 1.
 	Cost int64
 	// Mode is how edges decide; "" means ModeAuto.
@@ -77,6 +82,18 @@ type Policy struct {
 	// would deny is let through (charged nothing here), and its decision
 	// record says shadow. For rolling a limit out.
 	Shadow bool
+}
+
+// AlignedWindow is the window aligned to the clock that t falls in: from the
+// multiple of p.Window since the Unix epoch at or before t, for p.Window.
+func (p Policy) AlignedWindow(t time.Time) (start, reset time.Time) {
+	w := int64(p.Window / time.Second)
+	if w <= 0 {
+		return time.Time{}, time.Time{}
+	}
+	s := t.Unix()
+	s -= s % w
+	return time.Unix(s, 0), time.Unix(s+w, 0)
 }
 
 // PolicyError is a policy problem with the field it is in (name, limit,

@@ -43,6 +43,9 @@ type TakeArgs struct {
 	// tries to open one with a single SET ... NX, and makes the whole
 	// reservation when a window is there after all.
 	Fresh bool
+	// Align opens a window aligned to the clock (Policy.Align) when none is
+	// live.
+	Align bool
 }
 
 // Owed is one charge an edge sent as an accounting event: its sequence and

@@ -375,10 +375,8 @@ func (r *reader) edge(o Options) (map[string]any, error) {
 	default:
 		return nil, r.refuse("CONFIG_TYPE", "want FILE or GRPC_XDS_SOTW")
 	}
-	// Windows aligned to the clock, as the reference's (issue 28, item 4),
-	// will be set here, on by default with these settings, once the
-	// window data model has them: until then Tally's windows open at the
-	// second of their first request (docs/envoy.md says so).
+	// Windows aligned to the clock, as the reference's: every domain's.
+	rls["clock_windows"] = []any{"*"}
 	edge := map[string]any{"rls": rls}
 	debug, err := r.hostPort("DEBUG_HOST", "DEBUG_PORT")
 	if err != nil {

@@ -370,3 +370,42 @@ func TestFreshTakeOpensWithOneSet(t *testing.T) {
 		require.EqualValues(t, 5, e.used(t, e.keys.Key("core", fmt.Sprintf("busy-%d", j))))
 	}
 }
+
+// A policy aligned to the clock opens its windows at multiples of their
+// length since the Unix epoch — by the edge's SET, by take.lua in either
+// form — and a take in the next period opens the next window.
+func TestAlignedWindows(t *testing.T) {
+	e := newEnv(t, redisstore.Options{})
+	ctx := context.Background()
+	e.take(t, e.keys.Key("core", "warm"), 100, 1, 1)
+	// 20 min 34.5 s into an hour, ahead of Redis's clock (keys expire by it).
+	at := time.Now().Truncate(time.Hour).Add(2*time.Hour + 1234*time.Second + 500*time.Millisecond)
+	wantStart := time.Unix(at.Unix()-at.Unix()%60, 0)
+	for _, tc := range []struct {
+		name          string
+		holder        string
+		fresh         bool
+		window        time.Duration
+		start, resetT time.Time
+	}{
+		{"the edge's SET", "edge-a.1", true, time.Minute, wantStart, wantStart.Add(time.Minute)},
+		{"take.lua, compact", "edge-a.1", false, time.Minute, wantStart, wantStart.Add(time.Minute)},
+		{"take.lua, full", "edge-a", false, time.Minute, wantStart, wantStart.Add(time.Minute)},
+		{"an hour", "edge-a.1", true, time.Hour, time.Unix(at.Unix()-at.Unix()%3600, 0), time.Unix(at.Unix()-at.Unix()%3600+3600, 0)},
+	} {
+		k := e.keys.Key("core", "aligned-"+tc.name)
+		g, err := e.store.Take(ctx, k, at, limiter.TakeArgs{Window: tc.window, Limit: 10, Need: 1, Want: 1, Producer: "edge-a",
+			Holder: tc.holder, Fresh: tc.fresh, Align: true})
+		require.NoError(t, err, tc.name)
+		require.True(t, g.Opened, tc.name)
+		require.Equal(t, tc.start, g.Start, tc.name)
+		require.Equal(t, tc.resetT, g.ResetAt, tc.name)
+		// The next period opens the next window, aligned.
+		g, err = e.store.Take(ctx, k, tc.resetT.Add(100*time.Millisecond), limiter.TakeArgs{Window: tc.window, Limit: 10, Need: 1,
+			Want: 1, Producer: "edge-a", Holder: tc.holder, Align: true})
+		require.NoError(t, err, tc.name)
+		require.True(t, g.Opened, tc.name)
+		require.Equal(t, tc.resetT, g.Start, tc.name)
+		require.Equal(t, tc.resetT.Add(tc.window), g.ResetAt, tc.name)
+	}
+}

@@ -100,7 +100,10 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 		return nil, err
 	}
 	args := []any{ms(r.now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder,
-		a.Producer, r.owed, r.moving, "", "", "", ""}
+		a.Producer, r.owed, r.moving, "", "", "", "", ""}
+	if a.Align {
+		args[14] = "1"
+	}
 	if a.Freeze {
 		args[10], args[11], args[12] = a.Keep, a.Share, ms(a.ShareExpiry)
 	}
@@ -111,6 +114,9 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 			limiter.CompactHolder(r.holder, a.Producer) {
 			start := r.now.Truncate(time.Second)
 			reset := start.Add(a.Window)
+			if a.Align {
+				start, reset = limiter.Policy{Window: a.Window}.AlignedWindow(r.now)
+			}
 			c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
 				reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
 		}

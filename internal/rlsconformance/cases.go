@@ -56,6 +56,47 @@ func Ask(t *testing.T, c rlsv3.RateLimitServiceClient, domain string, ds ...*rlv
 
 // Cases are the suite.
 var Cases = []Case{
+	{Name: "windows aligned to the clock", Domain: "clock", Rules: `
+domain: clock
+descriptors:
+  - key: per
+    value: second
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000
+  - key: per
+    value: minute
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1000
+  - key: per
+    value: hour
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1000
+  - key: per
+    value: day
+    rate_limit:
+      unit: day
+      requests_per_unit: 1000
+`, Check: func(t *testing.T, c rlsv3.RateLimitServiceClient) {
+		// The reference answers duration_until_reset = unit − now mod unit,
+		// in whole seconds: its windows are the clock's.
+		for unit, secs := range map[string]int64{"second": 1, "minute": 60, "hour": 3600, "day": 86400} {
+			for range 3 {
+				before := time.Now().Unix()
+				resp := Ask(t, c, "clock", Desc("per", unit))
+				after := time.Now().Unix()
+				require.Equal(t, ok, resp.OverallCode, unit)
+				d := int64(resp.Statuses[0].DurationUntilReset.AsDuration() / time.Second)
+				match := false
+				for now := before; now <= after; now++ {
+					match = match || d == secs-now%secs
+				}
+				assert.True(t, match, "%s: duration_until_reset %ds, want %d − now mod %d for now in [%d, %d]", unit, d, secs, secs, before, after)
+			}
+		}
+	}},
 	{Name: "nested and several descriptors", Domain: "messaging", Rules: `
 domain: messaging
 descriptors:

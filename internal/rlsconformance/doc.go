@@ -6,11 +6,12 @@
 // shadow_mode, replaces, wildcards and limit overrides — each case its own
 // domain, so that one server loaded with every case's rules runs them all.
 //
-// Two behaviours are left out on purpose: what a denied request charges
-// (the reference charges it; Tally deliberately does not, and the cases
-// that look at it say so), and clock-aligned windows (the reference's
-// duration_until_reset is unit − now mod unit; Tally's windows open at
-// their first request until aligned windows land).
+// One behaviour is left out on purpose: what a denied request charges (the
+// reference charges it; Tally deliberately does not, and the cases that
+// look at it say so). The windows are the clock's, as the reference's
+// (duration_until_reset is unit − now mod unit): a server runs the suite
+// with its domains' windows aligned to the clock (edge.rls.clock_windows,
+// on with the reference's settings).
 //
 // Tests of tally serve (internal/serve) run the suite with the rules from
 // a directory and pushed over xDS (XDS turns a case's files into

@@ -190,6 +190,10 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 	for _, d := range cfg.Edge.RLS.ChargeAtEnd {
 		chargeAtEnd[d] = true
 	}
+	clock := map[string]bool{}
+	for _, d := range cfg.Edge.RLS.ClockWindows {
+		clock[d] = true
+	}
 	return edge.Options{
 		Store: store, Keys: keys, NATS: nc, DecisionsNATS: dnc, Streams: cfg.NATS.Streams,
 		Outbox: cfg.Edge.Outbox, Decisions: cfg.Edge.Decisions, Credit: cfg.Edge.Credit,
@@ -198,7 +202,7 @@ func edgeOptions(cfg *config.File, store *redisstore.Store, keys *limiter.KeySpa
 		DenyOnRedisError: cfg.Edge.OnRedisError == "deny",
 		Upstream:         upstream, Source: source, Pprof: cfg.Edge.Pprof, Log: log,
 		Gateways: cfg.Gateways(), Descriptors: cfg.Descriptors(), DescriptorsLater: cfg.Edge.RLS.XDS.On(), RLS: edge.RLSConfig{Mode: cfg.Edge.RLS.Mode, ResponseHeaders: cfg.Edge.RLS.ResponseHeaders,
-			ChargeAtEnd: chargeAtEnd},
+			ChargeAtEnd: chargeAtEnd, ClockWindows: clock},
 	}
 }
 

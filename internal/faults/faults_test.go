@@ -326,9 +326,9 @@ func poisonMessage(t *testing.T, c *cluster) {
 	t.Logf("dead letter: %s", h.Get(accountant.HeaderDeadReason))
 }
 
-// A window key that is not a hash (an operator's mistake, a stray SET),
+// A window key that holds no window (an operator's mistake, a stray SET),
 // on a key nobody uses any more: applying the event that gives the edge's
-// credit in it back fails with WRONGTYPE every time, so after
+// credit in it back fails every time (an unreadable window), so after
 // accountant.max_attempts the message is dead-lettered, and the shard
 // applies the rest.
 func wrongTypeKey(t *testing.T, c *cluster) {
@@ -347,7 +347,7 @@ func wrongTypeKey(t *testing.T, c *cluster) {
 	dead := r.verify(t, broken)
 	require.Len(t, dead, 1, "dead letters")
 	reason := dead[0].Header.Get(accountant.HeaderDeadReason)
-	require.Contains(t, reason, "WRONGTYPE")
+	require.Contains(t, reason, "unreadable window")
 	t.Logf("dead letter: %s", reason)
 	r.requireOnly(t, dead, broken)
 }
@@ -382,8 +382,8 @@ func (r *run) pick(t *testing.T, p config.Policy, i int) *target {
 	return nil
 }
 
-// breakWindow makes tg's window key a string: every script on it fails
-// with WRONGTYPE.
+// breakWindow makes tg's window key a string that is no window: every
+// script on it fails (lua/window.lua's read), and a SET ... NX finds it.
 func (c *cluster) breakWindow(t *testing.T, tg *target) {
 	rdb := c.rdb[c.store.ShardOf(tg.key)]
 	require.NoError(t, rdb.Set(context.Background(), tg.key.String(), "not a window", 0).Err())

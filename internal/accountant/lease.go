@@ -15,6 +15,10 @@ func (a *Accountant) serveShard(ctx context.Context, i int) {
 	name := a.store.ShardName(i)
 	poll := a.cfg.LeaseTTL / 4
 	delay := a.cfg.RetryMin
+	// again is the pause before reading the shard again after its reading
+	// failed: doubling while it fails at once (JetStream without a quorum,
+	// a stream gone), back to RetryMin after a reading that lasted.
+	again := a.cfg.RetryMin
 	defer func() {
 		free, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
@@ -43,6 +47,7 @@ func (a *Accountant) serveShard(ctx context.Context, i int) {
 		delay = a.cfg.RetryMin
 		a.setState(i, true, nil)
 		a.log.Info("serving shard", "shard", name, "owner", a.cfg.Owner)
+		began := time.Now()
 		err = a.lead(ctx, i)
 		if errors.Is(err, errReseeded) {
 			a.log.Info("the shard's primary changed: reading its events again from the oldest", "shard", name)
@@ -51,8 +56,12 @@ func (a *Accountant) serveShard(ctx context.Context, i int) {
 		}
 		a.setState(i, false, err)
 		if err != nil && ctx.Err() == nil {
-			a.log.Error("shard stopped; restarting it", "shard", name, "err", err)
-			sleep(ctx, a.cfg.RetryMin)
+			if time.Since(began) > a.cfg.RetryMax {
+				again = a.cfg.RetryMin
+			}
+			a.log.Error("shard stopped; restarting it", "shard", name, "err", err, "retry_in", again)
+			sleep(ctx, again)
+			again = min(2*again, a.cfg.RetryMax)
 		}
 	}
 }

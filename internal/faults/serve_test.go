@@ -47,6 +47,10 @@ func TestTwoServeProcessesOverOneRedis(t *testing.T) {
 	for i := range 2 {
 		f := &config.File{KeyPrefix: "tally", Redis: config.Redis{Shards: []shard.Config{{Name: "s0", Primary: shard.Node{Addr: rs.Addr}}}}}
 		f.Edge.AdminListen = stack.FreeAddr()
+		// The last of two stops without a quorum: what it cannot deliver
+		// through the stream it applies itself, within this bound, well
+		// inside the stack's 15 s before it kills a process.
+		f.Edge.ShutdownTimeout = 5 * time.Second
 		f.Edge.RLS = config.RLS{Listen: stack.FreeAddr(), Config: rules}
 		f.Serve = config.Serve{DataDir: filepath.Join(st.Dir, "data", string(rune('a'+i)))}
 		f.Serve.NATS.Name = "tally-" + string(rune('a'+i))

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,7 +47,18 @@ func (b *bench) sample(ctx context.Context, procs map[string][]*stack.Proc) samp
 			s.cpu[name] += p.CPU()
 		}
 	}
-	s.calls, s.commands, s.byCommand = b.redisCommands(ctx)
+	// Commands are counted on the target's own Redis servers when it names
+	// them (a process group "redis (n)"), so that what another target's
+	// processes do meanwhile is not its.
+	var addrs []string
+	for name, ps := range procs {
+		if strings.HasPrefix(name, "redis") {
+			for _, p := range ps {
+				addrs = append(addrs, p.Addr)
+			}
+		}
+	}
+	s.calls, s.commands, s.byCommand = b.redisCommands(ctx, addrs...)
 	for _, e := range procs["edge-checker"] {
 		for k, v := range metricsText(e.AdminAddr) {
 			if !strings.HasPrefix(k, "tally_edge_decisions_total{") {
@@ -76,10 +88,14 @@ func (b *bench) redisCalls(ctx context.Context) (scripts, commands int64) {
 	return scripts, commands
 }
 
-// redisCommands is redisCalls, and the commands by name.
-func (b *bench) redisCommands(ctx context.Context) (scripts, commands int64, byName map[string]int64) {
+// redisCommands is redisCalls on the nodes at addrs (every node without
+// any), and the commands by name.
+func (b *bench) redisCommands(ctx context.Context, addrs ...string) (scripts, commands int64, byName map[string]int64) {
 	byName = map[string]int64{}
 	for _, c := range b.rdb {
+		if len(addrs) > 0 && !slices.Contains(addrs, c.Options().Addr) {
+			continue
+		}
 		info, err := c.Info(ctx, "commandstats").Result()
 		if err != nil {
 			continue

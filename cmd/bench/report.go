@@ -124,6 +124,9 @@ func (r *report) write(out string, b *bench) error {
 		r.Command = "make bench BENCHFLAGS=-short"
 	}
 	r.Machine = machine(b.stack.Bin)
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
 	base := strings.TrimSuffix(out, filepath.Ext(out))
 	chart := base + "-latency.svg"
 	if err := r.chart(chart); err != nil {

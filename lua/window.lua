@@ -12,10 +12,11 @@
 --   (the start is r - len); back, when the window replaced one that had
 --   ended, how many seconds before the start its earliest accepted event
 --   start lies (without it: grace less one second). The holder is
---   <producer>.<n> with n of [A-Za-z0-9_-]. take.lua opens a window in this
---   form with one SET ... NX PXAT and keeps it so while only its holder
---   reserves; any other change expands it (expand) into the full form
---   first.
+--   <producer>.<n> with n of [A-Za-z0-9_-]. An edge opens a window in this
+--   form with one SET ... NX PXAT (no script; redisstore's batch.go), and
+--   take.lua opens one where no window is live and keeps it so while only
+--   its holder reserves; any other change expands it (expand) into the
+--   full form first.
 --
 -- full: one Redis hash:
 --   u   units used in the window, units reserved by edges included

@@ -372,31 +372,22 @@ func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
 }
 
 // byCommand lists Redis commands per decision by name, most first.
-func byCommand(m map[string]float64) string {
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	sort.Slice(names, func(i, j int) bool {
-		return m[names[i]] > m[names[j]] || m[names[i]] == m[names[j]] && names[i] < names[j]
-	})
-	parts := make([]string, len(names))
-	for i, n := range names {
-		parts[i] = fmt.Sprintf("%s %.2f", n, m[n])
-	}
-	return strings.Join(parts, ", ")
-}
+func byCommand(m map[string]float64) string { return largestFirst(m, "%s %.2f") }
 
 // byProcess lists CPU µs per decision by process, largest first.
-func byProcess(m map[string]float64) string {
+func byProcess(m map[string]float64) string { return largestFirst(m, "%s %.0f") }
+
+// largestFirst lists m's names and values in format, largest value first
+// (names in order among equal values).
+func largestFirst(m map[string]float64, format string) string {
 	names := make([]string, 0, len(m))
 	for n := range m {
 		names = append(names, n)
 	}
-	sort.Slice(names, func(i, j int) bool { return m[names[i]] > m[names[j]] })
+	sort.Slice(names, func(i, j int) bool { return m[names[i]] > m[names[j]] || m[names[i]] == m[names[j]] && names[i] < names[j] })
 	parts := make([]string, len(names))
 	for i, n := range names {
-		parts[i] = fmt.Sprintf("%s %.0f", n, m[n])
+		parts[i] = fmt.Sprintf(format, n, m[n])
 	}
 	return strings.Join(parts, ", ")
 }

@@ -189,17 +189,9 @@ func serverCPU(b *testing.B, s *redistest.Server) float64 {
 
 // commandTotal is how many commands a server ran (INFO commandstats).
 func commandTotal(b *testing.B, s *redistest.Server) int64 {
-	info, err := s.Client().Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var n int64
-	for _, line := range strings.Split(info, "\n") {
-		if _, rest, ok := strings.Cut(line, ":calls="); ok {
-			c, _, _ := strings.Cut(rest, ",")
-			v, _ := strconv.ParseInt(c, 10, 64)
-			n += v
-		}
+	for _, calls := range commandCalls(b, s.Client()) {
+		n += calls
 	}
 	return n
 }

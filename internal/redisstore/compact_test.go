@@ -18,7 +18,7 @@ import (
 
 // commandCalls is INFO commandstats: calls per command since the last
 // CONFIG RESETSTAT.
-func commandCalls(t *testing.T, c *redis.Client) map[string]int64 {
+func commandCalls(t testing.TB, c *redis.Client) map[string]int64 {
 	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	require.NoError(t, err)

@@ -384,7 +384,9 @@ func largestFirst(m map[string]float64, format string) string {
 	for n := range m {
 		names = append(names, n)
 	}
-	sort.Slice(names, func(i, j int) bool { return m[names[i]] > m[names[j]] || m[names[i]] == m[names[j]] && names[i] < names[j] })
+	sort.Slice(names, func(i, j int) bool {
+		return m[names[i]] > m[names[j]] || m[names[i]] == m[names[j]] && names[i] < names[j]
+	})
 	parts := make([]string, len(names))
 	for i, n := range names {
 		parts[i] = fmt.Sprintf(format, n, m[n])

@@ -1,5 +1,6 @@
 -- check.lua: read one key's live window.
 -- Runs on: a replica (or the primary), with EVALSHA_RO; it never writes.
+-- lua.go prepends compact.lua.
 --
 -- KEYS[1] -> the window of one (resource, identity) key (keys.go), in either
 --            form (window.lua): a compact window's start is its reset less
@@ -16,22 +17,21 @@
 --                            (hold.lua) whose expiry has passed, which the
 --                            next reservation short of room takes back
 -- Errors: "ERR tally: invalid now" when ARGV[1] is not 0..1e14.
-if type(ARGV[1]) ~= "string" or #ARGV[1] > 15 or not string.match(ARGV[1], "^%d+$") then
+local now = arg_int(1, 0, MAX_MS)
+if now == nil then
   return redis.error_reply("ERR tally: invalid now")
 end
-local now = tonumber(ARGV[1])
 
 local v = redis.pcall("GET", KEYS[1])
 if type(v) == "string" then
-  local u, r, len = string.match(v, "^(%d+):(%d+):(%d+):")
-  if u == nil then
+  local w = decode(v, 0)
+  if w == nil then
     return redis.error_reply("ERR tally: unreadable window")
   end
-  r = tonumber(r) * 1000
-  if r <= now then
+  if w.r <= now then
     return { 0 }
   end
-  return { 1, tonumber(u), r, r - tonumber(len) * 1000, 0 }
+  return { 1, w.u, w.r, w.s, 0 }
 elseif not v then
   return { 0 }
 end

@@ -12,7 +12,10 @@
 // caller: Redis's own clock decides nothing but garbage collection.
 package lua
 
-import "embed"
+import (
+	"embed"
+	"strings"
+)
 
 //go:embed *.lua
 var files embed.FS
@@ -20,10 +23,10 @@ var files embed.FS
 // Sources of the scripts, ready to load with SCRIPT LOAD or EVAL.
 var (
 	// Check reads a key's live window (read-only; replicas).
-	Check = read("check.lua")
+	Check = withCompact("check.lua")
 	// Take reserves units of a key's window for an edge, opening the window
 	// when none is live.
-	Take = withWindow("take.lua")
+	Take = withWindowAt("take.lua")
 	// Apply applies a run of producers' accounting events, each once.
 	Apply = withWindow("apply.lua")
 	// Lease holds or frees an accountant's lease on a shard.
@@ -49,6 +52,29 @@ func read(name string) string {
 	return string(b)
 }
 
+// withCompact is the script name with compact.lua before it.
+func withCompact(name string) string {
+	return read("compact.lua") + "\n" + read(name)
+}
+
+// windowMark is the line of a script where window.lua goes when the script
+// runs part of itself before the rest of the model is defined
+// (withWindowAt).
+const windowMark = "-- (window.lua)\n"
+
+// withWindowAt is the script name with compact.lua before it and
+// window.lua in place of its windowMark line: what runs before that line
+// pays for compact.lua's functions only.
+func withWindowAt(name string) string {
+	before, after, ok := strings.Cut(read(name), windowMark)
+	if !ok {
+		panic("lua: " + name + " has no line " + strings.TrimSpace(windowMark)) // a build defect, caught by any test
+	}
+	return read("compact.lua") + "\n" + before + read("window.lua") + "\n" + after
+}
+
+// withWindow is the script name with the window model before it:
+// compact.lua, then window.lua.
 func withWindow(name string) string {
-	return read("window.lua") + "\n" + read(name)
+	return read("compact.lua") + "\n" + read("window.lua") + "\n" + read(name)
 }

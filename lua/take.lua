@@ -3,7 +3,9 @@
 -- requests against what it reserved (its credit) without calling Redis again.
 -- A reservation never takes a window past its limit, so whatever the edges
 -- admit from credit stays within it.
--- Runs on: the shard primary. lua.go prepends window.lua.
+-- Runs on: the shard primary. lua.go prepends compact.lua, and puts
+-- window.lua where the line "-- (window.lua)" is below: the cold path runs
+-- before the rest of the model is defined.
 --
 -- KEYS[1] -> the window of one (resource, identity) key (keys.go), in
 --            either form (window.lua)
@@ -97,26 +99,81 @@
 --         "TALLYRESEEDING": the shard's primary changed and its windows
 --         are being re-asserted (need > 0 only; a read goes on); nothing
 --         is written.
-local now = arg_int(1, 0, MAX_MS)
+local digits = digits_only(6)
+local now = arg_int(1, 0, MAX_MS, digits)
 if now == nil then return redis.error_reply("ERR tally: invalid now") end
-local len = arg_int(2, 1000, 1000000000000)
+local len = arg_int(2, 1000, 1000000000000, digits)
 if len == nil then return redis.error_reply("ERR tally: invalid window length") end
-local limit = arg_int(3, 1, MAX_UNITS)
+local limit = arg_int(3, 1, MAX_UNITS, digits)
 if limit == nil then return redis.error_reply("ERR tally: invalid limit") end
-local need = arg_int(4, 0, limit)
+local need = arg_int(4, 0, limit, digits)
 if need == nil then return redis.error_reply("ERR tally: invalid need") end
-local want = arg_int(5, need, limit)
+local want = arg_int(5, need, limit, digits)
 if want == nil or (need == 0 and want ~= 0) then return redis.error_reply("ERR tally: invalid want") end
-local grace = arg_int(6, 1000, 1000000000000)
+local grace = arg_int(6, 1000, 1000000000000, digits)
 if grace == nil then return redis.error_reply("ERR tally: invalid grace") end
-local holder = ARGV[7]
-if type(holder) ~= "string" or #holder < 1 or #holder > 100 or not string.match(holder, "^[%w_.-]+$") then
-  return redis.error_reply("ERR tally: invalid holder")
+local holder, producer = ARGV[7], ARGV[8]
+-- A holder <producer>.<n> of a valid producer is a valid holder.
+local compact_form = valid_producer(producer) and type(holder) == "string" and #holder <= 100
+  and compact_holder(holder, producer)
+if not compact_form then
+  if type(holder) ~= "string" or #holder < 1 or #holder > 100 or not string.match(holder, "^[%w_.-]+$") then
+    return redis.error_reply("ERR tally: invalid holder")
+  end
+  if not valid_producer(producer) or (holder ~= producer and string.sub(holder, 1, #producer + 1) ~= producer .. ".") then
+    return redis.error_reply("ERR tally: invalid producer")
+  end
 end
-local producer = ARGV[8]
-if not valid_producer(producer) or (holder ~= producer and string.sub(holder, 1, #producer + 1) ~= producer .. ".") then
-  return redis.error_reply("ERR tally: invalid producer")
+local align = ARGV[15] == "1"
+if ARGV[15] ~= nil and ARGV[15] ~= "" and not align then
+  return redis.error_reply("ERR tally: invalid align")
 end
+
+-- The cold path: a take the compact form can hold (the shard's windows may
+-- be compact; it owes nothing, moves nothing, freezes nothing; whole
+-- seconds; a holder <producer>.<n>) on a key that holds no live window or
+-- the holder's own compact one. One GET and one SET; the reseed marker is
+-- not read (the header above).
+local simple = compact_form and ARGV[14] == "1" and ARGV[9] == "" and (ARGV[10] or "") == "" and (ARGV[11] or "") == ""
+  and need > 0 and len % 1000 == 0
+
+-- open_compact opens a window at now, compact, replacing whatever the key
+-- held, accepting starts back to p (nil: a first window's).
+local function open_compact(p)
+  local s = opening(now, len, align)
+  local r = s + len
+  redis.call("SET", KEYS[1], encode(want, s, r, holder, p or first_p(s, grace), grace), "PXAT", num(r + grace))
+  return { want, want, r, s, 1, 0, want, -1 }
+end
+
+if simple then
+  local v = redis.pcall("GET", KEYS[1])
+  local w = nil
+  if type(v) == "string" then
+    w = decode(v, grace)
+    if w == nil then
+      return redis.error_reply("ERR tally: unreadable window at " .. KEYS[1])
+    end
+  end
+  if not v then
+    return open_compact(nil)
+  elseif w ~= nil and w.r <= now then
+    return open_compact(w.r) -- the window ended: replaced whole
+  elseif w ~= nil and w.holder == holder then
+    -- The holder's own window: it stays compact.
+    local granted = 0
+    if limit - w.u >= need then
+      granted = math.min(want, limit - w.u)
+      w.u = w.u + granted
+      redis.call("SET", KEYS[1], num(w.u) .. string.sub(v, w.ulen + 1), "KEEPTTL") -- the rest as it was
+    end
+    return { granted, w.u, w.r, w.s, 0, 0, w.u, -1 }
+  end
+  -- Another holder's window, or a full one: the general path below.
+end
+
+-- (window.lua)
+
 local moving = ARGV[10] or ""
 if #moving > 32 or not string.match(moving, "^[a-z0-9_-]*$") then
   return redis.error_reply("ERR tally: invalid moving")
@@ -144,15 +201,7 @@ for tok in string.gmatch(owedArg, "[^,]+") do
   table.insert(owedPairs, { tonumber(sq), tonumber(un) })
 end
 
-local align = ARGV[15] == "1"
-if ARGV[15] ~= nil and ARGV[15] ~= "" and not align then
-  return redis.error_reply("ERR tally: invalid align")
-end
 local mine_field, held_field = "g:" .. holder, "c:" .. producer
--- simple: a take the compact form can hold, when the shard's windows may be
--- compact.
-local simple = ARGV[14] == "1" and #owedPairs == 0 and moving == "" and keep == nil and need > 0 and len % 1000 == 0
-  and compact_holder(holder, producer)
 
 -- What the edge owes counts only for the events not applied yet: the
 -- producer's hash is read only when the edge owes something.
@@ -168,11 +217,9 @@ if #owedPairs > 0 then
 end
 -- One read: the window, and what it holds for the holder and the producer.
 local w, form, f = read(KEYS[1], grace, { mine_field, held_field, "m" })
--- mine_alone: the write below touches only what is this holder's alone —
--- its own compact window, or a key that holds nothing. Every other write
--- waits for a reseed in progress.
-local mine_alone = simple and (form == nil or (form == "compact" and w.holder == holder))
-if need > 0 and not mine_alone and reseeding(KEYS[3]) then
+-- Every write here waits for a reseed in progress (the cold path above
+-- touched only what is the holder's alone).
+if need > 0 and reseeding(KEYS[3]) then
   return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
 end
 local mine, held_now, moved = 0, 0, nil
@@ -209,11 +256,9 @@ if w == nil or w.r <= now then
     p = w.r
   end
   if simple then
-    -- No window, or one that ended: opened (or replaced whole) compact, in
-    -- one write.
-    local r = s + len
-    redis.call("SET", KEYS[1], encode(want, s, r, holder, p, grace), "PXAT", num(r + grace))
-    return { want, want, r, s, 1, applied, want, -1 }
+    -- A full window that ended: replaced whole (SET replaces a hash),
+    -- compact, in one write.
+    return open_compact(p)
   end
   -- A window that ended, or a key holding part of one: replaced whole.
   if form ~= nil then
@@ -226,16 +271,6 @@ if need == 0 then
   return { 0, w.u, w.r, w.s, 0, applied, mine, -1 }
 end
 if form == "compact" then
-  if simple and w.holder == holder then
-    -- The holder's own window: it stays compact.
-    local granted = 0
-    if limit - w.u >= need then
-      granted = math.min(want, limit - w.u)
-      w.u = w.u + granted
-      redis.call("SET", KEYS[1], encode(w.u, w.s, w.r, holder, w.p, grace), "KEEPTTL")
-    end
-    return { granted, w.u, w.r, w.s, 0, applied, w.u, -1 }
-  end
   if limit - w.u - owed < need then
     -- No room, and none to take back: a compact window holds no frozen share.
     return { 0, w.u, w.r, w.s, 0, applied, mine, -1 }

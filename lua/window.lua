@@ -1,6 +1,7 @@
 -- window.lua: the window model shared by take.lua, apply.lua, finish.lua,
--- hold.lua and reseed.lua. lua.go prepends this file to each of them; it is
--- never run on its own.
+-- hold.lua and reseed.lua. lua.go prepends this file to each of them, after
+-- compact.lua (the arguments' checks and the compact form's codec, which it
+-- uses); it is never run on its own.
 --
 -- A window is stored under one key per (resource, identity), in one of two
 -- forms (docs/windows.md):
@@ -48,32 +49,9 @@
 -- c:<producer> = u. Either expires at r + grace; expiry is garbage
 -- collection only, every read compares r with the caller's clock.
 
--- Largest accepted millisecond timestamp or duration (year 5138; exact in a
--- Lua double).
-local MAX_MS = 100000000000000
-local MAX_UNITS = 1000000000
 -- A window resets at most its length and this much (ms) after a request
 -- in it started: a second of rounding, and a minute for clocks that differ.
 local MAX_RESET_AHEAD = 61000
-
--- arg_int returns ARGV[i] as an integer in [lo, hi], or nil when it is not
--- made of 1 to 15 decimal digits or lies outside the range.
-local function arg_int(i, lo, hi)
-  local s = ARGV[i]
-  local v = tonumber(s)
-  if v == nil or v < lo or v > hi or type(s) ~= "string" or #s > 15 or string.find(s, "%D") then
-    return nil
-  end
-  return v
-end
-
--- valid_producer reports whether s is a producer id: 1 to 64 of
--- [A-Za-z0-9_.-], dot-separated tokens none of which is empty (keys.go's
--- ValidProducer).
-local function valid_producer(s)
-  return type(s) == "string" and #s >= 1 and #s <= 64 and string.match(s, "^[%w_.-]+$") ~= nil
-    and string.sub(s, 1, 1) ~= "." and string.sub(s, -1) ~= "." and string.find(s, "..", 1, true) == nil
-end
 
 -- gaps_of returns the gaps of the producer whose hash is key ({from, to}
 -- pairs: numbers below its highest applied one not applied yet; apply.lua's
@@ -117,52 +95,6 @@ local function reseeding(key)
   return t > 0 and t <= 600000
 end
 
--- num renders an integer-valued number without an exponent.
-local function num(v)
-  if v < 1e14 and v > -1e14 then
-    return tostring(v)
-  end
-  return string.format("%.0f", v)
-end
-
--- decode returns the compact window held in the string v (see above), with
--- p as its default when the string names none, or nil when v is not one.
-local function decode(v, grace)
-  local u, r, len, holder, back = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+):?(%d*)$")
-  if u == nil or #u > 10 or #r > 11 or #len > 9 or #back > 11 then
-    return nil
-  end
-  local producer = string.match(holder, "^(.+)%.[%w_-]+$")
-  if producer == nil then
-    return nil
-  end
-  r = tonumber(r) * 1000
-  local s = r - tonumber(len) * 1000
-  local p = s + 1000 - grace
-  if back ~= "" then
-    p = s - tonumber(back) * 1000
-  end
-  u = tonumber(u)
-  return { u = u, s = s, r = r, p = p, holder = holder, producer = producer, mine = u }
-end
-
--- compact_holder reports whether holder, reserving for producer, can hold a
--- compact window: <producer>.<n>, n of [A-Za-z0-9_-].
-local function compact_holder(holder, producer)
-  return string.sub(holder, 1, #producer + 1) == producer .. "."
-    and string.match(string.sub(holder, #producer + 2), "^[%w_-]+$") ~= nil
-end
-
--- encode renders a compact window: u units, all the holder's, from s to r
--- (ms, whole seconds), accepting starts back to p.
-local function encode(u, s, r, holder, p, grace)
-  local v = num(u) .. ":" .. num(r / 1000) .. ":" .. num((r - s) / 1000) .. ":" .. holder
-  if p ~= s + 1000 - grace then
-    v = v .. ":" .. num(math.max(0, math.ceil((s - p) / 1000)))
-  end
-  return v
-end
-
 -- read returns the window stored at key and its form: nil, nil when the key
 -- holds nothing; w, "compact" (w.holder and w.producer set); w, "full"; or
 -- nil, "full" for a hash without a window (a key that moved: field "m").
@@ -173,7 +105,10 @@ local function read(key, grace, extra)
   local v = redis.pcall("GET", key)
   if type(v) == "string" then
     local w = decode(v, grace)
-    if w == nil then
+    if w ~= nil then
+      w.producer = string.match(w.holder, "^(.+)%.[%w_-]+$")
+    end
+    if w == nil or w.producer == nil then
       error("ERR tally: unreadable window at " .. key)
     end
     return w, "compact", {}
@@ -223,31 +158,11 @@ local function expand(key, w, grace)
   w.holder, w.producer = nil, nil
 end
 
--- opening returns the start of the window a request at t opens: the whole
--- second t falls in, so that the window lasts exactly its length (a window of
--- one second holds one second of requests, as a clock-aligned one does) and
--- its reset, s + len, is a whole second; or, for a window aligned to the
--- clock (align), the multiple of its length since the Unix epoch that t
--- falls in (envoyproxy/ratelimit's windows).
-local function opening(t, len, align)
-  if align then
-    return t - t % len
-  end
-  return t - t % 1000
-end
-
 -- fresh returns a new window opened by a request at t, used 0, accepting
 -- starts back to p. It is written by save.
 local function fresh(t, len, p, align)
   local s = opening(t, len, align)
   return { u = 0, s = s, r = s + len, p = p, new = true }
-end
-
--- first_p returns the earliest event start a first window, from s, accepts
--- (p): later than any start whose window could have been garbage collected
--- before a request at any time of s's second.
-local function first_p(s, grace)
-  return s + 1000 - grace
 end
 
 -- ending returns a new window that resets at r (a whole second), as opened by

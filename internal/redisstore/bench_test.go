@@ -118,7 +118,7 @@ func BenchmarkTakePrimary(b *testing.B) {
 // request; commands/op the primary's commands per request (those a script
 // runs counted).
 func BenchmarkColdWindow(b *testing.B) {
-	for _, name := range []string{"tally-take", "tally-take-full", "incrby+pexpireat"} {
+	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-full", "incrby+pexpireat"} {
 		b.Run(name, func(b *testing.B) {
 			p, r := redistest.StartPair(b)
 			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
@@ -131,18 +131,32 @@ func BenchmarkColdWindow(b *testing.B) {
 			}
 			pc := p.Client()
 			var i atomic.Uint64
+			const again = 10_000 // windows opened before, for tally-take-again
+			key := func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("cold-%s-%d", b.Name(), n)) }
+			if name == "tally-take-again" {
+				key = func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("again-%d", n%again)) }
+				for n := range uint64(again) {
+					if _, err := st.Take(context.Background(), key(n), time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit,
+						Need: 1, Want: 1, Producer: "bench", Holder: "bench.1", Fresh: true}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
 			p0, r0, c0 := serverCPU(b, p), serverCPU(b, r), commandTotal(b, p)
 			b.SetParallelism(8)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				ctx := context.Background()
 				for pb.Next() {
-					k := ks.Key("core", fmt.Sprintf("cold-%s-%d", b.Name(), i.Add(1)))
+					k := key(i.Add(1))
 					var err error
 					switch name {
 					case "tally-take":
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench.1", Fresh: true})
+					case "tally-take-again": // a window the holder opened before: the script
+						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
+							Want: 1, Producer: "bench", Holder: "bench.1"})
 					case "tally-take-full": // 0.1.0's path: the script, the hash
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench"})

@@ -95,6 +95,10 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			"check": {lua.Check, []string{k.String()}, []string{now}},
 			"take": {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000", "edge-1.7", "edge-1", "3:1,4:2",
 				"s1", "0", "0", now}},
+			// The cold path (take.lua's compact takes): nothing owed, moved
+			// or frozen, the shard's windows compact.
+			"take-cold": {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000", "edge-1.7", "edge-1", "",
+				"", "", "", "", "1", ""}},
 			"hold":  {lua.Hold, []string{k.String()}, []string{now, r, "edge-a.1", "edge-a", "0", "5", now}},
 			"apply": {lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "2", r, now, "60000", "1", "0", "0")},
 			"lease": {lua.Lease, []string{"tally:lease:s0"}, []string{"hold", "acc-1", "1000"}},
@@ -104,18 +108,27 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 		bad := []string{"", "-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"}
 		badProducer := []string{"", "a b", "{x}", ".a", "a.", "a..b", strings.Repeat("a", 65), "é"}
 		special := map[string][]string{ // arguments that are not numbers
-			"apply/8":  badProducer,
-			"apply/11": {"", "C", "cc", "z", "1"},
-			"lease/1":  {"", "HOLD", "take", "1"},
-			"lease/2":  {"", "a b", "{x}", strings.Repeat("a", 65), "é"},
-			"take/7":   {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é", "edge-2.7", "edge-10.7"},
-			"take/8":   badProducer,
-			"take/9":   {"x", "1:", ":1", "1:0", "0:1", ",1:1", "1:1,", "1:1,,2:2", "1:1;2:2", strings.Repeat("1:1,", 64) + "1:1"},
-			"take/10":  {"S1", "a b", "{x}", strings.Repeat("a", 33), "é"},            // moving to: "" is none
-			"take/11":  {"-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"}, // keep: "" freezes nothing
-			"hold/3":   {"", " 1", "a b", "{x}", strings.Repeat("a", 101), "é", "edge-b.1"},
-			"hold/4":   badProducer,
-			"finish/6": badProducer,
+			"apply/8":      badProducer,
+			"apply/11":     {"", "C", "cc", "z", "1"},
+			"lease/1":      {"", "HOLD", "take", "1"},
+			"lease/2":      {"", "a b", "{x}", strings.Repeat("a", 65), "é"},
+			"take/7":       {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é", "edge-2.7", "edge-10.7"},
+			"take/8":       badProducer,
+			"take/9":       {"x", "1:", ":1", "1:0", "0:1", ",1:1", "1:1,", "1:1,,2:2", "1:1;2:2", strings.Repeat("1:1,", 64) + "1:1"},
+			"take/10":      {"S1", "a b", "{x}", strings.Repeat("a", 33), "é"},            // moving to: "" is none
+			"take/11":      {"-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"}, // keep: "" freezes nothing
+			"take-cold/7":  {"", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é", "edge-2.7", "edge-10.7", "edge-1." + strings.Repeat("a", 94)},
+			"take-cold/8":  badProducer,
+			"take-cold/9":  {"x", "1:", ":1", "1:0", "0:1", ",1:1", "1:1,", "1:1,,2:2", "1:1;2:2"},
+			"take-cold/10": {"S1", "a b", "{x}", strings.Repeat("a", 33), "é"},
+			"take-cold/11": {"-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"},
+			"take-cold/12": {}, // the frozen share and its expiry count only with keep
+			"take-cold/13": {},
+			"take-cold/14": {}, // anything but "1": not compact
+			"take-cold/15": {"0", "2", "x", " 1"},
+			"hold/3":       {"", " 1", "a b", "{x}", strings.Repeat("a", 101), "é", "edge-b.1"},
+			"hold/4":       badProducer,
+			"finish/6":     badProducer,
 		}
 		before := state(t, rdb, k, pk)
 		for name, sc := range scripts {
@@ -133,7 +146,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 					require.Equal(t, before, state(t, rdb, k, pk), "%s ARGV[%d]=%q wrote", name, i+1, v)
 				}
 			}
-			if name != "lease" { // lease's last argument is optional for "free"
+			if name != "lease" && name != "take-cold" { // lease's last argument is optional for "free", take's last three always
 				err := rdb.Eval(ctx, sc.src, sc.keys, toAny(sc.args[:len(sc.args)-1])...).Err()
 				require.Error(t, err, "%s without its last argument", name)
 				require.Equal(t, before, state(t, rdb, k, pk))

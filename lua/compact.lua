@@ -1,0 +1,108 @@
+-- compact.lua: arguments and the compact form of a window, shared by every
+-- script that reads or writes windows (lua.go prepends it, before
+-- window.lua where a script needs the rest of the model); never run on its
+-- own. It is kept small, and first, because take.lua's cold path (a window
+-- no one else holds) needs nothing else: each script call defines again
+-- every function of what is prepended to it.
+--
+-- The compact form (window.lua has both forms): one string,
+-- "<u>:<r>:<len>:<holder>" or "<u>:<r>:<len>:<holder>:<back>".
+
+-- Largest accepted millisecond timestamp or duration (year 5138; exact in a
+-- Lua double).
+local MAX_MS = 100000000000000
+local MAX_UNITS = 1000000000
+
+-- arg_int returns ARGV[i] as an integer in [lo, hi], or nil when it is not
+-- made of 1 to 15 decimal digits or lies outside the range. digits: the
+-- caller has found ARGV[i] made of digits only (digits_only), and it is not
+-- looked at again.
+local function arg_int(i, lo, hi, digits)
+  local s = ARGV[i]
+  local v = tonumber(s)
+  if v == nil or v < lo or v > hi or type(s) ~= "string" or #s > 15 or (not digits and string.find(s, "%D")) then
+    return nil
+  end
+  return v
+end
+
+-- digits_only reports whether ARGV[1] .. ARGV[n] are there and made of
+-- decimal digits only: one look at them all, cheaper than one each.
+local function digits_only(n)
+  if #ARGV < n then
+    return false
+  end
+  return not string.find(table.concat(ARGV, "", 1, n), "%D")
+end
+
+-- valid_producer reports whether s is a producer id: 1 to 64 of
+-- [A-Za-z0-9_.-], dot-separated tokens none of which is empty (keys.go's
+-- ValidProducer).
+local function valid_producer(s)
+  return type(s) == "string" and #s >= 1 and #s <= 64 and string.match(s, "^[%w_.-]+$") ~= nil
+    and string.sub(s, 1, 1) ~= "." and string.sub(s, -1) ~= "." and string.find(s, "..", 1, true) == nil
+end
+
+-- num renders an integer-valued number without an exponent.
+local function num(v)
+  if v < 1e14 and v > -1e14 then
+    return tostring(v)
+  end
+  return string.format("%.0f", v)
+end
+
+-- decode returns the compact window held in the string v (see above), with
+-- p as its default when the string names none, or nil when v is not one.
+-- w.holder is as stored (window.lua's read checks its form); w.ulen is the
+-- length of u's digits in v.
+local function decode(v, grace)
+  local u, r, len, holder, back = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+):?(%d*)$")
+  if u == nil or #u > 10 or #r > 11 or #len > 9 or #back > 11 then
+    return nil
+  end
+  r = tonumber(r) * 1000
+  local s = r - tonumber(len) * 1000
+  local p = s + 1000 - grace
+  if back ~= "" then
+    p = s - tonumber(back) * 1000
+  end
+  local n = tonumber(u)
+  return { u = n, s = s, r = r, p = p, holder = holder, mine = n, ulen = #u }
+end
+
+-- compact_holder reports whether holder, reserving for producer, can hold a
+-- compact window: <producer>.<n>, n of [A-Za-z0-9_-].
+local function compact_holder(holder, producer)
+  return string.sub(holder, 1, #producer + 1) == producer .. "."
+    and string.match(string.sub(holder, #producer + 2), "^[%w_-]+$") ~= nil
+end
+
+-- encode renders a compact window: u units, all the holder's, from s to r
+-- (ms, whole seconds), accepting starts back to p.
+local function encode(u, s, r, holder, p, grace)
+  local v = num(u) .. ":" .. num(r / 1000) .. ":" .. num((r - s) / 1000) .. ":" .. holder
+  if p ~= s + 1000 - grace then
+    v = v .. ":" .. num(math.max(0, math.ceil((s - p) / 1000)))
+  end
+  return v
+end
+
+-- opening returns the start of the window a request at t opens: the whole
+-- second t falls in, so that the window lasts exactly its length (a window of
+-- one second holds one second of requests, as a clock-aligned one does) and
+-- its reset, s + len, is a whole second; or, for a window aligned to the
+-- clock (align), the multiple of its length since the Unix epoch that t
+-- falls in (envoyproxy/ratelimit's windows).
+local function opening(t, len, align)
+  if align then
+    return t - t % len
+  end
+  return t - t % 1000
+end
+
+-- first_p returns the earliest event start a first window, from s, accepts
+-- (p): later than any start whose window could have been garbage collected
+-- before a request at any time of s's second.
+local function first_p(s, grace)
+  return s + 1000 - grace
+end

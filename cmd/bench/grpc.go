@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -92,10 +93,25 @@ func (noopRLS) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (
 	return resp, nil
 }
 
+// grpcKeys is what a gRPC load asks for: n keys (descriptor values
+// prefix0 … prefix<n-1>), each call's drawn as the HTTP loads draw theirs
+// (keysTarget).
+type grpcKeys struct {
+	prefix string
+	n      int
+}
+
+// request is the call number i of calls in flight w asks.
+func (k grpcKeys) request(w int, i uint64) *rlsv3.RateLimitRequest {
+	id := mix(uint64(w)<<40^i) % uint64(k.n)
+	return &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlv3.RateLimitDescriptor{
+		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: k.prefix + strconv.FormatUint(id, 10)}}}}}
+}
+
 // grpcClosedLoop calls ShouldRateLimit at addr closed loop for d with conns
-// calls in flight over grpcConns connections: Completed counts OK answers
-// as status 200, OVER_LIMIT as 429 and errors as 500.
-func grpcClosedLoop(ctx context.Context, addr string, d time.Duration) (loadgen.Result, error) {
+// calls in flight over grpcConns connections, over keys: Completed counts
+// OK answers as status 200, OVER_LIMIT as 429 and errors as 500.
+func grpcClosedLoop(ctx context.Context, addr string, keys grpcKeys, d time.Duration) (loadgen.Result, error) {
 	clients := make([]rlsv3.RateLimitServiceClient, grpcConns)
 	for i := range clients {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -104,11 +120,6 @@ func grpcClosedLoop(ctx context.Context, addr string, d time.Duration) (loadgen.
 		}
 		defer cc.Close()
 		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
-	}
-	reqs := make([]*rlsv3.RateLimitRequest, keys)
-	for i := range reqs {
-		reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlv3.RateLimitDescriptor{
-			{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: "client-" + strconv.Itoa(i)}}}}}
 	}
 	type tally struct {
 		ok, over, failed uint64
@@ -128,7 +139,7 @@ func grpcClosedLoop(ctx context.Context, addr string, d time.Duration) (loadgen.
 					return
 				}
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				resp, err := c.ShouldRateLimit(cctx, reqs[(uint64(w)*7919+i*104729)%keys])
+				resp, err := c.ShouldRateLimit(cctx, keys.request(w, i))
 				cancel()
 				switch {
 				case err != nil:
@@ -154,6 +165,9 @@ func grpcClosedLoop(ctx context.Context, addr string, d time.Duration) (loadgen.
 	res.Sent = res.Completed
 	return res, ctx.Err()
 }
+
+// doorKeys are the gRPC door's keys: the decision API's thousand.
+var doorKeys = grpcKeys{"client-", keys}
 
 // grpcDoor measures the gRPC door: the no-op gRPC handler, Tally's edge and
 // envoyproxy/ratelimit (when given), interleaved run by run.
@@ -190,11 +204,11 @@ func (b *bench) grpcDoor(ctx context.Context) error {
 	costs := make([]runCost, len(ts))
 	for rep := range b.reps {
 		for i, t := range ts {
-			if _, err := grpcClosedLoop(ctx, t.addr, b.warm); err != nil {
+			if _, err := grpcClosedLoop(ctx, t.addr, doorKeys, b.warm); err != nil {
 				return err
 			}
 			before := b.sample(ctx, t.procs)
-			res, err := grpcClosedLoop(ctx, t.addr, b.satDur)
+			res, err := grpcClosedLoop(ctx, t.addr, doorKeys, b.satDur)
 			if err != nil {
 				return err
 			}
@@ -270,4 +284,73 @@ func (r *report) grpcMarkdown(p func(string, ...any)) {
 			own(one.Memory), own(sep.Memory), one.Median, sep.Median)
 		p("")
 	}
+}
+
+// grpcOpenLoop calls ShouldRateLimit at addr at rate calls a second for
+// warmup and then d, over keys, with at most inFlight calls outstanding
+// over grpcConns connections; each call's latency counts from when it was
+// due, so that a slow answer delays no later measurement. Calls answered
+// during the warm-up count in Warmup only.
+func grpcOpenLoop(ctx context.Context, addr string, keys grpcKeys, rate float64, inFlight int, warmup, d time.Duration) (loadgen.Result, error) {
+	clients := make([]rlsv3.RateLimitServiceClient, grpcConns)
+	for i := range clients {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return loadgen.Result{}, err
+		}
+		defer cc.Close()
+		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	interval := time.Duration(float64(time.Second) / rate)
+	first, last := uint64(warmup/interval), uint64((warmup+d)/interval)
+	type tally struct {
+		ok, warm, failed uint64
+		lat              *loadgen.Histogram
+	}
+	counts := make([]tally, inFlight)
+	var next atomic.Uint64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range inFlight {
+		counts[w].lat = loadgen.NewHistogram()
+		wg.Go(func() {
+			c := clients[w%grpcConns]
+			for ctx.Err() == nil {
+				k := next.Add(1) - 1
+				if k >= last {
+					return
+				}
+				due := start.Add(time.Duration(k) * interval)
+				if wait := time.Until(due); wait > 0 {
+					time.Sleep(wait)
+				}
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := c.ShouldRateLimit(cctx, keys.request(w, k))
+				cancel()
+				switch {
+				case err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK:
+					counts[w].failed++
+				case k < first:
+					counts[w].warm++
+				default:
+					counts[w].ok++
+					counts[w].lat.Record(time.Since(due))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	res := loadgen.Result{Statuses: map[int]uint64{}, Latency: loadgen.NewHistogram(), Elapsed: max(d, time.Since(start.Add(warmup)))}
+	for _, c := range counts {
+		res.Statuses[200] += c.ok
+		res.Errors += c.failed
+		res.Completed += c.ok
+		res.Warmup += c.warm
+		res.Latency.Merge(c.lat)
+	}
+	res.Sent = res.Completed + res.Warmup + res.Errors
+	if res.Errors > 0 {
+		return res, fmt.Errorf("%d of %d calls failed or were not OK", res.Errors, res.Sent)
+	}
+	return res, ctx.Err()
 }

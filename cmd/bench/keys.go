@@ -69,19 +69,56 @@ const (
 	openKeys = 1_000_000
 )
 
+// The key counts' targets over gRPC: Envoy's rate-limit service, Tally's
+// edge and envoyproxy/ratelimit's own port.
+const (
+	tallyGRPC     = "tally: Envoy's rate-limit service (gRPC)"
+	referenceGRPC = referenceName + " (gRPC)"
+)
+
+// keyTarget is a target of the key counts: one that answers the decision
+// API (or a peer's HTTP endpoint), or, with grpc, Envoy's rate-limit
+// service at addr.
+type keyTarget struct {
+	target
+	grpc bool
+}
+
+// closedLoop drives t closed loop over n keys for d.
+func (b *bench) closedLoop(ctx context.Context, t keyTarget, n int, d time.Duration) (loadgen.Result, error) {
+	if t.grpc {
+		return grpcClosedLoop(ctx, t.addr, grpcKeys{fmt.Sprintf("g%d-", n), n}, d)
+	}
+	return loadgen.ClosedLoop(ctx, b.keysTarget(t.target, fmt.Sprintf("k%d-", n), n), conns, 0, d)
+}
+
+// openLoop drives t at openRate over openKeys keys for b.olDur after a
+// second of warm-up.
+func (b *bench) openLoop(ctx context.Context, t keyTarget) (loadgen.Result, error) {
+	if t.grpc {
+		return grpcOpenLoop(ctx, t.addr, grpcKeys{"open-g", openKeys}, openRate, 256, time.Second, b.olDur)
+	}
+	return loadgen.OpenLoop(ctx, b.keysTarget(t.target, "open-", openKeys), openRate, 256, time.Second, b.olDur)
+}
+
 // keyCounts measures the decision API in mode auto closed loop over 1, 100,
 // 10,000 and 1,000,000 keys (the same keys in every run of a count), and
-// envoyproxy/ratelimit beside it when given; then each, and the no-op
-// handler, open loop at a moderate fixed rate over a million keys.
+// Envoy's rate-limit service over gRPC, with envoyproxy/ratelimit beside
+// each when given; then each, and the no-op handler, open loop at a
+// moderate fixed rate over a million keys.
 func (b *bench) keyCounts(ctx context.Context) error {
 	counts := []int{1, 100, 10_000, 1_000_000}
 	if b.short {
 		counts = []int{1, 10_000, 1_000_000}
 	}
 	auto := target{"tally mode: auto", b.apiAddrs[0], "far", b.edges[0], nil}
-	targets := []target{auto}
+	targets := []keyTarget{{target: auto}}
 	if b.reference != nil {
-		targets = append(targets, *b.reference)
+		targets = append(targets, keyTarget{target: *b.reference})
+	}
+	targets = append(targets, keyTarget{target{tallyGRPC, b.rlsAddr, "", b.edges[0], nil}, true})
+	if b.reference != nil {
+		targets = append(targets, keyTarget{target{referenceGRPC, b.referenceGRPC, "", nil, b.reference.procs}, true})
 	}
 	for _, n := range counts {
 		rs, err := b.keyCount(ctx, targets, n)
@@ -92,19 +129,18 @@ func (b *bench) keyCounts(ctx context.Context) error {
 	}
 
 	b.quiesce(ctx)
-	for _, t := range append([]target{{"no-op net/http", b.noopProc.Addr, "far", nil, nil}}, targets...) {
-		lt := b.keysTarget(t, "open-", openKeys)
-		before := b.sample(ctx, b.processes(t))
+	for _, t := range append([]keyTarget{{target: target{"no-op net/http", b.noopProc.Addr, "far", nil, nil}}}, targets...) {
+		before := b.sample(ctx, b.processes(t.target))
 		stop := func() {}
-		if t.edge != nil {
+		if t.edge != nil && !t.grpc {
 			stop = b.profileEdge(t.edge, "open-loop", b.reps-1)
 		}
-		res, err := loadgen.OpenLoop(ctx, lt, openRate, 256, time.Second, b.olDur)
+		res, err := b.openLoop(ctx, t)
 		stop()
 		if err != nil {
-			return err
+			return fmt.Errorf("%s, open loop: %w", t.name, err)
 		}
-		after := b.sample(ctx, b.processes(t))
+		after := b.sample(ctx, b.processes(t.target))
 		o := openKeysResult{Target: t.name, Keys: openKeys, Offered: openRate, Achieved: res.Throughput(),
 			P50: ms(res.Latency.Quantile(0.5)), P99: ms(res.Latency.Quantile(0.99))}
 		o.ByProcess = map[string]float64{}
@@ -119,7 +155,7 @@ func (b *bench) keyCounts(ctx context.Context) error {
 			}
 		}
 		b.report.OpenKeys = append(b.report.OpenKeys, o)
-		fmt.Printf("  %-20s %.0f req/s over %d keys: p50 %.2f ms  p99 %.2f ms  %.3f script calls, %.2f Redis commands and %.0f µs CPU per decision (%s)\n",
+		fmt.Printf("  %-42s %.0f req/s over %d keys: p50 %.2f ms  p99 %.2f ms  %.3f script calls, %.2f Redis commands and %.0f µs CPU per decision (%s)\n",
 			t.name, openRate, openKeys, o.P50, o.P99, o.ScriptCalls, o.Commands, o.CPU, byProcess(o.ByProcess))
 	}
 	return nil
@@ -129,11 +165,9 @@ func (b *bench) keyCounts(ctx context.Context) error {
 // that sees them, then the runs, the targets' interleaved (each round runs
 // every target once), so that what else the machine does weighs on them
 // alike. A target's cost is summed over its own runs.
-func (b *bench) keyCount(ctx context.Context, targets []target, n int) ([]keyCountResult, error) {
-	lts := make([]loadgen.Target, len(targets))
-	for i, t := range targets {
-		lts[i] = b.keysTarget(t, fmt.Sprintf("k%d-", n), n)
-		if _, err := loadgen.ClosedLoop(ctx, lts[i], conns, 0, b.warm); err != nil {
+func (b *bench) keyCount(ctx context.Context, targets []keyTarget, n int) ([]keyCountResult, error) {
+	for _, t := range targets {
+		if _, err := b.closedLoop(ctx, t, n, b.warm); err != nil {
 			return nil, err
 		}
 	}
@@ -144,17 +178,17 @@ func (b *bench) keyCount(ctx context.Context, targets []target, n int) ([]keyCou
 	decisions := make([]uint64, len(targets))
 	for rep := range b.reps {
 		for i, t := range targets {
-			s0 := b.sample(ctx, b.processes(t))
+			s0 := b.sample(ctx, b.processes(t.target))
 			stop := func() {}
-			if t.edge != nil {
+			if t.edge != nil && !t.grpc {
 				stop = b.profileEdge(t.edge, fmt.Sprintf("keys-%d", n), rep)
 			}
-			res, err := loadgen.ClosedLoop(ctx, lts[i], conns, 0, b.satDur)
+			res, err := b.closedLoop(ctx, t, n, b.satDur)
 			stop()
 			if err != nil {
 				return nil, err
 			}
-			s1 := b.sample(ctx, b.processes(t))
+			s1 := b.sample(ctx, b.processes(t.target))
 			if res.Statuses[200] != res.Completed {
 				return nil, fmt.Errorf("%s, %d keys: %d of %d responses were not 200 (%v)", t.name, n, res.Completed-res.Statuses[200], res.Completed, res.Statuses)
 			}
@@ -162,7 +196,7 @@ func (b *bench) keyCount(ctx context.Context, targets []target, n int) ([]keyCou
 			decisions[i] += res.Completed
 			rs[i].Runs = append(rs[i].Runs, res.Throughput())
 			p99s[i] = append(p99s[i], ms(res.Latency.Quantile(0.99)))
-			fmt.Printf("  %-20s %9d keys rep %d: %8.0f req/s  p99 %v\n", t.name, n, rep+1, res.Throughput(), res.Latency.Quantile(0.99).Round(time.Microsecond))
+			fmt.Printf("  %-42s %9d keys rep %d: %8.0f req/s  p99 %v\n", t.name, n, rep+1, res.Throughput(), res.Latency.Quantile(0.99).Round(time.Microsecond))
 		}
 	}
 	for i, t := range targets {
@@ -190,7 +224,7 @@ func (b *bench) keyCount(ctx context.Context, targets []target, n int) ([]keyCou
 			decider = t.procs["ratelimit"][0]
 		}
 		r.RSS = float64(rss(decider.Pid())) / (1 << 20)
-		fmt.Printf("  %-20s %9d keys: median %.0f req/s, %.3f script calls and %.2f Redis commands per decision (%s), %.0f µs CPU (%s), %.0f MB\n",
+		fmt.Printf("  %-42s %9d keys: median %.0f req/s, %.3f script calls and %.2f Redis commands per decision (%s), %.0f µs CPU (%s), %.0f MB\n",
 			t.name, n, r.Median, r.ScriptCalls, r.Commands, byCommand(r.ByCommand), r.CPU, byProcess(r.ByProcess), r.RSS)
 	}
 	return rs, nil
@@ -285,6 +319,7 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 	p("## Cost by key count")
 	p("")
 	p("Decision API, mode auto, closed loop, %d connections, far from the limits, over a number of distinct keys", conns)
+	p("(and Envoy's rate-limit service over gRPC: %d connections, %d calls in flight, one descriptor per call)", grpcConns, conns)
 	p("(the same keys in every run of a count, warmed up first), and %s beside it when the run", referenceName)
 	p("was given its binary (`make bench BENCHFLAGS=-ratelimit=PATH`), the targets' runs interleaved (each round runs")
 	p("every target once). Median of the runs and their range; × 1 key")
@@ -318,57 +353,63 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 }
 
 // keyTargets writes the targets over many keys, against envoyproxy/ratelimit
-// in the same run: over 1M keys 1.5× its decisions per second at 0.8× its
-// CPU per decision; over 10k keys 2×; over 1 and 100 keys 2.3×; at a fixed
-// rate over 1M keys a p99 at most its and 0.8× its CPU per decision.
+// in the same run, over HTTP (the decision API against its JSON endpoint)
+// and over gRPC (Envoy's rate-limit service, both): over 1M keys 1.5× its
+// decisions per second at 0.8× its CPU per decision; over 10k keys 2×; over
+// 1 and 100 keys 2.3×; at a fixed rate over 1M keys a p99 at most its and
+// 0.8× its CPU per decision.
 func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
-	mine, peer := map[int]keyCountResult{}, map[int]keyCountResult{}
-	for _, k := range r.KeyCounts {
-		switch k.Target {
-		case "tally mode: auto":
-			mine[k.Keys] = k
-		case referenceName:
-			peer[k.Keys] = k
+	for _, pair := range [][3]string{{"tally mode: auto", referenceName, "decision API"}, {tallyGRPC, referenceGRPC, "gRPC rate-limit service"}} {
+		mine, peer := map[int]keyCountResult{}, map[int]keyCountResult{}
+		for _, k := range r.KeyCounts {
+			switch k.Target {
+			case pair[0]:
+				mine[k.Keys] = k
+			case pair[1]:
+				peer[k.Keys] = k
+			}
 		}
-	}
-	for _, n := range []int{1, 100, 10_000, 1_000_000} {
-		t, ok1 := mine[n]
-		ref, ok2 := peer[n]
-		if !ok1 || !ok2 || ref.Median == 0 {
+		for _, n := range []int{1, 100, 10_000, 1_000_000} {
+			t, ok1 := mine[n]
+			ref, ok2 := peer[n]
+			if !ok1 || !ok2 || ref.Median == 0 {
+				continue
+			}
+			want := map[int]float64{1: 2.3, 100: 2.3, 10_000: 2, 1_000_000: 1.5}[n]
+			ratios := make([]float64, 0, len(t.Runs))
+			for i := range min(len(t.Runs), len(ref.Runs)) {
+				ratios = append(ratios, t.Runs[i]/ref.Runs[i])
+			}
+			lo, hi := minMax(ratios)
+			p("| %s over %d keys ≥ %.1f× %s's decisions per second | %.2f× (%.0f against %.0f req/s; rounds %.2f – %.2f) | %s |",
+				pair[2], n, want, pair[1], t.Median/ref.Median, t.Median, ref.Median, lo, hi, check(t.Median >= want*ref.Median))
+			if n == 1_000_000 {
+				p("| %s over %d keys: CPU per decision ≤ 0.8× %s's (whole stack) | %.0f µs against %.0f µs (%.2f×) | %s |",
+					pair[2], n, pair[1], t.CPU, ref.CPU, t.CPU/ref.CPU, check(t.CPU <= 0.8*ref.CPU))
+			}
+		}
+		var tally, other *openKeysResult
+		for i := range r.OpenKeys {
+			switch r.OpenKeys[i].Target {
+			case pair[0]:
+				tally = &r.OpenKeys[i]
+			case pair[1]:
+				other = &r.OpenKeys[i]
+			}
+		}
+		if tally == nil {
 			continue
 		}
-		want := map[int]float64{1: 2.3, 100: 2.3, 10_000: 2, 1_000_000: 1.5}[n]
-		ratios := make([]float64, 0, len(t.Runs))
-		for i := range min(len(t.Runs), len(ref.Runs)) {
-			ratios = append(ratios, t.Runs[i]/ref.Runs[i])
+		if other == nil {
+			p("| %s, %.0f req/s over %d keys: p99 and CPU per decision against %s's | p99 %.2f ms, %.0f µs; %s not measured in this run | not measured |",
+				pair[2], tally.Offered, tally.Keys, referenceName, tally.P99, tally.CPU, referenceName)
+			continue
 		}
-		lo, hi := minMax(ratios)
-		p("| decision API over %d keys ≥ %.1f× %s's decisions per second | %.2f× (%.0f against %.0f req/s; rounds %.2f – %.2f) | %s |",
-			n, want, referenceName, t.Median/ref.Median, t.Median, ref.Median, lo, hi, check(t.Median >= want*ref.Median))
-		if n == 1_000_000 {
-			p("| decision API over %d keys: CPU per decision ≤ 0.8× %s's (whole stack) | %.0f µs against %.0f µs (%.2f×) | %s |",
-				n, referenceName, t.CPU, ref.CPU, t.CPU/ref.CPU, check(t.CPU <= 0.8*ref.CPU))
-		}
+		p("| %s, %.0f req/s over %d keys: p99 ≤ %s's | %.2f ms against %.2f ms | %s |", pair[2], tally.Offered, tally.Keys, pair[1], tally.P99, other.P99,
+			check(tally.P99 <= other.P99))
+		p("| %s, %.0f req/s over %d keys: CPU per decision ≤ 0.8× %s's (service and Redis) | %.0f µs against %.0f µs (%.2f×) | %s |", pair[2],
+			tally.Offered, tally.Keys, pair[1], tally.CPU, other.CPU, tally.CPU/other.CPU, check(tally.CPU <= 0.8*other.CPU))
 	}
-	var tally, other *openKeysResult
-	for i := range r.OpenKeys {
-		switch r.OpenKeys[i].Target {
-		case "tally mode: auto":
-			tally = &r.OpenKeys[i]
-		case referenceName:
-			other = &r.OpenKeys[i]
-		}
-	}
-	if tally == nil {
-		return
-	}
-	if other == nil {
-		p("| %.0f req/s over %d keys: p99 and CPU per decision against %s's | p99 %.2f ms, %.0f µs; %s not measured in this run | not measured |",
-			tally.Offered, tally.Keys, referenceName, tally.P99, tally.CPU, referenceName)
-		return
-	}
-	p("| %.0f req/s over %d keys: p99 ≤ %s's | %.2f ms against %.2f ms | %s |", tally.Offered, tally.Keys, referenceName, tally.P99, other.P99, check(tally.P99 <= other.P99))
-	p("| %.0f req/s over %d keys: CPU per decision ≤ 0.8× %s's (service and Redis) | %.0f µs against %.0f µs (%.2f×) | %s |", tally.Offered, tally.Keys, referenceName, tally.CPU, other.CPU, tally.CPU/other.CPU, check(tally.CPU <= 0.8*other.CPU))
 }
 
 // byCommand lists Redis commands per decision by name, most first.

@@ -223,12 +223,16 @@ local function expand(key, w, grace)
   w.holder, w.producer = nil, nil
 end
 
--- opening returns the start of the window a request at t opens: the whole
--- second t falls in, so that the window lasts exactly its length (a window of
--- one second holds one second of requests, as a clock-aligned one does) and
--- its reset, s + len, is a whole second; or, for a window aligned to the
--- clock (align), the multiple of its length since the Unix epoch that t
--- falls in (envoyproxy/ratelimit's windows).
+-- opening returns the start of the window a request at t opens when its
+-- caller names none: the whole second t falls in, so that the window lasts
+-- exactly its length (a window of one second holds one second of requests,
+-- as a clock-aligned one does) and its reset, s + len, is a whole second;
+-- or, for a window aligned to the clock (align), the multiple of its length
+-- since the Unix epoch that t falls in (envoyproxy/ratelimit's windows).
+-- Windows of the calendar (a day, a week, a month, a year of a time zone)
+-- have no fixed length: the caller names them, take.lua by their start and
+-- reset, apply.lua by the reset each event names and the length of that
+-- window (ending).
 local function opening(t, len, align)
   if align then
     return t - t % len
@@ -238,8 +242,8 @@ end
 
 -- fresh returns a new window opened by a request at t, used 0, accepting
 -- starts back to p. It is written by save.
-local function fresh(t, len, p, align)
-  local s = opening(t, len, align)
+local function fresh(t, len, p)
+  local s = opening(t, len)
   return { u = 0, s = s, r = s + len, p = p, new = true }
 end
 

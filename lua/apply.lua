@@ -57,7 +57,11 @@
 --                 length and 61 s (rounding, clocks) after: start < reset_at
 --                 <= start + length + 61000
 --   6 start       ms: when the request started (used when reset_at is 0)
---   7 length      window length, ms (1000 .. 1e12)
+--   7 length      window length, ms (1000 .. 1e12): of the window the event
+--                 names, which a calendar policy's events always name by
+--                 reset_at (a month of 28 to 31 days, a day of 23 to 25
+--                 hours), so that a window they open starts at reset_at -
+--                 length, the period's first midnight
 --   8 units       1 .. 1e9
 --   9 ref         refunds only: the event's own producer index when it names
 --                 the charge it refunds (a producer refunds only its own

@@ -87,12 +87,16 @@ local function encode(u, s, r, holder, p, grace)
   return v
 end
 
--- opening returns the start of the window a request at t opens: the whole
--- second t falls in, so that the window lasts exactly its length (a window of
--- one second holds one second of requests, as a clock-aligned one does) and
--- its reset, s + len, is a whole second; or, for a window aligned to the
--- clock (align), the multiple of its length since the Unix epoch that t
--- falls in (envoyproxy/ratelimit's windows).
+-- opening returns the start of the window a request at t opens when its
+-- caller names none: the whole second t falls in, so that the window lasts
+-- exactly its length (a window of one second holds one second of requests,
+-- as a clock-aligned one does) and its reset, s + len, is a whole second;
+-- or, for a window aligned to the clock (align), the multiple of its length
+-- since the Unix epoch that t falls in (envoyproxy/ratelimit's windows).
+-- Windows of the calendar (a day, a week, a month, a year of a time zone)
+-- have no fixed length: the caller names them, take.lua by their start and
+-- reset, apply.lua by the reset each event names and the length of that
+-- window (window.lua's ending).
 local function opening(t, len, align)
   if align then
     return t - t % len

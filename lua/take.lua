@@ -1,5 +1,6 @@
 -- take.lua: reserve units of a key's live window for one edge, opening the
--- window at the whole second of now when none is live. The edge then admits
+-- window the caller names (ARGV[16], ARGV[17]; without them, at the whole
+-- second of now) when none is live. The edge then admits
 -- requests against what it reserved (its credit) without calling Redis again.
 -- A reservation never takes a window past its limit, so whatever the edges
 -- admit from credit stays within it.
@@ -18,7 +19,8 @@
 --            the holder's own (below)
 -- ARGV[1] -> now, ms since the Unix epoch (the edge's clock, read once for
 --            the decision)
--- ARGV[2] -> window length, ms (1000 .. 1e12)
+-- ARGV[2] -> window length, ms (1000 .. 1e12): of the window a take opens
+--            (ARGV[17] - ARGV[16] when those are given)
 -- ARGV[3] -> limit, units (1 .. 1e9)
 -- ARGV[4] -> need, units (0 .. limit): reserve nothing unless at least this
 --            much is left. 0 (with want 0) only reads: it opens nothing and
@@ -62,6 +64,15 @@
 -- ARGV[15] -> "1" when the policy's windows are aligned to the clock: a
 --            window opened here starts at the multiple of its length since
 --            the Unix epoch that now falls in (window.lua's opening), else ""
+-- ARGV[16] -> start, ms, a whole second, at or before now; with ARGV[17]
+--            reset, ms, a whole second, after now and ARGV[2] after start:
+--            the window a take opens when none is live, as the caller's
+--            policy places it (limiter.Policy.WindowAt: a window of the
+--            calendar lasts its period, 23 to 25 hours for a day, 28 to 31
+--            days for a month). Both "" (or absent, an older caller): the
+--            window opens where ARGV[2] and ARGV[15] say (compact.lua's
+--            opening). A live window is never moved: its stored reset holds
+--            until it passes, whatever a take names
 --
 -- Compact windows (window.lua): with ARGV[14] "1", a take that owes
 -- nothing, moves nothing and freezes nothing, in a window of whole
@@ -128,6 +139,18 @@ local align = ARGV[15] == "1"
 if ARGV[15] ~= nil and ARGV[15] ~= "" and not align then
   return redis.error_reply("ERR tally: invalid align")
 end
+-- opens: where a window this call opens starts (it resets len later).
+local opens = nil
+if (ARGV[16] or "") ~= "" or (ARGV[17] or "") ~= "" then
+  opens = arg_int(16, 0, MAX_MS)
+  local reset = arg_int(17, 0, MAX_MS)
+  if opens == nil or reset == nil or opens % 1000 ~= 0 or reset % 1000 ~= 0 or opens > now or reset <= now
+      or reset - opens ~= len then
+    return redis.error_reply("ERR tally: invalid window")
+  end
+else
+  opens = opening(now, len, align)
+end
 
 -- The cold path: a take the compact form can hold (the shard's windows may
 -- be compact; it owes nothing, moves nothing, freezes nothing; whole
@@ -140,7 +163,7 @@ local simple = compact_form and ARGV[14] == "1" and ARGV[9] == "" and (ARGV[10] 
 -- open_compact opens a window at now, compact, replacing whatever the key
 -- held, accepting starts back to p (nil: a first window's).
 local function open_compact(p)
-  local s = opening(now, len, align)
+  local s = opens
   local r = s + len
   redis.call("SET", KEYS[1], encode(want, s, r, holder, p or first_p(s, grace), grace), "PXAT", num(r + grace))
   return { want, want, r, s, 1, 0, want, -1 }
@@ -250,7 +273,7 @@ if w == nil or w.r <= now then
   if need == 0 then
     return { 0, 0, 0, 0, 0, applied, 0, -1 }
   end
-  local s = opening(now, len, align)
+  local s = opens
   local p = first_p(s, grace)
   if w ~= nil then
     p = w.r
@@ -264,7 +287,7 @@ if w == nil or w.r <= now then
   if form ~= nil then
     redis.call("DEL", KEYS[1])
   end
-  w = fresh(now, len, p, align)
+  w = ending(s + len, len, p)
   opened, owed, mine, held_now = 1, 0, 0, 0
 end
 if need == 0 then

@@ -160,8 +160,8 @@ end
 
 -- fresh returns a new window opened by a request at t, used 0, accepting
 -- starts back to p. It is written by save.
-local function fresh(t, len, p, align)
-  local s = opening(t, len, align)
+local function fresh(t, len, p)
+  local s = opening(t, len)
   return { u = 0, s = s, r = s + len, p = p, new = true }
 end
 

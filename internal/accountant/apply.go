@@ -122,10 +122,18 @@ func (w *worker) convert(it *item) error {
 		// The policy and its window are what a window is opened on; a
 		// client's limit differs from its policy's by design (tiers,
 		// overrides, an operator's temporary limit), so it is not compared.
-		if p, ok := w.a.cfg.Policies[e.Policy]; len(w.a.cfg.Policies) > 0 &&
-			(!ok || p.Window != time.Duration(e.WindowSeconds)*time.Second) {
-			return fmt.Errorf("%w: event %d: policy %q with a window of %ds is not configured", events.ErrInvalidEvent,
-				k+1, e.Policy, e.WindowSeconds)
+		// A calendar policy places its events itself: the event's window
+		// is the period its reset ends (or its start falls in), whatever
+		// length the event says.
+		if p, ok := w.a.cfg.Policies[e.Policy]; len(w.a.cfg.Policies) > 0 {
+			switch {
+			case ok && p.Calendar != "":
+				reset, window := limiter.Entry{Policy: p, ResetAt: e.ResetAt, Start: e.StartedAt}.Placed()
+				e.ResetAt, e.WindowSeconds = reset, int64(window/time.Second)
+			case !ok || p.Window != time.Duration(e.WindowSeconds)*time.Second:
+				return fmt.Errorf("%w: event %d: policy %q with a window of %ds is not configured", events.ErrInvalidEvent,
+					k+1, e.Policy, e.WindowSeconds)
+			}
 		}
 		op, ok, err := e.Op(w.a.keys)
 		if err != nil {

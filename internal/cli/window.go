@@ -153,7 +153,7 @@ type holding struct {
 
 func inspectionOf(p limiter.Policy, k limiter.Key, w redisstore.WindowDetail, tl *events.TemporaryLimit) inspection {
 	limit, _ := inForce(p, tl)
-	in := inspection{Policy: p.Name, Limit: limit, PolicyLimit: p.Limit, Window: p.Window.String(), Digest: k.Digest().String(),
+	in := inspection{Policy: p.Name, Limit: limit, PolicyLimit: p.Limit, Window: p.Per(), Digest: k.Digest().String(),
 		Shard: w.Shard, MovedTo: w.MovedTo, Live: w.Live, Used: w.Used, Left: max(0, limit-w.Used), Temporary: tl,
 		Holders: []holding{}, Frozen: []holding{}}
 	if !w.Live {
@@ -185,7 +185,7 @@ func inForce(p limiter.Policy, tl *events.TemporaryLimit) (int64, string) {
 }
 
 func (c *call) printWindow(p limiter.Policy, k limiter.Key, w redisstore.WindowDetail, tl *events.TemporaryLimit, now time.Time) {
-	c.out("policy %s: %d per %v (mode %s), digest %s, shard %s\n", p.Name, p.Limit, p.Window, p.Mode.OrDefault(), k.Digest(), w.Shard)
+	c.out("policy %s: %d per %s (mode %s), digest %s, shard %s\n", p.Name, p.Limit, p.Per(), p.Mode.OrDefault(), k.Digest(), w.Shard)
 	if w.MovedTo != "" {
 		c.out("moved to shard %s (resharding)\n", w.MovedTo)
 	}

@@ -392,9 +392,17 @@ type Policy struct {
 	// Shadow decides and records without enforcing (limiter.Policy.Shadow).
 	Shadow bool `yaml:"shadow"`
 	// Windows is when a window opens: first_request (the default: at the
-	// second of a client's first request) or clock (at the multiple of the
-	// window since the Unix epoch, limiter.Policy.Align).
+	// second of a client's first request), clock (at the multiple of the
+	// window since the Unix epoch, limiter.Policy.Align) or calendar (at
+	// local midnight of the first day of a Period of TimeZone's calendar,
+	// limiter.Policy.Calendar; Window is then left out).
 	Windows string `yaml:"windows"`
+	// Period is a calendar window's period: day, week (ISO, from Monday),
+	// month or year. Only with Windows calendar.
+	Period string `yaml:"period"`
+	// TimeZone is the IANA time zone whose calendar a calendar window
+	// follows (Europe/Berlin); default UTC. Only with Windows calendar.
+	TimeZone string `yaml:"time_zone"`
 	// Tiers give other limits by the client's plan (edge.Tiers).
 	Tiers *Tiers `yaml:"tiers"`
 	// Overrides give one identity another limit (edge.Override).
@@ -423,6 +431,7 @@ type Override struct {
 const (
 	WindowsFirstRequest = "first_request"
 	WindowsClock        = "clock"
+	WindowsCalendar     = "calendar"
 )
 
 // Policy keys.
@@ -698,8 +707,14 @@ func (f *File) AddressKeyed() map[string]bool {
 
 // Limiter is the policy as the limiter takes it.
 func (p Policy) Limiter() limiter.Policy {
-	return limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode, Shadow: p.Shadow,
+	lp := limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode, Shadow: p.Shadow,
 		Align: p.Windows == WindowsClock}
+	if p.Windows == WindowsCalendar {
+		lp.Calendar = limiter.Period(p.Period)
+		lp.Window = lp.Calendar.Longest()
+		lp.Location, _ = loadZone(p.TimeZone) // Check reports a zone that cannot be loaded
+	}
+	return lp
 }
 
 // Limits are the terms the edge holds requests to, as the edge takes them

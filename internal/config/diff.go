@@ -15,9 +15,9 @@ func (f *File) Changes(next *File) (limits []string, restart []string) {
 		old, ok := a[name]
 		switch {
 		case !ok:
-			limits = append(limits, fmt.Sprintf("added policy %s: %d per %v", name, b[name].Limit, b[name].Window))
+			limits = append(limits, fmt.Sprintf("added policy %s: %d per %s", name, b[name].Limit, b[name].Per()))
 		case old != b[name]:
-			limits = append(limits, fmt.Sprintf("changed policy %s: %d per %v → %d per %v", name, old.Limit, old.Window, b[name].Limit, b[name].Window))
+			limits = append(limits, fmt.Sprintf("changed policy %s: %d per %s → %d per %s", name, old.Limit, old.Per(), b[name].Limit, b[name].Per()))
 		}
 	}
 	for _, name := range sortedKeys(a) {

@@ -212,17 +212,20 @@ func (f *File) validatePolicies(ps *problems) {
 	usable := map[string]bool{}
 	for i, p := range f.Policies {
 		path := fmt.Sprintf("policies[%d]", i)
-		err := p.Limiter().Validate()
+		lp := p.Limiter()
+		calendarOK := p.validateWindows(ps, path)
+		if !calendarOK {
+			// Its other terms are judged as those of a valid calendar.
+			lp.Calendar, lp.Window, lp.Location = limiter.Day, limiter.Day.Longest(), nil
+		}
+		err := lp.Validate()
 		ps.in(path, err)
-		usable[p.Name] = err == nil && !named[p.Name]
+		usable[p.Name] = err == nil && calendarOK && !named[p.Name]
 		if named[p.Name] {
 			ps.field(path+".name", "duplicate policy %q", p.Name)
 		}
 		if p.Key != "" && p.Key != KeyIdentity && p.Key != KeyAddress {
 			ps.field(path+".key", "%q: want identity or address", p.Key)
-		}
-		if p.Windows != "" && p.Windows != WindowsFirstRequest && p.Windows != WindowsClock {
-			ps.field(path+".windows", "%q: want first_request or clock", p.Windows)
 		}
 		p.validateTerms(ps, path)
 		named[p.Name] = true
@@ -342,6 +345,54 @@ func (f *File) validateEdge(ps *problems) {
 }
 
 // validateTerms checks a policy's tiers, overrides and backoff.
+// validateWindows checks where p's windows open (windows, period,
+// time_zone), and reports false when p's windows are on the calendar but
+// its period or its zone cannot be used.
+func (p Policy) validateWindows(ps *problems, path string) bool {
+	switch p.Windows {
+	case "", WindowsFirstRequest, WindowsClock:
+		if p.Period != "" {
+			ps.field(path+".period", "%q: a period is for windows: calendar (windows: %s)", p.Period, p.windowsOrDefault())
+		}
+		if p.TimeZone != "" {
+			ps.field(path+".time_zone", "%q: a time zone is for windows: calendar (windows: %s)", p.TimeZone, p.windowsOrDefault())
+		}
+		return true
+	case WindowsCalendar:
+	default:
+		ps.field(path+".windows", "%q: want first_request, clock or calendar", p.Windows)
+		return true
+	}
+	ok := true
+	switch {
+	case p.Period == "":
+		ps.field(path+".period", "missing: windows: calendar needs period: day, week, month or year")
+		ok = false
+	case limiter.Period(p.Period).Validate() != nil:
+		ps.field(path+".period", "%q: want day, week, month or year", p.Period)
+		ok = false
+	}
+	if p.Window != 0 {
+		ps.field(path+".window", "%v: a calendar window lasts its period (%s), leave window out", p.Window, p.Period)
+	}
+	switch _, err := loadZone(p.TimeZone); {
+	case p.TimeZone == "Local":
+		ps.field(path+".time_zone", "%q: the machine's zone differs between machines: name an IANA time zone (Europe/Berlin, UTC)", p.TimeZone)
+		ok = false
+	case err != nil:
+		ps.field(path+".time_zone", "%q: unknown time zone: want an IANA name (Europe/Berlin, America/New_York, UTC)", p.TimeZone)
+		ok = false
+	}
+	return ok
+}
+
+func (p Policy) windowsOrDefault() string {
+	if p.Windows == "" {
+		return WindowsFirstRequest
+	}
+	return p.Windows
+}
+
 func (p Policy) validateTerms(ps *problems, path string) {
 	ps.in(path+".backoff", p.Backoff.Validate())
 	limitOK := func(v int64) bool { return v >= max(1, p.Cost) && v <= limiter.MaxLimit }

@@ -53,12 +53,12 @@ func (c *Core) fallback(v Verdict, e *entry, cost int64) (Verdict, error) {
 		}
 	}
 	// Nothing known: admit, and charge by the request's start (a window
-	// aligned to the clock is known by it: charged there, so that the
-	// charge opens no other window).
+	// aligned to the clock or on the calendar is known by it: charged
+	// there, so that the charge opens no other window).
 	charge := limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: cost, Start: v.Now,
 		Time: c.d.Clock.Now(), RequestID: v.RequestID()}
-	if v.Policy.Align {
-		_, charge.ResetAt = v.Policy.AlignedWindow(v.Now)
+	if v.Policy.Fixed() {
+		charge.ResetAt = v.Policy.WindowAt(v.Now).ResetAt
 	}
 	if seq := c.d.Ledger.Record(e.at(), charge); seq != 0 {
 		v.ChargeSeq = seq
@@ -90,7 +90,7 @@ func (c *Core) deny(v Verdict, e *entry, path Path) Verdict {
 
 func decision(v Verdict, e *entry, allowed bool, used int64) limiter.Decision {
 	d := limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
-		Used: max(0, used), Window: v.Policy.Window, ResetAt: e.reset, Now: v.Now}
+		Used: max(0, used), Window: v.Policy.Ending(e.reset).Length(), ResetAt: e.reset, Now: v.Now}
 	d.Remaining = max(0, d.Limit-d.Used)
 	return d
 }

@@ -249,7 +249,7 @@ func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, no
 		if c.suspected(e.at(), now) {
 			return c.lookFailed(v, e)
 		}
-		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: c.d.Producer, Holder: e.holder}
+		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: c.d.Producer, Holder: e.holder, Opens: p.WindowAt(now)}
 		e.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RedisBudget)
 		g, err := c.d.Reserver.Take(rctx, e.key, now, args)
@@ -317,7 +317,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 		defer c.probing[e.at()].Store(false)
 	}
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
-		Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Align: e.policy.Align}
+		Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Align: e.policy.Align, Opens: e.policy.WindowAt(now)}
 	g, full, err := c.takeWaiting(ctx, e, args, now, deadline)
 	if err != nil {
 		return c.fallback(v, e, cost)
@@ -364,7 +364,8 @@ func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs,
 func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	need := max(1, cost-e.free())
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
-		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Align: e.policy.Align}
+		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Align: e.policy.Align,
+		Opens: e.policy.WindowAt(now)}
 	c.asked(e)
 	c.freezeIn(e, &args, now)
 	ch := make(chan struct{})
@@ -566,7 +567,7 @@ func (c *Core) resolveLost(ctx context.Context, lost []*entry, now time.Time, bu
 		}
 		rctx, cancel := context.WithTimeout(ctx, budget)
 		g, err := c.d.Reserver.Take(rctx, e.key, now, limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit,
-			Producer: c.d.Producer, Holder: e.holder})
+			Producer: c.d.Producer, Holder: e.holder, Opens: e.policy.WindowAt(now)})
 		cancel()
 		c.stats.rechecks.Add(1)
 		if err != nil {

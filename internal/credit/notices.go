@@ -23,10 +23,10 @@ func (c *Core) Heard(n Notice) {
 	switch {
 	case n.Full && (e.reset.Equal(n.ResetAt) || e.reset.IsZero()):
 		if e.reset.IsZero() {
-			// A window another edge opened: it started its length before
-			// its reset. What this edge reserves there later goes back
-			// with that start (an event needs one).
-			e.reset, e.start = n.ResetAt, n.ResetAt.Add(-e.policy.Window)
+			// A window another edge opened: it started its length (its
+			// calendar period) before its reset. What this edge reserves
+			// there later goes back with that start (an event needs one).
+			e.reset, e.start = n.ResetAt, e.policy.Ending(n.ResetAt).Start
 		}
 		e.full = true
 		e.used = max(e.used, n.Used)
@@ -169,7 +169,7 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	}
 	if !e.live(now) && !c.suspected(e.at(), now) {
 		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: 1, Want: min(cost, p.Limit), Producer: c.d.Producer,
-			Holder: e.holder, Owed: e.owed(), Align: p.Align}
+			Holder: e.holder, Owed: e.owed(), Align: p.Align, Opens: p.WindowAt(now)}
 		if _, full, err := c.takeWaiting(ctx, e, args, now, time.Now().Add(c.cfg.RedisBudget)); err == nil {
 			if full {
 				c.publishFull(e)

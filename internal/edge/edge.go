@@ -522,7 +522,7 @@ func (s *Server) recordFinish(v credit.Verdict, res limiter.FinishResult, now ti
 func (s *Server) decision(v credit.Verdict, traceparent string) events.Decision {
 	d := events.Decision{Time: v.Now, Source: s.o.Source, Edge: s.o.Producer, Seq: s.dseq.Add(1),
 		Shard: s.o.Store.ShardName(v.Shard), RequestNum: v.ReqNum, TraceParent: traceparent, Key: v.Key.Digest(),
-		Policy: v.Policy.Name, Limit: v.Policy.Limit, WindowSeconds: int64(v.Policy.Window / time.Second), Cost: v.Cost,
+		Policy: v.Policy.Name, Limit: v.Policy.Limit, WindowSeconds: int64(v.Policy.LengthAt(v.Now) / time.Second), Cost: v.Cost,
 		Shadow: v.Policy.Shadow}
 	if v.Decided {
 		d.Used, d.ResetAt = v.Decision.Used, v.Decision.ResetAt

@@ -137,7 +137,7 @@ func (s *Server) backoffVerdict(p limiter.Policy, cost int64, dg limiter.Digest,
 // strikes filled in with p's terms.
 func (s *Server) heldVerdict(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64, path credit.Path, d limiter.Decision) credit.Verdict {
 	k := s.o.Keys.KeyOf(dg)
-	d.Resource, d.Limit, d.Cost, d.Window, d.Now = p.Name, p.Limit, cost, p.Window, now
+	d.Resource, d.Limit, d.Cost, d.Window, d.Now = p.Name, p.Limit, cost, p.LengthAt(now), now
 	return credit.Verdict{Decision: d, Decided: true, Path: path, Policy: p, Cost: cost, Key: k,
 		Shard: s.o.Store.ShardOf(k), Now: now, Producer: s.o.Producer, ReqNum: reqNum}
 }

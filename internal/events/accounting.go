@@ -176,7 +176,7 @@ func (e *Accounting) Validate() error {
 		return bad("policy %s", quote(e.Policy))
 	case e.Limit < 1 || e.Limit > limiter.MaxLimit:
 		return bad("limit %d", e.Limit)
-	case e.WindowSeconds < 1 || e.WindowSeconds > int64(limiter.MaxWindow/time.Second):
+	case e.WindowSeconds < 1 || e.WindowSeconds > int64(limiter.MaxSpan/time.Second):
 		return bad("window_s %d", e.WindowSeconds)
 	case e.Units < 1 || e.Units > limiter.MaxLimit:
 		// Not bounded by the limit: a charge may take a window past it (an
@@ -330,9 +330,10 @@ func AccountingMsg(prefix, shard string, evs []Accounting, buf []byte) (*nats.Ms
 // producer, with the key id and source of its publisher: the wire form of
 // what an edge's decision core leaves to account for.
 func AccountingOf(e limiter.Entry, producer string, seq uint64, source, keyID string) Accounting {
+	reset, window := e.Placed()
 	a := Accounting{Producer: producer, Seq: seq, KeyID: keyID, Source: source, Time: e.Time, TraceParent: e.TraceParent,
 		Key: e.Key.Digest().String(), Policy: e.Policy.Name, Limit: e.Policy.Limit,
-		WindowSeconds: int64(e.Policy.Window / time.Second), Units: e.Units, ResetAt: e.ResetAt, StartedAt: e.Start,
+		WindowSeconds: int64(window / time.Second), Units: e.Units, ResetAt: reset, StartedAt: e.Start,
 		RequestID: e.RequestID}
 	switch e.Kind {
 	case limiter.Charge:

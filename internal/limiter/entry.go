@@ -31,10 +31,30 @@ type Entry struct {
 // Event is the window operation e becomes once numbered as seq of
 // producer.
 func (e Entry) Event(producer string, seq uint64) Event {
-	ev := Event{Producer: producer, Seq: seq, Kind: e.Kind, Key: e.Key, ResetAt: e.ResetAt, Start: e.Start,
-		Window: e.Policy.Window, Units: e.Units}
+	reset, window := e.Placed()
+	ev := Event{Producer: producer, Seq: seq, Kind: e.Kind, Key: e.Key, ResetAt: reset, Start: e.Start,
+		Window: window, Units: e.Units}
 	if e.Kind == Refund && e.ChargeSeq != 0 {
 		ev.RefProducer, ev.RefSeq = producer, e.ChargeSeq
 	}
 	return ev
+}
+
+// Placed is the window the entry names, and its length, as its event says
+// them: ResetAt and the policy's length; for a calendar policy the length
+// of the period that ends at ResetAt, and, for an entry placed by its
+// start, the reset of the period its start falls in (a calendar window is
+// known from the clock: its event opens no window of another length).
+func (e Entry) Placed() (resetAt time.Time, window time.Duration) {
+	if e.Policy.Calendar == "" {
+		return e.ResetAt, e.Policy.Window
+	}
+	if e.ResetAt.IsZero() {
+		s := e.Policy.WindowAt(e.Start)
+		return s.ResetAt, s.Length()
+	}
+	// A window opened before the policy's terms changed may have begun
+	// before the period: it lasts at least from the entry's start.
+	since := (e.ResetAt.Sub(e.Start) + time.Second - 1).Truncate(time.Second)
+	return e.ResetAt, max(e.Policy.Ending(e.ResetAt).Length(), since)
 }

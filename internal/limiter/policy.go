@@ -17,7 +17,11 @@ var ErrInvalidPolicy = errors.New("limiter: invalid policy")
 const (
 	MinWindow = time.Second
 	MaxWindow = 366 * 24 * time.Hour
-	MaxLimit  = 1_000_000_000
+	// MaxSpan is the longest window the scripts are given: a calendar year
+	// (Year.Longest), a day longer than MaxWindow for zones that move their
+	// clocks by more than an hour.
+	MaxSpan  = MaxWindow + 24*time.Hour
+	MaxLimit = 1_000_000_000
 	// MaxMS is the largest time the scripts take, in ms since the epoch
 	// (year 5138).
 	MaxMS = 100_000_000_000_000
@@ -68,12 +72,22 @@ type Policy struct {
 	// Window is the window length, whole seconds from MinWindow to MaxWindow.
 	// A window starts at the whole second of its first request and ends
 	// (resets) exactly Window later; with Align, at the multiple of Window
-	// since the Unix epoch its first request falls in.
+	// since the Unix epoch its first request falls in. For a calendar policy
+	// (Calendar) it is Calendar.Longest(), the most one of its windows lasts:
+	// what bounds such a window wherever a length bounds one; the window's
+	// own length is WindowAt's.
 	Window time.Duration
 	// Align aligns windows to the clock, as envoyproxy/ratelimit's are: a
 	// window of a minute is a minute of the clock, and its reset is known
-	// without asking Redis (AlignedWindow).
+	// without asking Redis (WindowAt).
 	Align bool
+	// Calendar, when set, makes every window one period of the calendar of
+	// Location (nil: UTC): a day, an ISO week (from Monday), a month or a
+	// year, from local midnight of its first day to local midnight of the
+	// next period's first day. A month lasts 28 to 31 days, a day with a
+	// change of daylight saving time 23 or 25 hours.
+	Calendar Period
+	Location *time.Location
 	// Cost is what one request charges, 1 to Limit. 0 means 1.
 	Cost int64
 	// Mode is how edges decide; "" means ModeAuto.
@@ -84,16 +98,88 @@ type Policy struct {
 	Shadow bool
 }
 
+// Span is one window: from Start to ResetAt (exclusive), both whole
+// seconds.
+type Span struct {
+	Start, ResetAt time.Time
+}
+
+// Length is how long s lasts.
+func (s Span) Length() time.Duration { return s.ResetAt.Sub(s.Start) }
+
+// IsZero reports whether s is no window.
+func (s Span) IsZero() bool { return s.ResetAt.IsZero() }
+
+// Contains reports whether t lies in s.
+func (s Span) Contains(t time.Time) bool { return !t.Before(s.Start) && t.Before(s.ResetAt) }
+
+// Fixed reports whether p's windows are known from the clock alone (aligned
+// to it, or on the calendar): where a window opens does not depend on
+// when a client first came.
+func (p Policy) Fixed() bool { return p.Align || p.Calendar != "" }
+
+// WindowAt is the window a request at t opens when none is live: the whole
+// second t falls in and Window after it (first_request); the multiple of
+// Window since the Unix epoch at or before t and Window after it (Align);
+// the calendar period t falls in (Calendar). Its bounds are what the
+// scripts store as the window's start and reset.
+func (p Policy) WindowAt(t time.Time) Span {
+	switch {
+	case p.Calendar != "":
+		return p.Calendar.span(t, p.Location)
+	case p.Window < time.Second:
+		return Span{}
+	case p.Align:
+		w := int64(p.Window / time.Second)
+		s := t.Unix()
+		s -= s % w
+		return Span{Start: time.Unix(s, 0), ResetAt: time.Unix(s+w, 0)}
+	}
+	s := t.Unix()
+	return Span{Start: time.Unix(s, 0), ResetAt: time.Unix(s, 0).Add(p.Window)}
+}
+
 // AlignedWindow is the window aligned to the clock that t falls in: from the
 // multiple of p.Window since the Unix epoch at or before t, for p.Window.
 func (p Policy) AlignedWindow(t time.Time) (start, reset time.Time) {
-	w := int64(p.Window / time.Second)
-	if w <= 0 {
-		return time.Time{}, time.Time{}
+	p.Align, p.Calendar = true, ""
+	s := p.WindowAt(t)
+	return s.Start, s.ResetAt
+}
+
+// LengthAt is how long p's window at t lasts: Window, or for a calendar
+// policy the length of the period t falls in.
+func (p Policy) LengthAt(t time.Time) time.Duration {
+	if p.Calendar == "" {
+		return p.Window
 	}
-	s := t.Unix()
-	s -= s % w
-	return time.Unix(s, 0), time.Unix(s+w, 0)
+	return p.WindowAt(t).Length()
+}
+
+// Ending is p's window that resets at reset: the calendar period that ends
+// there (from the period's start, should reset be no boundary of it: a
+// window opened before p's terms changed), else Window before it.
+func (p Policy) Ending(reset time.Time) Span {
+	if p.Calendar != "" {
+		return Span{Start: p.Calendar.span(reset.Add(-time.Nanosecond), p.Location).Start, ResetAt: reset}
+	}
+	return Span{Start: reset.Add(-p.Window), ResetAt: reset}
+}
+
+// Per says how long p's windows last, for people: "1h0m0s", or "calendar
+// month (Europe/Berlin)".
+func (p Policy) Per() string {
+	if p.Calendar == "" {
+		return p.Window.String()
+	}
+	return "calendar " + string(p.Calendar) + " (" + locationName(p.Location) + ")"
+}
+
+func locationName(l *time.Location) string {
+	if l == nil {
+		return "UTC"
+	}
+	return l.String()
 }
 
 // PolicyError is a policy problem with the field it is in (name, limit,
@@ -126,7 +212,13 @@ func (p Policy) Validate() error {
 		return bad("name", "%q: want 1 to 64 of [a-z0-9_.-], starting with a letter or digit", truncate(p.Name, 70))
 	case p.Limit < 1 || p.Limit > MaxLimit:
 		return bad("limit", "%d: want 1 to %d (policy %s)", p.Limit, MaxLimit, p.Name)
-	case p.Window < MinWindow || p.Window > MaxWindow || p.Window%time.Second != 0:
+	case p.Calendar != "" && p.Calendar.Validate() != nil:
+		return bad("period", "%q: want day, week, month or year (policy %s)", p.Calendar, p.Name)
+	case p.Calendar != "" && p.Align:
+		return bad("windows", "a calendar policy's windows are its periods, not aligned to a length (policy %s)", p.Name)
+	case p.Calendar != "" && p.Window != p.Calendar.Longest():
+		return bad("window", "%v: a calendar %s's windows last their period (policy %s)", p.Window, p.Calendar, p.Name)
+	case p.Calendar == "" && (p.Window < MinWindow || p.Window > MaxWindow || p.Window%time.Second != 0):
 		return bad("window", "%v: want whole seconds from %v to %v (policy %s)", p.Window, MinWindow, MaxWindow, p.Name)
 	case p.Cost < 0 || p.Cost > p.Limit:
 		return bad("cost", "%d: want 1 to the limit, %d (policy %s)", p.Cost, p.Limit, p.Name)
@@ -137,8 +229,8 @@ func (p Policy) Validate() error {
 }
 
 func validWindow(w time.Duration) error {
-	if w < MinWindow || w > MaxWindow {
-		return fmt.Errorf("%w: window %v: want %v to %v", ErrInvalidArgument, w, MinWindow, MaxWindow)
+	if w < MinWindow || w > MaxSpan {
+		return fmt.Errorf("%w: window %v: want %v to %v", ErrInvalidArgument, w, MinWindow, MaxSpan)
 	}
 	return nil
 }

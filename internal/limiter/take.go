@@ -46,6 +46,12 @@ type TakeArgs struct {
 	// Align opens a window aligned to the clock (Policy.Align) when none is
 	// live.
 	Align bool
+	// Opens is the window the take opens when none is live: the policy's
+	// Policy.WindowAt(now), for now the time of the take. It must hold now;
+	// its length is the window's, whatever Window says (a calendar
+	// policy's windows differ in length). Zero: WindowAt of a policy of
+	// Window and Align.
+	Opens Span
 }
 
 // Owed is one charge an edge sent as an accounting event: its sequence and
@@ -114,7 +120,35 @@ func (a TakeArgs) Validate(k Key) error {
 			return fmt.Errorf("%w: take: owed %d units of event %d", ErrInvalidArgument, o.Units, o.Seq)
 		}
 	}
+	if !a.Opens.IsZero() {
+		if err := a.Opens.validate(); err != nil {
+			return fmt.Errorf("take: %w", err)
+		}
+	}
 	return validWindow(a.Window)
+}
+
+// OpensAt is the window a take at now opens when none is live: Opens, or
+// the window of a policy of Window and Align. It reports an error, wrapping
+// ErrInvalidArgument, when that window does not hold now.
+func (a TakeArgs) OpensAt(now time.Time) (Span, error) {
+	s := a.Opens
+	if s.IsZero() {
+		s = Policy{Window: a.Window, Align: a.Align}.WindowAt(now)
+	}
+	if !s.Contains(now) {
+		return Span{}, fmt.Errorf("%w: take: window %v to %v does not hold now, %v", ErrInvalidArgument, s.Start, s.ResetAt, now)
+	}
+	return s, nil
+}
+
+// validate refuses a window the scripts would refuse: whole seconds, from
+// MinWindow to MaxSpan long.
+func (s Span) validate() error {
+	if s.Start.UnixMilli()%1000 != 0 || s.ResetAt.UnixMilli()%1000 != 0 || s.Start.UnixMilli() < 0 || s.ResetAt.UnixMilli() > MaxMS {
+		return fmt.Errorf("%w: window %v to %v: want whole seconds", ErrInvalidArgument, s.Start, s.ResetAt)
+	}
+	return validWindow(s.Length())
 }
 
 // Hold reports the share of a holder's credit in a window that it will not

@@ -10,8 +10,9 @@ import (
 )
 
 // Take reserves units of k's window on its shard's primary at time now (the
-// caller's clock, read once for the decision), opening a window at the whole
-// second of now when none is live (reset limiter.Window after that). The
+// caller's clock, read once for the decision), opening the window
+// limiter.TakeArgs.OpensAt names when none is live (by default at the whole
+// second of now, resetting limiter.TakeArgs.Window after that). The
 // reservation is all or nothing above Need and never takes the window past
 // Limit. It is one atomic script call (lua/take.lua), or, for a key the
 // caller knows no window of where windows may be compact, one SET ... NX
@@ -61,6 +62,7 @@ type takeReq struct {
 	a      limiter.TakeArgs
 	holder string
 	owed   string
+	opens  limiter.Span // the window the take opens when none is live
 	i      int
 	moving string // the key's owner, when i is its previous owner (resharding)
 	moved  bool   // sent again to where a TALLYMOVED said the key went
@@ -71,7 +73,11 @@ func (s *Store) newTake(k limiter.Key, now time.Time, a limiter.TakeArgs) (*take
 	if err := a.Validate(k); err != nil {
 		return nil, err
 	}
-	r := &takeReq{s: s, k: k, now: now, a: a, holder: a.Holder, i: s.ShardOf(k)}
+	opens, err := a.OpensAt(now)
+	if err != nil {
+		return nil, err
+	}
+	r := &takeReq{s: s, k: k, now: now, a: a, opens: opens, holder: a.Holder, i: s.ShardOf(k)}
 	if r.holder == "" {
 		r.holder = a.Producer
 	}
@@ -99,8 +105,8 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 	if err := s.gate(ctx, r.i); err != nil {
 		return nil, err
 	}
-	args := []any{ms(r.now), a.Window.Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder,
-		a.Producer, r.owed, r.moving, "", "", "", "", ""}
+	args := []any{ms(r.now), r.opens.Length().Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder,
+		a.Producer, r.owed, r.moving, "", "", "", "", "", ms(r.opens.Start), ms(r.opens.ResetAt)}
 	if a.Align {
 		args[14] = "1"
 	}
@@ -110,13 +116,8 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 	c := &takeCall{ctx: ctx, keys: []string{r.k.String(), s.producerKey(a.Producer), s.keys.ReseedKey()}, args: args}
 	if s.shards[r.i].compact.Load() {
 		args[13] = "1"
-		if a.Fresh && a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && a.Window%time.Second == 0 &&
-			limiter.CompactHolder(r.holder, a.Producer) {
-			start := r.now.Truncate(time.Second)
-			reset := start.Add(a.Window)
-			if a.Align {
-				start, reset = limiter.Policy{Window: a.Window}.AlignedWindow(r.now)
-			}
+		if a.Fresh && a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && limiter.CompactHolder(r.holder, a.Producer) {
+			start, reset := r.opens.Start, r.opens.ResetAt
 			c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
 				reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 func berlin(t *testing.T) *time.Location {
@@ -77,16 +78,17 @@ func TestCalendarMonthFromTwoEdges(t *testing.T) {
 	require.EqualValues(t, 7, pl.used(pl.keys.Key("core", limiter.APIIdentity("tenant-1"))))
 }
 
-// A day of 23 hours, on the edges' manual clock: the window of 28 March
-// 2027 resets at Berlin's midnight (22:00 UTC, an hour earlier than the day
-// before), the day after opens there, and two edges admit the limit
-// exactly in each.
+// A day of 23 hours, on the edges' manual clock: the next day of 23 hours
+// in Berlin (the last Sunday of March) resets at Berlin's midnight (22:00
+// UTC, an hour earlier than the day before), the day after opens there,
+// and two edges admit the limit exactly in each. The day is the next one
+// ahead of now: Redis expires keys by its own clock.
 func TestCalendarDayAcrossSummerTime(t *testing.T) {
 	loc := berlin(t)
-	day0 := time.Date(2027, 3, 27, 23, 59, 58, 0, loc) // Saturday, CET
-	if !day0.After(time.Now()) {
-		t.Skip("the test's dates have passed: keys expire by Redis's clock")
-	}
+	short := testutil.NextDayOf(t, time.Now(), loc, 23)
+	y, m, d := short.Date()
+	day0 := time.Date(y, m, d-1, 23, 59, 58, 0, loc) // the Saturday before, CET
+	after := time.Date(y, m, d+1, 0, 0, 0, 0, loc)   // the Monday, CEST
 	pl := newPipeline(t)
 	pl.policies = map[string]limiter.Policy{"core": {Name: "core", Limit: 3, Calendar: limiter.Day, Location: loc,
 		Window: limiter.Day.Longest()}}
@@ -96,17 +98,16 @@ func TestCalendarDayAcrossSummerTime(t *testing.T) {
 
 	for _, tc := range []struct {
 		at        time.Time
-		reset     string
+		reset     time.Time
 		rateLimit int64
 	}{
-		{day0, "2027-03-28T00:00:00+01:00", 2},
-		{time.Date(2027, 3, 28, 0, 0, 30, 0, loc), "2027-03-29T00:00:00+02:00", 23*3600 - 30},
-		{time.Date(2027, 3, 28, 23, 59, 59, 0, loc), "2027-03-29T00:00:00+02:00", 1},
-		{time.Date(2027, 3, 29, 0, 0, 0, 0, loc), "2027-03-30T00:00:00+02:00", 24 * 3600},
+		{day0, short, 2},
+		{short.Add(30 * time.Second), after, 23*3600 - 30},
+		{after.Add(-time.Second), after, 1},
+		{after, time.Date(y, m, d+2, 0, 0, 0, 0, loc), 24 * 3600},
 	} {
 		clock.Set(tc.at)
-		want, err := time.Parse(time.RFC3339, tc.reset)
-		require.NoError(t, err)
+		want := tc.reset
 		id := "tenant-" + tc.at.Format("0102150405")
 		allowed := 0
 		for i := 0; i < 8; i++ {

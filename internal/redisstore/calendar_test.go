@@ -9,25 +9,14 @@ import (
 
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/internal/testutil"
 	"github.com/tallyhq/tally/lua"
 )
 
-// calendarAt parses an RFC 3339 time, written with the offset in force.
-func calendarAt(t *testing.T, s string) time.Time {
-	t.Helper()
-	v, err := time.Parse(time.RFC3339, s)
-	require.NoError(t, err)
-	return v
-}
-
-// ahead skips the test once reset has passed: the calendar dates these
-// tests use must lie ahead of Redis's clock, by which keys expire (garbage
-// collection, at reset + grace).
-func ahead(t *testing.T, reset time.Time) {
-	t.Helper()
-	if !reset.After(time.Now()) {
-		t.Skipf("%v has passed: the test's dates need moving on", reset)
-	}
+// midnightAfter is the first midnight after the day d begins, in loc.
+func midnightAfter(d time.Time, loc *time.Location) time.Time {
+	y, m, dd := d.In(loc).Date()
+	return time.Date(y, m, dd+1, 0, 0, 0, 0, loc)
 }
 
 func calendarPolicy(t *testing.T, period limiter.Period, zone string) limiter.Policy {
@@ -47,20 +36,26 @@ func TestCalendarWindowsOnThePrimary(t *testing.T) {
 	ctx := context.Background()
 	e.take(t, e.keys.Key("core", "warm"), 100, 1, 1) // the shard's windows may be compact from here
 	month, day := calendarPolicy(t, limiter.Month, "Europe/Berlin"), calendarPolicy(t, limiter.Day, "Europe/Berlin")
+	loc, now := month.Location, time.Now()
+	// Dates ahead of Redis's clock, by which keys expire: the end of next
+	// month, the next February's, the next days of 23 and 25 hours.
+	m1, m2, m3 := testutil.MonthStart(now, loc, 1), testutil.MonthStart(now, loc, 2), testutil.MonthStart(now, loc, 3)
+	feb := testutil.NextFebruary(now.AddDate(0, 0, 1), loc)
+	mar, apr := testutil.MonthStart(feb, loc, 1), testutil.MonthStart(feb, loc, 2)
+	short, long := testutil.NextDayOf(t, now, loc, 23), testutil.NextDayOf(t, now, loc, 25)
+	require.Equal(t, 23*time.Hour, midnightAfter(short, loc).Sub(short))
+	require.Equal(t, 25*time.Hour, midnightAfter(long, loc).Sub(long))
 	for _, tc := range []struct {
 		name               string
 		p                  limiter.Policy
-		first, then        string // a request in the window, and one in the next
-		start, reset, next string // the window's bounds, and the next one's reset
+		first, then        time.Time // a request in the window, and one in the next
+		start, reset, next time.Time // the window's bounds, and the next one's reset
 	}{
-		{"November into December", month, "2026-11-30T23:59:59.5+01:00", "2026-12-01T00:00:00.2+01:00",
-			"2026-11-01T00:00:00+01:00", "2026-12-01T00:00:00+01:00", "2027-01-01T00:00:00+01:00"},
-		{"February into March", month, "2027-02-28T23:59:59+01:00", "2027-03-01T00:00:01+01:00",
-			"2027-02-01T00:00:00+01:00", "2027-03-01T00:00:00+01:00", "2027-04-01T00:00:00+02:00"},
-		{"a day of 23 hours", day, "2027-03-28T03:00:00+02:00", "2027-03-29T00:00:00+02:00",
-			"2027-03-28T00:00:00+01:00", "2027-03-29T00:00:00+02:00", "2027-03-30T00:00:00+02:00"},
-		{"a day of 25 hours", day, "2027-10-31T02:30:00+01:00", "2027-11-01T00:00:00.7+01:00",
-			"2027-10-31T00:00:00+02:00", "2027-11-01T00:00:00+01:00", "2027-11-02T00:00:00+01:00"},
+		{"a month into the next", month, m2.Add(-500 * time.Millisecond), m2.Add(200 * time.Millisecond), m1, m2, m3},
+		{"February into March", month, mar.Add(-time.Second), mar.Add(time.Second), feb, mar, apr},
+		{"a day of 23 hours", day, short.Add(3 * time.Hour), midnightAfter(short, loc), short, midnightAfter(short, loc), midnightAfter(midnightAfter(short, loc), loc)},
+		{"a day of 25 hours", day, long.Add(150 * time.Minute), midnightAfter(long, loc).Add(700 * time.Millisecond), long, midnightAfter(long, loc),
+			midnightAfter(midnightAfter(long, loc), loc)},
 	} {
 		for _, path := range []struct {
 			name   string
@@ -68,9 +63,7 @@ func TestCalendarWindowsOnThePrimary(t *testing.T) {
 			fresh  bool
 		}{{"the edge's SET", "edge-a.1", true}, {"take.lua, compact", "edge-a.1", false}, {"take.lua, full", "edge-a", false}} {
 			t.Run(tc.name+"/"+path.name, func(t *testing.T) {
-				first, then := calendarAt(t, tc.first), calendarAt(t, tc.then)
-				start, reset, next := calendarAt(t, tc.start), calendarAt(t, tc.reset), calendarAt(t, tc.next)
-				ahead(t, reset)
+				first, then, start, reset, next := tc.first, tc.then, tc.start, tc.reset, tc.next
 				k := e.keys.Key("core", "calendar-"+tc.name+"-"+path.name)
 				take := func(now time.Time, p limiter.Policy, fresh bool) limiter.Grant {
 					t.Helper()
@@ -113,9 +106,9 @@ func TestCalendarWindowsOnThePrimary(t *testing.T) {
 func TestCalendarEventsOpenTheirPeriod(t *testing.T) {
 	e := newEnv(t, redisstore.Options{})
 	p := calendarPolicy(t, limiter.Month, "Europe/Berlin")
-	nov, dec, jan := calendarAt(t, "2026-11-01T00:00:00+01:00"), calendarAt(t, "2026-12-01T00:00:00+01:00"),
-		calendarAt(t, "2027-01-01T00:00:00+01:00")
-	ahead(t, dec)
+	// Three months' first midnights, ahead of Redis's clock.
+	nov, dec, jan := testutil.MonthStart(time.Now(), p.Location, 1), testutil.MonthStart(time.Now(), p.Location, 2),
+		testutil.MonthStart(time.Now(), p.Location, 3)
 	k := e.keys.Key("core", "calendar-events")
 	ev := func(kind limiter.EventKind, seq uint64, reset, start time.Time) limiter.Event {
 		return limiter.Entry{Kind: kind, Key: k, Policy: p, Units: 2, ResetAt: reset, Start: start}.Event("svc", seq)
@@ -126,7 +119,7 @@ func TestCalendarEventsOpenTheirPeriod(t *testing.T) {
 	require.Equal(t, limiter.Applied, res[0].Outcome)
 	require.True(t, dec.Equal(res[0].ResetAt))
 	w := e.checkReplica(t, k)
-	require.True(t, nov.Equal(w.Start), "November's window, from its first day: %v", w.Start)
+	require.True(t, nov.Equal(w.Start), "the first month's window, from its first day: %v", w.Start)
 	require.EqualValues(t, 2, w.Used)
 
 	// A charge in December, placed by its start, opens December.
@@ -135,7 +128,7 @@ func TestCalendarEventsOpenTheirPeriod(t *testing.T) {
 	require.Equal(t, limiter.Applied, res[0].Outcome)
 	require.True(t, jan.Equal(res[0].ResetAt))
 	w = e.checkReplica(t, k)
-	require.True(t, dec.Equal(w.Start), "December's window, from midnight: %v", w.Start)
+	require.True(t, dec.Equal(w.Start), "the next month's window, from midnight: %v", w.Start)
 	require.EqualValues(t, 2, w.Used)
 
 	// November is over: what was reserved there is not given back in
@@ -161,9 +154,9 @@ func TestTakeNamesItsWindow(t *testing.T) {
 	e := newEnv(t, redisstore.Options{})
 	ctx := context.Background()
 	rdb := e.primary.Client()
-	now := calendarAt(t, "2026-12-24T18:30:00.4+01:00")
-	start, reset := calendarAt(t, "2026-12-24T00:00:00+01:00"), calendarAt(t, "2026-12-25T00:00:00+01:00")
-	ahead(t, now)
+	// A day ahead of Redis's clock, of 24 hours in UTC.
+	start := time.Now().UTC().Truncate(24 * time.Hour).Add(48 * time.Hour)
+	reset, now := start.Add(24*time.Hour), start.Add(18*time.Hour+30*time.Minute+400*time.Millisecond)
 	keys := func(k limiter.Key) []string {
 		return []string{k.String(), e.keys.ProducerKey("edge-a"), e.keys.ReseedKey()}
 	}

@@ -49,3 +49,40 @@ func (s *Buffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// Calendar dates for tests of calendar windows. Redis expires keys by its
+// own clock, so the dates a test opens windows at must lie ahead of now:
+// these find them from now, so that the tests run the same whatever the
+// day.
+
+// MonthStart is the first midnight of the month months after t's, in loc.
+func MonthStart(t time.Time, loc *time.Location, months int) time.Time {
+	y, m, _ := t.In(loc).Date()
+	return time.Date(y, m+time.Month(months), 1, 0, 0, 0, 0, loc)
+}
+
+// NextFebruary is the first midnight of the first February that begins
+// after t, in loc.
+func NextFebruary(t time.Time, loc *time.Location) time.Time {
+	for y := t.In(loc).Year(); ; y++ {
+		if f := time.Date(y, time.February, 1, 0, 0, 0, 0, loc); f.After(t) {
+			return f
+		}
+	}
+}
+
+// NextDayOf is the first midnight, after t, in loc, of a day that lasts
+// hours hours (23 or 25 where clocks change for summer time), failing tb
+// when none comes within two years.
+func NextDayOf(tb testing.TB, t time.Time, loc *time.Location, hours int) time.Time {
+	tb.Helper()
+	y, m, d := t.In(loc).Date()
+	for i := 1; i <= 731; i++ {
+		day := time.Date(y, m, d+i, 0, 0, 0, 0, loc)
+		if time.Date(y, m, d+i+1, 0, 0, 0, 0, loc).Sub(day) == time.Duration(hours)*time.Hour {
+			return day
+		}
+	}
+	tb.Fatalf("no day of %d hours in %v within two years of %v", hours, loc, t)
+	return time.Time{}
+}

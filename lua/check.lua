@@ -25,7 +25,7 @@ end
 local v = redis.pcall("GET", KEYS[1])
 if type(v) == "string" then
   local w = decode(v, 0)
-  if w == nil then
+  if w == nil or holder_producer(w.holder) == nil then
     return redis.error_reply("ERR tally: unreadable window")
   end
   if w.r <= now then

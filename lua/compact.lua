@@ -53,8 +53,9 @@ end
 
 -- decode returns the compact window held in the string v (see above), with
 -- p as its default when the string names none, or nil when v is not one.
--- w.holder is as stored (window.lua's read checks its form); w.ulen is the
--- length of u's digits in v.
+-- w.holder is as stored: a caller that does not compare it with a valid
+-- holder checks its form (holder_producer). w.ulen is the length of u's
+-- digits in v.
 local function decode(v, grace)
   local u, r, len, holder, back = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+):?(%d*)$")
   if u == nil or #u > 10 or #r > 11 or #len > 9 or #back > 11 then
@@ -68,6 +69,13 @@ local function decode(v, grace)
   end
   local n = tonumber(u)
   return { u = n, s = s, r = r, p = p, holder = holder, mine = n, ulen = #u }
+end
+
+-- holder_producer returns the producer of a compact window's stored holder
+-- (<producer>.<n>), or nil when the holder has no such form: the string is
+-- then no window.
+local function holder_producer(holder)
+  return string.match(holder, "^(.+)%.[%w_-]+$")
 end
 
 -- compact_holder reports whether holder, reserving for producer, can hold a

@@ -174,7 +174,7 @@ if simple then
   local w = nil
   if type(v) == "string" then
     w = decode(v, grace)
-    if w == nil then
+    if w == nil or (w.holder ~= holder and holder_producer(w.holder) == nil) then
       return redis.error_reply("ERR tally: unreadable window at " .. KEYS[1])
     end
   end

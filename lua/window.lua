@@ -106,7 +106,7 @@ local function read(key, grace, extra)
   if type(v) == "string" then
     local w = decode(v, grace)
     if w ~= nil then
-      w.producer = string.match(w.holder, "^(.+)%.[%w_-]+$")
+      w.producer = holder_producer(w.holder)
     end
     if w == nil or w.producer == nil then
       error("ERR tally: unreadable window at " .. key)

@@ -280,8 +280,13 @@ func (b *bench) profileEdge(edge *stack.Proc, name string, rep int) func() {
 	}
 	var wg sync.WaitGroup
 	secs := max(1, int(b.satDur.Seconds())-1)
-	// CPU, and what was allocated over the same seconds.
-	for kind, file := range map[string]string{"profile": "edge-" + name + ".pprof", "allocs": "edge-" + name + ".allocs.pprof"} {
+	// CPU, and what was allocated over the same seconds; and, in the open
+	// loop, an execution trace (what a slow request waited for).
+	kinds := map[string]string{"profile": "edge-" + name + ".pprof", "allocs": "edge-" + name + ".allocs.pprof"}
+	if name == "open-loop" {
+		kinds["trace"] = "edge-" + name + ".trace"
+	}
+	for kind, file := range kinds {
 		wg.Go(func() {
 			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", edge.AdminAddr, kind, secs))
 			if err != nil {
@@ -355,9 +360,10 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 // keyTargets writes the targets over many keys, against envoyproxy/ratelimit
 // in the same run, over HTTP (the decision API against its JSON endpoint)
 // and over gRPC (Envoy's rate-limit service, both): over 1M keys 1.5× its
-// decisions per second at 0.8× its CPU per decision; over 10k keys 2×; over
-// 1 and 100 keys 2.3×; at a fixed rate over 1M keys a p99 at most its and
-// 0.8× its CPU per decision.
+// decisions per second at 0.8× its CPU per decision, and at a fixed rate
+// over 1M keys a p99 at most its and 0.8× its CPU per decision, over both;
+// over HTTP, over 10k keys 2× and over 1 and 100 keys 2.3× (over gRPC
+// those are measured).
 func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
 	for _, pair := range [][3]string{{"tally mode: auto", referenceName, "decision API"}, {tallyGRPC, referenceGRPC, "gRPC rate-limit service"}} {
 		mine, peer := map[int]keyCountResult{}, map[int]keyCountResult{}
@@ -375,12 +381,17 @@ func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
 			if !ok1 || !ok2 || ref.Median == 0 {
 				continue
 			}
-			want := map[int]float64{1: 2.3, 100: 2.3, 10_000: 2, 1_000_000: 1.5}[n]
 			ratios := make([]float64, 0, len(t.Runs))
 			for i := range min(len(t.Runs), len(ref.Runs)) {
 				ratios = append(ratios, t.Runs[i]/ref.Runs[i])
 			}
 			lo, hi := minMax(ratios)
+			want := map[int]float64{1: 2.3, 100: 2.3, 10_000: 2, 1_000_000: 1.5}[n]
+			if pair[0] == tallyGRPC && n != 1_000_000 { // over gRPC the targets are a million keys'
+				p("| %s over %d keys against %s's decisions per second: measured (no target) | %.2f× (%.0f against %.0f req/s; rounds %.2f – %.2f) | measured |",
+					pair[2], n, pair[1], t.Median/ref.Median, t.Median, ref.Median, lo, hi)
+				continue
+			}
 			p("| %s over %d keys ≥ %.1f× %s's decisions per second | %.2f× (%.0f against %.0f req/s; rounds %.2f – %.2f) | %s |",
 				pair[2], n, want, pair[1], t.Median/ref.Median, t.Median, ref.Median, lo, hi, check(t.Median >= want*ref.Median))
 			if n == 1_000_000 {

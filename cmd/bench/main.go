@@ -42,6 +42,20 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "render" {
+		// bench render REPORT: write REPORT again from its own raw figures
+		// with this build's text and targets (its date, machine and
+		// figures kept).
+		if len(os.Args) != 3 {
+			fmt.Fprintln(os.Stderr, "usage: bench render REPORT.md")
+			os.Exit(2)
+		}
+		if err := render(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench render:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "noop" {
 		fs := flag.NewFlagSet("noop", flag.ExitOnError)
 		listen := fs.String("listen", "127.0.0.1:0", "address")
@@ -57,7 +71,7 @@ func main() {
 	bin := flag.String("bin", "bin", "directory of edge-checker, accountant and nats-server")
 	keep := flag.Bool("keep", false, "keep the working directory (logs, data) after a successful run")
 	only := flag.String("only", "", "run only the steps whose names contain this (e.g. lag); the report is then partial")
-	profile := flag.String("profile", "", "write CPU profiles of the edge-checker (and the load generator) during the auto saturation runs to this directory")
+	profile := flag.String("profile", "", "write CPU and allocation profiles of the edge-checker (and the load generator) during the saturation and key-count runs, and an execution trace during the open loop over many keys, to this directory")
 	ratelimit := flag.String("ratelimit", "", "an envoyproxy/ratelimit binary to measure beside Tally over many keys (the key-count step)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -145,6 +145,33 @@ func (r *report) write(out string, b *bench) error {
 	return nil
 }
 
+// render writes the report at path again from the raw figures it holds
+// (its "Raw figures" section), with this build's text and targets.
+func render(path string) error {
+	md, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	const open, end = "## Raw figures\n\n```json\n", "\n```"
+	_, rest, ok := strings.Cut(string(md), open)
+	raw, _, ok2 := strings.Cut(rest, end)
+	if !ok || !ok2 {
+		return fmt.Errorf("%s has no raw figures", path)
+	}
+	var r report
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		return fmt.Errorf("%s: raw figures: %w", path, err)
+	}
+	base := strings.TrimSuffix(path, filepath.Ext(path))
+	chart := base + "-latency.svg"
+	if err := r.chart(chart); err != nil {
+		return err
+	}
+	var out strings.Builder
+	r.markdown(&out, filepath.Base(chart), raw)
+	return os.WriteFile(path, []byte(out.String()), 0o644)
+}
+
 func machine(bin string) map[string]string {
 	m := map[string]string{"go": runtime.Version(), "cpus": fmt.Sprint(runtime.NumCPU())}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {

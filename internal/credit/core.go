@@ -49,6 +49,9 @@ type Core struct {
 	d     Deps
 	table *table
 	seen  *seen // keys reserved in lately, beyond the table
+	// departed: who evicted entries were in their windows, for the keys'
+	// next entries to carry on as (departed.go).
+	departed *departed
 
 	// suspect[i] holds until when (Unix ns of the clock) shard i's primary
 	// is presumed down: requests then do not wait for reservations.
@@ -60,6 +63,9 @@ type Core struct {
 
 	gen   atomic.Uint64 // entries created: each a holder of its own
 	stats counters
+	// waits: when requests waiting for a reservation give up (RedisBudget
+	// after they began to wait), a tenth of the budget late at most.
+	waits *deadlines
 	wg    sync.WaitGroup // background reservations
 }
 
@@ -79,8 +85,8 @@ func New(cfg Config, d Deps) (*Core, error) {
 	}
 	cfg = cfg.WithDefaults()
 	n := d.Reserver.Shards()
-	c := &Core{cfg: cfg, d: d, table: newTable(cfg.Keys), seen: newSeen(cfg.Keys), suspect: make([]atomic.Int64, n),
-		failures: make([]atomic.Int64, n), probing: make([]atomic.Bool, n)}
+	c := &Core{cfg: cfg, d: d, table: newTable(cfg.Keys), seen: newSeen(cfg.Keys), departed: newDeparted(cfg.Keys), suspect: make([]atomic.Int64, n),
+		failures: make([]atomic.Int64, n), probing: make([]atomic.Bool, n), waits: newDeadlines(cfg.RedisBudget / 10)}
 	c.stats.byPolicy = make(map[string]*[2]atomic.Uint64, len(d.Policies))
 	for name := range d.Policies {
 		c.stats.byPolicy[name] = new([2]atomic.Uint64)
@@ -97,15 +103,35 @@ func (discard) Error(string, ...any) {}
 // Config is the configuration in effect, defaults applied.
 func (c *Core) Config() Config { return c.cfg }
 
-// entry returns the table entry of a key under policy p.
+// entry returns the table entry of a key under policy p: a new one carries
+// on as the holder an evicted entry of the key was, when that is
+// remembered (departed.go), else is a holder of its own.
 func (c *Core) entry(dg limiter.Digest, p limiter.Policy) *entry {
 	return c.table.get(dg, func() *entry {
 		k := c.d.Keys.KeyOf(dg)
-		num := c.gen.Add(1)
-		e := &entry{key: k, policy: p, holder: HolderOf(c.d.Producer, num), holderNum: num, counts: c.countsOf(p.Name)}
+		e := &entry{key: k, policy: p, counts: c.countsOf(p.Name)}
 		e.shard.Store(int32(c.d.Reserver.ShardOf(k)))
+		if id, ok := c.departed.take(dg); ok {
+			e.carryOn(id)
+		} else {
+			e.holderNum = c.gen.Add(1)
+		}
+		e.holder = HolderOf(c.d.Producer, e.holderNum)
 		return e
 	}, c.evicted)
+}
+
+// acquire returns the table entry of a key under policy p, locked: never
+// one that left the table and whose holder another entry carries on.
+func (c *Core) acquire(dg limiter.Digest, p limiter.Policy) *entry {
+	for {
+		e := c.entry(dg, p)
+		e.lock()
+		if !e.gone {
+			return e
+		}
+		e.mu.Unlock()
+	}
 }
 
 // Decide decides one request of cost units under policy p for the key with
@@ -113,15 +139,14 @@ func (c *Core) entry(dg limiter.Digest, p limiter.Policy) *entry {
 // ErrUnavailable only when Redis cannot be reached in time, the edge knows
 // nothing of the window, and it fails closed.
 func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (Verdict, error) {
-	e := c.entry(dg, p)
+	e := c.acquire(dg, p)
+	defer e.mu.Unlock()
 	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.at(), Now: now, Producer: c.d.Producer, ReqNum: reqNum,
 		HolderNum: e.holderNum}
 	mode := p.Mode.OrDefault()
 	var deadline time.Time // real time: set when the request first has to wait
 	e.lastUseNano.Store(now.UnixNano())
 
-	e.lock()
-	defer e.mu.Unlock()
 	e.adopt(p)
 	path := PathCredit // PathReserve once the request has waited for a reservation
 	unfroze := false
@@ -235,11 +260,10 @@ func (c *Core) Known(dg limiter.Digest, now time.Time) (time.Time, bool) {
 // on the primary (a reservation of nothing, within RedisBudget) and, Redis
 // slow or down, follows FailOpen. It reserves nothing.
 func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, now time.Time, reqNum uint64) (Verdict, error) {
-	e := c.entry(dg, p)
+	e := c.acquire(dg, p)
+	defer e.mu.Unlock()
 	v := Verdict{Policy: p, Key: e.key, Shard: e.at(), Now: now, Producer: c.d.Producer, ReqNum: reqNum, HolderNum: e.holderNum}
 	e.lastUseNano.Store(now.UnixNano())
-	e.lock()
-	defer e.mu.Unlock()
 	e.adopt(p)
 	if !e.reset.IsZero() && !now.Before(e.reset) {
 		e.expire()
@@ -289,16 +313,15 @@ func (c *Core) lookFailed(v Verdict, e *entry) (Verdict, error) {
 }
 
 // wait releases e's lock until the reservation in flight (ch) is in, the
-// deadline passes or ctx ends; it reports whether the reservation came in.
+// deadline passes (within a tenth of the budget: c.waits, no timer of its
+// own) or ctx ends; it reports whether the reservation came in.
 func (c *Core) wait(ctx context.Context, e *entry, ch chan struct{}, deadline time.Time) bool {
 	e.mu.Unlock()
 	defer e.lock()
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
 	select {
 	case <-ch:
 		return true
-	case <-t.C:
+	case <-c.waits.after(deadline):
 	case <-ctx.Done():
 	}
 	return false

@@ -26,6 +26,9 @@ type entry struct {
 	// asked: a reservation of the key has been sent from this entry; until
 	// then no window of it is known here (limiter.TakeArgs.Fresh).
 	asked bool
+	// gone: e left the table and a later entry of the key carries on as
+	// its holder (departed.go); requests take the table's entry instead.
+	gone bool
 	// used is the window's count as the last reservation (or a notice, or
 	// a read) reported it, every edge's reservations included.
 	used int64

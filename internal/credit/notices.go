@@ -157,12 +157,11 @@ func (c *Core) finished(v Verdict, res limiter.FinishResult) {
 // with Redis unreachable the whole cost goes by an event placed by the
 // request's start.
 func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) Verdict {
-	e := c.entry(dg, p)
+	e := c.acquire(dg, p)
+	defer e.mu.Unlock()
 	v := Verdict{Policy: p, Cost: cost, Key: e.key, Shard: e.at(), Now: now, Producer: c.d.Producer, ReqNum: reqNum,
 		HolderNum: e.holderNum}
 	e.lastUseNano.Store(now.UnixNano())
-	e.lock()
-	defer e.mu.Unlock()
 	e.adopt(p)
 	if !e.reset.IsZero() && !now.Before(e.reset) {
 		e.expire()
@@ -202,8 +201,7 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 // overdraw charges units of v's request past any limit by an accounting
 // event into the request's window.
 func (c *Core) overdraw(v Verdict, units int64, now time.Time) {
-	e := c.entry(v.Key.Digest(), v.Policy)
-	e.lock()
+	e := c.acquire(v.Key.Digest(), v.Policy)
 	defer e.mu.Unlock()
 	reset := time.Time{}
 	if v.Decided {

@@ -7,11 +7,18 @@ import (
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
-// evicted gives back the credit of an entry the table let go.
+// evicted gives back the credit of an entry the table let go, and leaves
+// its holder for the key's next entry to carry on as when it has nothing
+// in hand (departed.go).
 func (c *Core) evicted(e *entry) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	c.release(e, c.d.Clock.Now())
+	now := c.d.Clock.Now()
+	c.release(e, now)
+	if e.leaves(now) {
+		e.gone = true
+		c.departed.put(e.key.Digest(), e.identity())
+	}
 }
 
 // release gives e's unused credit back to its window. Callers hold e.mu.

@@ -597,3 +597,80 @@ func TestTrueUp(t *testing.T) {
 		})
 	}
 }
+
+// evictHarnessKey decides one request of another key of the harness's
+// table shard: with Config.Keys 1, the harness's entry is evicted.
+func evictHarnessKey(t *testing.T, h *harness) {
+	t.Helper()
+	shard := h.dg.Hash() % tableShards
+	for i := 0; ; i++ {
+		k := h.keys.Key("api", fmt.Sprint("other", i))
+		if k.Digest().Hash()%tableShards == shard {
+			if _, err := h.core.Decide(context.Background(), h.policy, 1, k.Digest(), h.clock.Now(), 99); err != nil {
+				t.Fatal(err)
+			}
+			h.core.Wait()
+			return
+		}
+	}
+}
+
+// An evicted entry with nothing in hand leaves its holder to the key's next
+// entry: the window sees one holder (a compact window stays compact), the
+// new entry knows what the old one was given (no reply's count reads as a
+// lost answer's credit), and goes on numbering its requests. An entry
+// evicted with something in hand, or whose window ended, leaves none.
+func TestEvictedEntryCarriesOn(t *testing.T) {
+	p := limiter.Policy{Name: "api", Limit: 100, Window: time.Hour}
+	h := newHarness(t, p, true, Config{Keys: 1, RedisBudget: fast.RedisBudget})
+	for range 2 {
+		if v, err := h.decide(1); err != nil || !v.Allowed() {
+			t.Fatal(v, err)
+		}
+	}
+	first := h.entry()
+	holder, served := first.holder, first.served
+	evictHarnessKey(t, h)
+	if h.entry() != nil || !first.gone {
+		t.Fatal("the entry was not evicted, or not marked gone")
+	}
+	if v, err := h.decide(1); err != nil || !v.Allowed() {
+		t.Fatal(v, err)
+	}
+	e := h.entry()
+	if e == first || e.holder != holder || e.served != served+1 {
+		t.Fatalf("holder %q (was %q), served %d (was %d)", e.holder, holder, e.served, served)
+	}
+	h.redis.mu.Lock()
+	mine := h.redis.windows[h.dg].mine
+	h.redis.mu.Unlock()
+	if len(mine) != 1 || mine[holder] != 3 {
+		t.Fatalf("the window's holders: %v, want %s alone with 3", mine, holder)
+	}
+	if e.credit != 0 || h.core.Stats().Recovered != 0 {
+		t.Fatalf("credit %d, recovered %d: a carried-on holder's own units read as lost", e.credit, h.core.Stats().Recovered)
+	}
+
+	// With an answer lost to resolve, the entry's holder goes with it.
+	e.mu.Lock()
+	e.lost = h.clock.Now()
+	e.mu.Unlock()
+	evictHarnessKey(t, h)
+	if _, err := h.decide(1); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.entry().holder; got == holder {
+		t.Fatal("an entry evicted with a lost answer to resolve left its holder")
+	}
+
+	// A window that ended: the next entry is a holder of its own.
+	holder = h.entry().holder
+	h.clock.Advance(time.Hour)
+	evictHarnessKey(t, h)
+	if _, err := h.decide(1); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.entry().holder; got == holder {
+		t.Fatal("an entry whose window ended left its holder")
+	}
+}

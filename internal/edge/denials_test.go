@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/limiter"
 )
 
@@ -39,4 +40,17 @@ func TestTopDenied(t *testing.T) {
 	require.Equal(t, limiter.Digest{0xbb, 10}, top[0].digest)
 	require.EqualValues(t, 110, top[0].n)
 	require.Empty(t, td.top(t0.Add(3*time.Minute)), "a quiet minute shows none")
+}
+
+// A 429's message names the window as the client's limit has it: a
+// calendar month in its zone, not the bound of its length.
+func TestDenialNamesTheWindow(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	month := limiter.Policy{Name: "quota", Limit: 100, Calendar: limiter.Month, Location: berlin, Window: limiter.Month.Longest()}
+	v := credit.Verdict{Policy: month, Decision: limiter.Decision{Resource: "quota", Limit: 100, Window: 28 * 24 * time.Hour,
+		ResetAt: time.Now().Add(time.Hour)}}
+	require.Contains(t, denial(v), `rate limit "quota" of 100 per calendar month (Europe/Berlin) exceeded`)
+	v.Policy, v.Decision.Window = limiter.Policy{Name: "quota", Limit: 100, Window: time.Hour}, time.Hour
+	require.Contains(t, denial(v), `of 100 per 1h0m0s exceeded`)
 }

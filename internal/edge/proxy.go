@@ -231,7 +231,11 @@ func denial(v credit.Verdict) string {
 		return fmt.Sprintf("rate limit %q: request sent before the Retry-After given (%d in a row); retry in %s",
 			d.Resource, d.Strikes, d.RetryAfter())
 	}
-	return fmt.Sprintf("rate limit %q of %d per %s exceeded; the window resets in %s", d.Resource, d.Limit, d.Window, d.RetryAfter())
+	per := d.Window.String()
+	if v.Policy.Calendar != "" {
+		per = v.Policy.Per()
+	}
+	return fmt.Sprintf("rate limit %q of %d per %s exceeded; the window resets in %s", d.Resource, d.Limit, per, d.RetryAfter())
 }
 
 // problem writes an RFC 9457 problem details response.

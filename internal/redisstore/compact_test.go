@@ -14,6 +14,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/redisstore"
+	"github.com/tallyhq/tally/lua"
 )
 
 // commandCalls is INFO commandstats: calls per command since the last
@@ -212,6 +213,20 @@ func TestCompactWindowEverywhere(t *testing.T) {
 			Producer: "edge-b", Holder: "edge-b.1"})
 		require.ErrorContains(t, err, "unreadable window")
 		require.Equal(t, "hello", e.primary.Client().Get(ctx, k.String()).Val())
+
+		// A compact window's shape with a holder that names no producer
+		// (no "<producer>.<n>"), live or ended: no window either, on the
+		// cold path and on a replica's read.
+		now := e.clock.Now().Unix()
+		for _, v := range []string{fmt.Sprintf("1:%d:60:intruder", now+30), fmt.Sprintf("1:%d:60:intruder", now-30)} {
+			require.NoError(t, e.primary.Client().Set(ctx, k.String(), v, 0).Err())
+			_, err := e.store.Take(ctx, k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 5, Need: 2, Want: 2,
+				Producer: "edge-b", Holder: "edge-b.1"})
+			require.ErrorContains(t, err, "unreadable window", v)
+			require.Equal(t, v, e.primary.Client().Get(ctx, k.String()).Val())
+			require.ErrorContains(t, e.primary.Client().EvalRO(ctx, lua.Check, []string{k.String()}, e.clock.Now().UnixMilli()).Err(),
+				"unreadable window", v)
+		}
 	})
 }
 

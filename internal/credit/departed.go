@@ -1,0 +1,108 @@
+package credit
+
+import (
+	"sync"
+	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
+)
+
+// departed remembers, approximately, who an evicted entry was in its
+// window, so that the key's next entry carries on as the same holder.
+//
+// A window one holder alone reserved in stays compact (lua/window.lua);
+// a reservation by another holder expands it into the full form, which
+// costs every later reservation of the key a slower script. Over more keys
+// than the table holds, the least recently used entries are evicted and
+// their keys come back: without this, each came back as a new holder of
+// the same edge and expanded its own window.
+//
+// Carrying on is exact because the identity is taken whole: the holder,
+// what it was told it got in the window and the highest count a reply
+// showed (known, mine: so a reply's count beyond them is still a lost
+// answer's and nothing else), the requests it numbered (served: finishes
+// are marked by number) and what its events sent. Only an entry with
+// nothing in hand leaves its identity (no credit, nothing in flight, lost,
+// owed or frozen), and it is marked gone under its lock first, so that no
+// request goes on using it (Decide takes the table's entry again). The
+// cache is a fixed array indexed by the digest: a collision forgets an
+// identity, and the key's next entry is a new holder, as without it.
+type departed struct {
+	slots []departedSlot
+	locks [64]sync.Mutex
+}
+
+type departedSlot struct {
+	d  limiter.Digest
+	id identity
+	ok bool
+}
+
+// identity is who an entry is in its window, and what it last knew of the
+// window (entry's fields of the same names).
+type identity struct {
+	holderNum          uint64
+	shard              int32
+	reset, start       time.Time
+	used               int64
+	known, mine        int64
+	countsReset        time.Time
+	served             uint64
+	charged, givenBack int64
+	sentFrom, sentTo   uint64
+}
+
+func newDeparted(keys int) *departed {
+	return &departed{slots: make([]departedSlot, max(1024, keys))}
+}
+
+func (p *departed) slot(d limiter.Digest) (*departedSlot, *sync.Mutex) {
+	h := d.Hash()
+	return &p.slots[h%uint64(len(p.slots))], &p.locks[h%uint64(len(p.locks))]
+}
+
+// put remembers d's identity.
+func (p *departed) put(d limiter.Digest, id identity) {
+	s, mu := p.slot(d)
+	mu.Lock()
+	*s = departedSlot{d: d, id: id, ok: true}
+	mu.Unlock()
+}
+
+// take returns d's identity and forgets it: one entry at most carries it
+// on.
+func (p *departed) take(d limiter.Digest) (identity, bool) {
+	s, mu := p.slot(d)
+	mu.Lock()
+	defer mu.Unlock()
+	if !s.ok || s.d != d {
+		return identity{}, false
+	}
+	id := s.id
+	*s = departedSlot{}
+	return id, true
+}
+
+// identity is e's identity, to be carried on. Callers hold e.mu.
+func (e *entry) identity() identity {
+	return identity{holderNum: e.holderNum, shard: e.shard.Load(), reset: e.reset, start: e.start, used: e.used, known: e.known, mine: e.mine,
+		countsReset: e.countsReset, served: e.served, charged: e.charged, givenBack: e.givenBack, sentFrom: e.sentFrom,
+		sentTo: e.sentTo}
+}
+
+// carryOn makes a new entry the holder id was, knowing of its window what
+// it knew.
+func (e *entry) carryOn(id identity) {
+	e.reset, e.start, e.used = id.reset, id.start, id.used
+	e.shard.Store(id.shard)
+	e.holderNum, e.known, e.mine, e.countsReset, e.served = id.holderNum, id.known, id.mine, id.countsReset, id.served
+	e.charged, e.givenBack, e.sentFrom, e.sentTo = id.charged, id.givenBack, id.sentFrom, id.sentTo
+	e.asked = true // a window of the key may be there
+}
+
+// leaves reports whether e, evicted, may leave its identity: nothing in
+// hand, and a live window it counts for. Callers hold e.mu.
+func (e *entry) leaves(now time.Time) bool {
+	return e.credit == 0 && e.inflight == 0 && e.refill == nil && e.lost.IsZero() && len(e.debts) == 0 &&
+		e.held == 0 && e.frozen == 0 && !e.holding && e.live(now) && e.countsReset.Equal(e.reset)
+}

@@ -39,17 +39,32 @@ type departedSlot struct {
 }
 
 // identity is who an entry is in its window, and what it last knew of the
-// window (entry's fields of the same names).
+// window (entry's fields of the same names; times in Unix ns, 0 for none).
+// It holds no pointer, so that the cache costs the collector nothing to
+// mark.
 type identity struct {
-	holderNum          uint64
-	shard              int32
-	reset, start       time.Time
-	used               int64
-	known, mine        int64
-	countsReset        time.Time
-	served             uint64
-	charged, givenBack int64
-	sentFrom, sentTo   uint64
+	holderNum                 uint64
+	shard                     int32
+	reset, start, countsReset int64
+	used, known, mine         int64
+	served                    uint64
+	charged, givenBack        int64
+	sentFrom, sentTo          uint64
+}
+
+// unixNano is t in Unix ns, 0 for the zero time; timeOf is its inverse.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func timeOf(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 func newDeparted(keys int) *departed {
@@ -85,17 +100,18 @@ func (p *departed) take(d limiter.Digest) (identity, bool) {
 
 // identity is e's identity, to be carried on. Callers hold e.mu.
 func (e *entry) identity() identity {
-	return identity{holderNum: e.holderNum, shard: e.shard.Load(), reset: e.reset, start: e.start, used: e.used, known: e.known, mine: e.mine,
-		countsReset: e.countsReset, served: e.served, charged: e.charged, givenBack: e.givenBack, sentFrom: e.sentFrom,
-		sentTo: e.sentTo}
+	return identity{holderNum: e.holderNum, shard: e.shard.Load(), reset: unixNano(e.reset), start: unixNano(e.start),
+		countsReset: unixNano(e.countsReset), used: e.used, known: e.known, mine: e.mine, served: e.served,
+		charged: e.charged, givenBack: e.givenBack, sentFrom: e.sentFrom, sentTo: e.sentTo}
 }
 
 // carryOn makes a new entry the holder id was, knowing of its window what
 // it knew.
 func (e *entry) carryOn(id identity) {
-	e.reset, e.start, e.used = id.reset, id.start, id.used
+	e.holderNum = id.holderNum
 	e.shard.Store(id.shard)
-	e.holderNum, e.known, e.mine, e.countsReset, e.served = id.holderNum, id.known, id.mine, id.countsReset, id.served
+	e.reset, e.start, e.countsReset = timeOf(id.reset), timeOf(id.start), timeOf(id.countsReset)
+	e.used, e.known, e.mine, e.served = id.used, id.known, id.mine, id.served
 	e.charged, e.givenBack, e.sentFrom, e.sentTo = id.charged, id.givenBack, id.sentFrom, id.sentTo
 	e.asked = true // a window of the key may be there
 }

@@ -323,9 +323,9 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 	}
 	p("## Cost by key count")
 	p("")
-	p("Decision API, mode auto, closed loop, %d connections, far from the limits, over a number of distinct keys", conns)
-	p("(and Envoy's rate-limit service over gRPC: %d connections, %d calls in flight, one descriptor per call)", grpcConns, conns)
-	p("(the same keys in every run of a count, warmed up first), and %s beside it when the run", referenceName)
+	p("Decision API, mode auto, closed loop, %d connections, and Envoy's rate-limit service over gRPC (%d connections,", conns, grpcConns)
+	p("%d calls in flight, one descriptor per call), far from the limits, over a number of distinct keys", conns)
+	p("(the same keys in every run of a count, warmed up first), and %s beside each when the run", referenceName)
 	p("was given its binary (`make bench BENCHFLAGS=-ratelimit=PATH`), the targets' runs interleaved (each round runs")
 	p("every target once). Median of the runs and their range; × 1 key")
 	p("is against the same target's median over one key; p99 is the median of the runs' p99. Script calls and Redis")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -334,14 +335,14 @@ func BenchmarkReseed(b *testing.B) {
 	}
 }
 
-// BenchmarkWindowMemory: a primary's memory per window, 100,000 windows
+// BenchmarkWindowMemory: a primary's memory per window, 1,000,000 windows
 // opened on an empty primary — Tally's compact windows (as a cold take
 // opens them), its full windows (0.1.0's hash), and a synchronous limiter's
 // counters (envoyproxy/ratelimit's key layout: domain, descriptor, the
 // window's start) — by INFO memory's used_memory and by MEMORY USAGE of one
 // key. b.N is ignored: the figures are per window.
 func BenchmarkWindowMemory(b *testing.B) {
-	const n = 100_000
+	const n, workers = 1_000_000, 16
 	for _, form := range []string{"compact", "full", "incrby"} {
 		b.Run(form, func(b *testing.B) {
 			p, r := redistest.StartPair(b)
@@ -364,32 +365,42 @@ func BenchmarkWindowMemory(b *testing.B) {
 			}
 			before := used()
 			now := time.Now()
-			var sample string
-			for i := range n {
-				k := ks.Key("core", fmt.Sprintf("198.51.%d.%d", i/256, i%256))
-				sample = k.String()
-				var err error
-				switch form {
-				case "compact", "full":
-					holder := "edge.4f1c9a0b12d3e5f6.1"
-					if form == "full" {
-						holder = "edge.4f1c9a0b12d3e5f6"
-					}
-					_, err = st.Take(ctx, k, now, limiter.TakeArgs{Window: time.Minute, Limit: 100, Need: 1, Want: 1,
-						Producer: "edge.4f1c9a0b12d3e5f6", Holder: holder, Fresh: true})
-				default:
-					sample = fmt.Sprintf("bench_remote_address_198.51.%d.%d_%d", i/256, i%256, now.Unix()/60*60)
-					pipe := pc.Pipeline()
-					pipe.IncrBy(ctx, sample, 1)
-					pipe.Expire(ctx, sample, time.Minute)
-					_, err = pipe.Exec(ctx)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
+			ref := func(i int) string {
+				return fmt.Sprintf("bench_remote_address_10.%d.%d.%d_%d", i>>16, i>>8&255, i&255, now.Unix()/60*60)
 			}
+			var sample atomic.Value
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					for i := w; i < n; i += workers {
+						k := ks.Key("core", fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&255, i&255))
+						var err error
+						switch form {
+						case "compact", "full":
+							holder := "edge.4f1c9a0b12d3e5f6.1"
+							if form == "full" {
+								holder = "edge.4f1c9a0b12d3e5f6"
+							}
+							_, err = st.Take(ctx, k, now, limiter.TakeArgs{Window: time.Minute, Limit: 100, Need: 1, Want: 1,
+								Producer: "edge.4f1c9a0b12d3e5f6", Holder: holder, Fresh: true})
+							sample.Store(k.String())
+						default:
+							pipe := pc.Pipeline()
+							pipe.IncrBy(ctx, ref(i), 1)
+							pipe.Expire(ctx, ref(i), time.Minute)
+							_, err = pipe.Exec(ctx)
+							sample.Store(ref(i))
+						}
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
 			b.ReportMetric(float64(used()-before)/n, "used_memory-B/window")
-			b.ReportMetric(float64(pc.MemoryUsage(ctx, sample).Val()), "MEMORY-USAGE-B/key")
+			b.ReportMetric(float64(pc.MemoryUsage(ctx, sample.Load().(string)).Val()), "MEMORY-USAGE-B/key")
 		})
 	}
 }

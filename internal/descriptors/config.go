@@ -64,13 +64,25 @@ type Rule struct {
 	// Replaces names the rules this one takes the place of when both apply
 	// to a request.
 	Replaces []string
+	// Calendar is Tally's extension rate_limit.calendar: each window is the
+	// calendar day, ISO week (from Monday), month or year (Unit) of
+	// Location, from local midnight to local midnight, rather than the
+	// reference's length of Unit. Location is UTC for calendar: {}; nil when
+	// Calendar is false.
+	Calendar bool
+	Location *time.Location
 	// File and Line say where the rule is written.
 	File string
 	Line int
 }
 
-// Window is the rule's window length.
+// Window is the rule's window length: its unit's, as the reference counts
+// it. A calendar rule's windows are periods of the calendar instead, of
+// lengths that differ (a month of 28 to 31 days).
 func (r *Rule) Window() time.Duration { return r.Unit.Duration() }
+
+// calendarUnits are the units a calendar rule may have.
+var calendarUnits = map[Unit]bool{Day: true, Week: true, Month: true, Year: true}
 
 // Config is every domain's descriptor tree. It is read-only once built and
 // safe for concurrent use.
@@ -215,6 +227,18 @@ func (c *Config) add(file, domain string, n *node, parent string, ds []yDescript
 			if !rl.unlimited {
 				r.Unit = u
 			}
+			if cal := rl.calendar; cal != nil {
+				loc, err := calendarZone(file, cal)
+				switch {
+				case err != nil:
+					return err
+				case rl.unlimited:
+					return invalid(file, cal.line, "calendar: an unlimited rule has no windows")
+				case !calendarUnits[u]:
+					return invalid(file, cal.line, "calendar: unit '%s': a calendar window is a day, week, month or year", rl.unit)
+				}
+				r.Calendar, r.Location = true, loc
+			}
 			for _, name := range rl.replaces {
 				if name == "" {
 					return invalid(file, rl.line, "should not have an empty replaces entry")
@@ -242,6 +266,20 @@ func (c *Config) add(file, domain string, n *node, parent string, ds []yDescript
 		n.children[k] = child
 	}
 	return nil
+}
+
+// calendarZone loads a calendar's time zone: an IANA name, UTC when none
+// is written. Local is refused: every process must place a window at the
+// same instant, whatever its machine's zone.
+func calendarZone(file string, c *yCalendar) (*time.Location, error) {
+	if c.zone == "Local" {
+		return nil, invalid(file, c.zoneLine, "calendar.time_zone: %q: the machine's zone differs between machines: name an IANA time zone (Europe/Berlin, UTC)", c.zone)
+	}
+	loc, err := loadZone(c.zone)
+	if err != nil {
+		return nil, invalid(file, c.zoneLine, "calendar.time_zone: %q: unknown time zone: want an IANA name (Europe/Berlin, America/New_York, UTC)", c.zone)
+	}
+	return loc, nil
 }
 
 func invalid(file string, line int, format string, args ...any) error {
@@ -301,6 +339,9 @@ func (r *Rule) terms() string {
 	}
 	if len(r.Replaces) > 0 {
 		s += " replaces=" + strings.Join(r.Replaces, ",")
+	}
+	if r.Calendar {
+		s += " calendar=" + r.Location.String()
 	}
 	return s
 }

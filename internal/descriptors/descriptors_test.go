@@ -363,3 +363,98 @@ func TestDiff(t *testing.T) {
 	assert.Empty(t, Diff(a, a))
 	assert.Len(t, Diff(nil, a), 3)
 }
+
+// Tally's extension rate_limit.calendar: a rule's windows are periods of a
+// time zone's calendar. Each accepted form, and the rule it makes.
+func TestCalendarRules(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	cases := []struct {
+		name, rateLimit string
+		unit            Unit
+		zone            string
+	}{
+		{"month in a zone", "{unit: month, requests_per_unit: 1000000, calendar: {time_zone: Europe/Berlin}}", Month, "Europe/Berlin"},
+		{"day in UTC", "{unit: day, requests_per_unit: 5, calendar: {}}", Day, "UTC"},
+		{"week, block style", "\n      unit: week\n      requests_per_unit: 5\n      calendar:\n        time_zone: America/New_York\n", Week, "America/New_York"},
+		{"year, zone UTC", "{unit: YEAR, requests_per_unit: 5, calendar: {time_zone: UTC}}", Year, "UTC"},
+		{"a limit of 0", "{unit: day, requests_per_unit: 0, calendar: {}}", Day, "UTC"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: "+tc.rateLimit+"\n")
+			r := c.Match("d", entries("k", "v")).Rule
+			require.NotNil(t, r)
+			assert.True(t, r.Calendar)
+			assert.Equal(t, tc.unit, r.Unit)
+			require.NotNil(t, r.Location)
+			assert.Equal(t, tc.zone, r.Location.String())
+		})
+	}
+	// Without the extension, a rule is the reference's.
+	r := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, requests_per_unit: 5}\n").Match("d", entries("k", "v")).Rule
+	require.NotNil(t, r)
+	assert.False(t, r.Calendar)
+	assert.Nil(t, r.Location)
+	assert.Equal(t, 30*24*time.Hour, r.Window())
+	// A zone read again is the same zone: policies of unchanged rules
+	// compare equal across a reload.
+	a := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, requests_per_unit: 5, calendar: {time_zone: Europe/Berlin}}\n")
+	b := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, requests_per_unit: 5, calendar: {time_zone: Europe/Berlin}}\n")
+	assert.Same(t, a.Rules()[0].Location, b.Rules()[0].Location)
+	assert.Equal(t, berlin.String(), a.Rules()[0].Location.String())
+}
+
+// What the calendar extension refuses, with the file and line; elsewhere
+// its keys are unknown, as the reference finds them.
+func TestCalendarRefusals(t *testing.T) {
+	rule := func(rl string) string { return "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n" + rl }
+	cases := []struct{ name, file, want string }{
+		{"second", rule("      unit: second\n      requests_per_unit: 1\n      calendar: {}\n"),
+			"f0.yaml:7: calendar: unit 'second': a calendar window is a day, week, month or year"},
+		{"minute", rule("      unit: minute\n      requests_per_unit: 1\n      calendar: {time_zone: Europe/Berlin}\n"),
+			"f0.yaml:7: calendar: unit 'minute': a calendar window is a day"},
+		{"hour", rule("      unit: hour\n      requests_per_unit: 1\n      calendar: {}\n"), "f0.yaml:7: calendar: unit 'hour'"},
+		{"unlimited", rule("      unlimited: true\n      calendar: {}\n"), "f0.yaml:6: calendar: an unlimited rule has no windows"},
+		{"unknown zone", rule("      unit: day\n      requests_per_unit: 1\n      calendar:\n        time_zone: Europe/Berln\n"),
+			"f0.yaml:8: calendar.time_zone: \"Europe/Berln\": unknown time zone: want an IANA name"},
+		{"Local", rule("      unit: day\n      requests_per_unit: 1\n      calendar: {time_zone: Local}\n"),
+			"f0.yaml:7: calendar.time_zone: \"Local\": the machine's zone differs between machines"},
+		{"empty zone", rule("      unit: day\n      requests_per_unit: 1\n      calendar: {time_zone: ''}\n"),
+			"f0.yaml:7: calendar.time_zone: empty"},
+		{"not a map", rule("      unit: day\n      requests_per_unit: 1\n      calendar: true\n"), "f0.yaml:7: calendar: want a map"},
+		{"left empty", rule("      unit: day\n      requests_per_unit: 1\n      calendar:\n"), "calendar: want a map"},
+		{"zone not a string", rule("      unit: day\n      requests_per_unit: 1\n      calendar: {time_zone: {}}\n"), "f0.yaml:7: want a string"},
+		{"unknown key in calendar", rule("      unit: day\n      requests_per_unit: 1\n      calendar: {time_zone: UTC, start: monday}\n"),
+			"f0.yaml:7: config error, unknown key 'start'"},
+		{"a reference key in calendar", rule("      unit: day\n      requests_per_unit: 1\n      calendar: {unit: day}\n"),
+			"f0.yaml:7: config error, unknown key 'unit'"},
+		{"calendar on a descriptor", "domain: d\ndescriptors:\n  - key: k\n    calendar: {}\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+			"f0.yaml:4: config error, unknown key 'calendar'"},
+		{"calendar at the top", "domain: d\ncalendar: {}\n", "f0.yaml:2: config error, unknown key 'calendar'"},
+		{"time_zone in rate_limit", rule("      unit: day\n      requests_per_unit: 1\n      time_zone: UTC\n"),
+			"f0.yaml:7: config error, unknown key 'time_zone'"},
+		{"a bad unit first", rule("      unit: fortnight\n      requests_per_unit: 1\n      calendar: {}\n"), "f0.yaml:5: invalid rate limit unit 'fortnight'"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load([]File{{Name: "f0.yaml", Data: []byte(tc.file)}}, Options{})
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrInvalid), "%v", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// A rule whose calendar changes — added, removed, another zone — is a
+// changed rule.
+func TestDiffCalendar(t *testing.T) {
+	rule := func(extra string) *Config {
+		return load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, requests_per_unit: 5"+extra+"}\n")
+	}
+	plain, utc, berlin := rule(""), rule(", calendar: {}"), rule(", calendar: {time_zone: Europe/Berlin}")
+	assert.Equal(t, []string{"changed d.k: 5/MONTH → 5/MONTH calendar=UTC"}, Diff(plain, utc))
+	assert.Equal(t, []string{"changed d.k: 5/MONTH calendar=UTC → 5/MONTH calendar=Europe/Berlin"}, Diff(utc, berlin))
+	assert.Equal(t, []string{"changed d.k: 5/MONTH calendar=Europe/Berlin → 5/MONTH"}, Diff(berlin, plain))
+	assert.Empty(t, Diff(berlin, rule(", calendar: {time_zone: Europe/Berlin}")))
+}

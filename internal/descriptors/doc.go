@@ -30,7 +30,23 @@
 // shadow_mode, quota_mode, share_threshold, detailed_metric,
 // value_to_metric, metadata. docs/envoy.md says what Tally does with each.
 // Anything else is refused with its file and line, as the reference refuses
-// it.
+// it — but for one extension of Tally's:
+//
+// # Calendar rules (a Tally extension)
+//
+// rate_limit.calendar makes a rule's windows periods of a time zone's
+// calendar rather than the reference's lengths (a month of 30 days from the
+// Unix epoch, a UTC day):
+//
+//	rate_limit:
+//	  unit: month                           # day, week (ISO, from Monday), month or year
+//	  requests_per_unit: 1000000
+//	  calendar: {time_zone: Europe/Berlin}  # an IANA zone; calendar: {} is UTC
+//
+// calendar is accepted only under rate_limit, and time_zone only under
+// calendar; with another unit, with unlimited, or with a zone that does not
+// load (or Local) the file is refused with its line. The rule carries it as
+// Rule.Calendar and Rule.Location.
 //
 // # Matching
 //

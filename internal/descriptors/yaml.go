@@ -32,6 +32,17 @@ type yRateLimit struct {
 	name            string
 	replaces        []string
 	line            int
+	// calendar is Tally's extension (calendar: {time_zone: ...}); nil when
+	// the rule has none.
+	calendar *yCalendar
+}
+
+// yCalendar is rate_limit.calendar, Tally's extension of the reference's
+// format: the rule's windows are periods of a time zone's calendar.
+type yCalendar struct {
+	zone     string // time_zone as written; "" (left out) is UTC
+	zoneLine int
+	line     int
 }
 
 // validKeys are the keys envoyproxy/ratelimit accepts, at any level (it
@@ -41,6 +52,12 @@ var validKeys = map[string]bool{
 	"requests_per_unit": true, "unlimited": true, "shadow_mode": true, "quota_mode": true, "name": true,
 	"replaces": true, "detailed_metric": true, "value_to_metric": true, "share_threshold": true, "metadata": true,
 }
+
+// extensionKeys are the keys of Tally's extensions, each accepted only
+// under the key that holds it (anywhere else it is unknown, as the
+// reference's checks would find it): rate_limit's calendar, and calendar's
+// time_zone.
+var extensionKeys = map[string]string{"calendar": "rate_limit", "time_zone": "calendar"}
 
 // parse reads one file: its keys checked as envoyproxy/ratelimit checks
 // them, its values typed.
@@ -54,7 +71,7 @@ func parse(file string, data []byte) (yRoot, []string, error) {
 		return yRoot{}, nil, invalid(file, 1, "config file cannot have empty domain")
 	}
 	top := doc.Content[0]
-	if err := p.checkKeys(top); err != nil {
+	if err := p.checkKeys(top, ""); err != nil {
 		return yRoot{}, nil, err
 	}
 	root := yRoot{line: top.Line}
@@ -85,13 +102,15 @@ type parser struct {
 }
 
 // checkKeys refuses, anywhere in the tree, a key envoyproxy/ratelimit does
-// not know, a list of anything but maps, and a value of a type it does not
-// take; metadata's contents are free.
-func (p *parser) checkKeys(n *yaml.Node) error {
+// not know (but Tally's extensions, each under the key that holds it:
+// extensionKeys), a list of anything but maps, and a value of a type it
+// does not take; metadata's contents are free. parent is the key whose
+// value n is ("" at the top).
+func (p *parser) checkKeys(n *yaml.Node, parent string) error {
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
-			if err := p.checkKeys(c); err != nil {
+			if err := p.checkKeys(c, parent); err != nil {
 				return err
 			}
 		}
@@ -101,7 +120,11 @@ func (p *parser) checkKeys(n *yaml.Node) error {
 			if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
 				return invalid(p.file, k.Line, "config error, key is not of type string: %v", k.Value)
 			}
-			if !validKeys[k.Value] {
+			known := validKeys[k.Value] && parent != "calendar"
+			if holder, ok := extensionKeys[k.Value]; ok {
+				known = parent == holder
+			}
+			if !known {
 				return invalid(p.file, k.Line, "config error, unknown key '%s'", k.Value)
 			}
 			if k.Value == "metadata" {
@@ -113,12 +136,12 @@ func (p *parser) checkKeys(n *yaml.Node) error {
 					if e.Kind != yaml.MappingNode {
 						return invalid(p.file, e.Line, "config error, yaml file contains list of type other than map: %v", e.Value)
 					}
-					if err := p.checkKeys(e); err != nil {
+					if err := p.checkKeys(e, k.Value); err != nil {
 						return err
 					}
 				}
 			case yaml.MappingNode:
-				if err := p.checkKeys(v); err != nil {
+				if err := p.checkKeys(v, k.Value); err != nil {
 					return err
 				}
 			case yaml.AliasNode:
@@ -222,12 +245,34 @@ func (p *parser) rateLimit(n *yaml.Node) (*yRateLimit, error) {
 			rl.name, err = p.str(v)
 		case "replaces":
 			rl.replaces, err = p.replaces(v)
+		case "calendar":
+			rl.calendar, err = p.calendar(v)
 		default:
 			p.ignored(k, v, "rate_limit")
 		}
 		return err
 	})
 	return rl, err
+}
+
+// calendar reads rate_limit.calendar: a map, {} for UTC or {time_zone:
+// <IANA name>}.
+func (p *parser) calendar(n *yaml.Node) (*yCalendar, error) {
+	if n.Kind != yaml.MappingNode {
+		return nil, invalid(p.file, n.Line, "calendar: want a map: {} (UTC) or {time_zone: Europe/Berlin}")
+	}
+	c := &yCalendar{line: n.Line}
+	err := p.fields(n, "calendar", func(k string, v *yaml.Node) error {
+		// checkKeys let only time_zone through.
+		var err error
+		c.zone, err = p.str(v)
+		if err == nil && c.zone == "" {
+			err = invalid(p.file, v.Line, "calendar.time_zone: empty: name an IANA time zone (Europe/Berlin), or leave time_zone out for UTC")
+		}
+		c.zoneLine = v.Line
+		return err
+	})
+	return c, err
 }
 
 func (p *parser) replaces(n *yaml.Node) ([]string, error) {

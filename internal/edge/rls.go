@@ -91,7 +91,9 @@ func newRLSRules(c *descriptors.Config, o RLSConfig) (*rlsRules, error) {
 
 // rulePolicy is the policy of a rule: its window opens at the second of its
 // first request, or, aligned (the domain's windows aligned to the clock),
-// at the multiple of its unit since the Unix epoch, as the reference's.
+// at the multiple of its unit since the Unix epoch, as the reference's. A
+// calendar rule's windows are its unit's periods of its zone's calendar,
+// whatever aligned says: the rule says where its windows lie.
 func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limiter.Policy, error) {
 	if rule.Limit > limiter.MaxLimit {
 		return limiter.Policy{}, fmt.Errorf("requests_per_unit %d: Tally counts up to %d per window (unlimited: true takes no limit)",
@@ -99,10 +101,33 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 	}
 	p := limiter.Policy{Name: rlsPolicyName(rule.Key), Limit: rule.Limit, Window: rule.Window(), Mode: mode, Shadow: rule.Shadow,
 		Align: aligned}
+	if rule.Calendar {
+		p.Calendar, p.Location, p.Align = rulePeriods[rule.Unit], rule.Location, false
+		p.Window = p.Calendar.Longest()
+	}
 	if p.Limit == 0 {
 		return p, nil
 	}
 	return p, p.Validate()
+}
+
+// rulePeriods are the calendar periods of the units a calendar rule may
+// have (descriptors refuses the others).
+var rulePeriods = map[descriptors.Unit]limiter.Period{
+	descriptors.Day: limiter.Day, descriptors.Week: limiter.Week, descriptors.Month: limiter.Month, descriptors.Year: limiter.Year,
+}
+
+// ruleWindow is what a status of rule says before any window is known —
+// the time to the reset of the window a request at now would open: the
+// unit, or a calendar rule's next period's first midnight — and the most
+// its duration_until_reset can be (the unit, or the longest period).
+func ruleWindow(rule *descriptors.Rule, now time.Time) (*durationpb.Duration, time.Duration) {
+	if !rule.Calendar {
+		return durationpb.New(rule.Window()), rule.Window()
+	}
+	p := limiter.Policy{Calendar: rulePeriods[rule.Unit], Location: rule.Location}
+	longest := p.Calendar.Longest()
+	return untilReset(p.WindowAt(now).ResetAt, now, longest), longest
 }
 
 // rlsPolicyName names the policy of a rule's full key: readable, and
@@ -304,12 +329,13 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 		}
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: it.rule.Name, RequestsPerUnit: uint32(it.rule.Limit),
 			Unit: rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[string(it.rule.Unit)])}
-		st.DurationUntilReset = durationpb.New(it.rule.Window())
+		var longest time.Duration
+		st.DurationUntilReset, longest = ruleWindow(it.rule, now)
 		if v := it.charged; v != nil {
 			if v.Decided {
 				st.LimitRemaining = uint32(v.Decision.Remaining)
 				if !v.Decision.ResetAt.IsZero() {
-					st.DurationUntilReset = untilReset(v.Decision.ResetAt, now, it.rule.Window())
+					st.DurationUntilReset = untilReset(v.Decision.ResetAt, now, longest)
 				}
 			}
 			s.recordRule(*v, "", domain, it.rule.Key)
@@ -335,7 +361,7 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 			}
 			st.LimitRemaining = uint32(remaining)
 			if !d.ResetAt.IsZero() {
-				st.DurationUntilReset = untilReset(d.ResetAt, now, it.rule.Window())
+				st.DurationUntilReset = untilReset(d.ResetAt, now, longest)
 			}
 			over = !d.Allowed
 		}
@@ -367,9 +393,10 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 
 // untilReset is a status's duration_until_reset: the time from now to the
 // window's reset, rounded up to whole seconds, within (0, unit] — what
-// envoyproxy/ratelimit answers too. A window lasts exactly its unit, so only
-// an edge whose clock runs behind the one that opened the window would
-// count more, and a window that reset as the request was decided less.
+// envoyproxy/ratelimit answers too (for a calendar rule, unit is its
+// longest period). A window lasts exactly its unit, so only an edge whose
+// clock runs behind the one that opened the window would count more, and a
+// window that reset as the request was decided less.
 func untilReset(reset, now time.Time, unit time.Duration) *durationpb.Duration {
 	left := (reset.Sub(now) + time.Second - 1).Truncate(time.Second)
 	return durationpb.New(min(max(unit, time.Second), max(time.Second, left)))

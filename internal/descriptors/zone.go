@@ -1,0 +1,32 @@
+package descriptors
+
+import (
+	"sync"
+	"time"
+
+	// The IANA time zone database, built in: calendar rules follow their
+	// zone's calendar on a machine without /usr/share/zoneinfo too (a
+	// minimal container image). A system's database, when present, wins.
+	_ "time/tzdata"
+)
+
+// zones are the time zones loaded so far, by name: a rule read again (a
+// reload) gets the same *time.Location, so that the policies of unchanged
+// rules compare equal.
+var zones sync.Map
+
+// loadZone loads the IANA time zone name ("" is UTC).
+func loadZone(name string) (*time.Location, error) {
+	if name == "" {
+		return time.UTC, nil
+	}
+	if l, ok := zones.Load(name); ok {
+		return l.(*time.Location), nil
+	}
+	l, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, err
+	}
+	l2, _ := zones.LoadOrStore(name, l)
+	return l2.(*time.Location), nil
+}

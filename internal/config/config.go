@@ -712,7 +712,7 @@ func (p Policy) Limiter() limiter.Policy {
 	if p.Windows == WindowsCalendar {
 		lp.Calendar = limiter.Period(p.Period)
 		lp.Window = lp.Calendar.Longest()
-		lp.Location, _ = loadZone(p.TimeZone) // Check reports a zone that cannot be loaded
+		lp.Location, _ = limiter.LoadZone(p.TimeZone) // Check reports a zone that cannot be loaded
 	}
 	return lp
 }

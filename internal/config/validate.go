@@ -375,7 +375,7 @@ func (p Policy) validateWindows(ps *problems, path string) bool {
 	if p.Window != 0 {
 		ps.field(path+".window", "%v: a calendar window lasts its period (%s), leave window out", p.Window, p.Period)
 	}
-	switch _, err := loadZone(p.TimeZone); {
+	switch _, err := limiter.LoadZone(p.TimeZone); {
 	case p.TimeZone == "Local":
 		ps.field(path+".time_zone", "%q: the machine's zone differs between machines: name an IANA time zone (Europe/Berlin, UTC)", p.TimeZone)
 		ok = false

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/tallyhq/tally/internal/limiter"
 )
 
 // ErrInvalid is wrapped by every error of a file that cannot be used.
@@ -275,7 +277,7 @@ func calendarZone(file string, c *yCalendar) (*time.Location, error) {
 	if c.zone == "Local" {
 		return nil, invalid(file, c.zoneLine, "calendar.time_zone: %q: the machine's zone differs between machines: name an IANA time zone (Europe/Berlin, UTC)", c.zone)
 	}
-	loc, err := loadZone(c.zone)
+	loc, err := limiter.LoadZone(c.zone)
 	if err != nil {
 		return nil, invalid(file, c.zoneLine, "calendar.time_zone: %q: unknown time zone: want an IANA name (Europe/Berlin, America/New_York, UTC)", c.zone)
 	}

@@ -1,22 +1,22 @@
-package descriptors
+package limiter
 
 import (
 	"sync"
 	"time"
 
-	// The IANA time zone database, built in: calendar rules follow their
+	// The IANA time zone database, built in: calendar windows follow their
 	// zone's calendar on a machine without /usr/share/zoneinfo too (a
 	// minimal container image). A system's database, when present, wins.
 	_ "time/tzdata"
 )
 
-// zones are the time zones loaded so far, by name: a rule read again (a
-// reload) gets the same *time.Location, so that the policies of unchanged
-// rules compare equal.
+// zones are the time zones loaded so far, by name: a policy or a rule read
+// again (a reload) gets the same *time.Location, so that unchanged terms
+// compare equal.
 var zones sync.Map
 
-// loadZone loads the IANA time zone name ("" is UTC).
-func loadZone(name string) (*time.Location, error) {
+// LoadZone loads the IANA time zone name ("" is UTC) for Policy.Location.
+func LoadZone(name string) (*time.Location, error) {
 	if name == "" {
 		return time.UTC, nil
 	}

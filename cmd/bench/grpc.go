@@ -112,15 +112,11 @@ func (k grpcKeys) request(w int, i uint64) *rlsv3.RateLimitRequest {
 // calls in flight over grpcConns connections, over keys: Completed counts
 // OK answers as status 200, OVER_LIMIT as 429 and errors as 500.
 func grpcClosedLoop(ctx context.Context, addr string, keys grpcKeys, d time.Duration) (loadgen.Result, error) {
-	clients := make([]rlsv3.RateLimitServiceClient, grpcConns)
-	for i := range clients {
-		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return loadgen.Result{}, err
-		}
-		defer cc.Close()
-		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	clients, closeAll, err := grpcClients(addr)
+	if err != nil {
+		return loadgen.Result{}, err
 	}
+	defer closeAll()
 	type tally struct {
 		ok, over, failed uint64
 		lat              *loadgen.Histogram
@@ -292,15 +288,11 @@ func (r *report) grpcMarkdown(p func(string, ...any)) {
 // due, so that a slow answer delays no later measurement. Calls answered
 // during the warm-up count in Warmup only.
 func grpcOpenLoop(ctx context.Context, addr string, keys grpcKeys, rate float64, inFlight int, warmup, d time.Duration) (loadgen.Result, error) {
-	clients := make([]rlsv3.RateLimitServiceClient, grpcConns)
-	for i := range clients {
-		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return loadgen.Result{}, err
-		}
-		defer cc.Close()
-		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	clients, closeAll, err := grpcClients(addr)
+	if err != nil {
+		return loadgen.Result{}, err
 	}
+	defer closeAll()
 	interval := time.Duration(float64(time.Second) / rate)
 	first, last := uint64(warmup/interval), uint64((warmup+d)/interval)
 	type tally struct {
@@ -353,4 +345,26 @@ func grpcOpenLoop(ctx context.Context, addr string, keys grpcKeys, rate float64,
 		return res, fmt.Errorf("%d of %d calls failed or were not OK", res.Errors, res.Sent)
 	}
 	return res, ctx.Err()
+}
+
+// grpcClients dials addr grpcConns times: the clients a load spreads its
+// calls over, and what closes them.
+func grpcClients(addr string) ([]rlsv3.RateLimitServiceClient, func(), error) {
+	clients := make([]rlsv3.RateLimitServiceClient, grpcConns)
+	conns := make([]*grpc.ClientConn, 0, grpcConns)
+	closeAll := func() {
+		for _, cc := range conns {
+			cc.Close()
+		}
+	}
+	for i := range clients {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		conns = append(conns, cc)
+		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	return clients, closeAll, nil
 }

@@ -256,7 +256,7 @@ descriptors:
 
 // What envoyproxy/ratelimit refuses, Tally refuses, with the file and line.
 func TestRefusals(t *testing.T) {
-	cases := []struct{ name, file, want string }{
+	cases := []refusal{
 		{"unknown key", "domain: d\ndescriptors:\n  - key: k\n    rate_limits: {unit: second}\n", "f0.yaml:4: config error, unknown key 'rate_limits'"},
 		{"empty domain", "descriptors:\n  - key: k\n", "cannot have empty domain"},
 		{"empty file", "", "cannot have empty domain"},
@@ -274,14 +274,7 @@ func TestRefusals(t *testing.T) {
 		{"not yaml", "domain: [\n", "error loading config file"},
 		{"bool", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n", "\"maybe\": want true or false"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := Load([]File{{Name: "f0.yaml", Data: []byte(tc.file)}}, Options{})
-			require.Error(t, err)
-			assert.True(t, errors.Is(err, ErrInvalid), "%v", err)
-			assert.Contains(t, err.Error(), tc.want)
-		})
-	}
+	requireRefused(t, cases)
 }
 
 // A domain in two files is refused unless domains merge; merged, both
@@ -409,7 +402,7 @@ func TestCalendarRules(t *testing.T) {
 // its keys are unknown, as the reference finds them.
 func TestCalendarRefusals(t *testing.T) {
 	rule := func(rl string) string { return "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n" + rl }
-	cases := []struct{ name, file, want string }{
+	cases := []refusal{
 		{"second", rule("      unit: second\n      requests_per_unit: 1\n      calendar: {}\n"),
 			"f0.yaml:7: calendar: unit 'second': a calendar window is a day, week, month or year"},
 		{"minute", rule("      unit: minute\n      requests_per_unit: 1\n      calendar: {time_zone: Europe/Berlin}\n"),
@@ -436,14 +429,7 @@ func TestCalendarRefusals(t *testing.T) {
 			"f0.yaml:7: config error, unknown key 'time_zone'"},
 		{"a bad unit first", rule("      unit: fortnight\n      requests_per_unit: 1\n      calendar: {}\n"), "f0.yaml:5: invalid rate limit unit 'fortnight'"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := Load([]File{{Name: "f0.yaml", Data: []byte(tc.file)}}, Options{})
-			require.Error(t, err)
-			assert.True(t, errors.Is(err, ErrInvalid), "%v", err)
-			assert.Contains(t, err.Error(), tc.want)
-		})
-	}
+	requireRefused(t, cases)
 }
 
 // A rule whose calendar changes — added, removed, another zone — is a
@@ -457,4 +443,21 @@ func TestDiffCalendar(t *testing.T) {
 	assert.Equal(t, []string{"changed d.k: 5/MONTH calendar=UTC → 5/MONTH calendar=Europe/Berlin"}, Diff(utc, berlin))
 	assert.Equal(t, []string{"changed d.k: 5/MONTH calendar=Europe/Berlin → 5/MONTH"}, Diff(berlin, plain))
 	assert.Empty(t, Diff(berlin, rule(", calendar: {time_zone: Europe/Berlin}")))
+}
+
+// refusal is a file Load refuses, and what its error says.
+type refusal struct{ name, file, want string }
+
+// requireRefused loads each case's file alone and requires it refused
+// (ErrInvalid) with its message.
+func requireRefused(t *testing.T, cases []refusal) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load([]File{{Name: "f0.yaml", Data: []byte(tc.file)}}, Options{})
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrInvalid), "%v", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
 }

@@ -375,12 +375,8 @@ func (p Policy) validateWindows(ps *problems, path string) bool {
 	if p.Window != 0 {
 		ps.field(path+".window", "%v: a calendar window lasts its period (%s), leave window out", p.Window, p.Period)
 	}
-	switch _, err := limiter.LoadZone(p.TimeZone); {
-	case p.TimeZone == "Local":
-		ps.field(path+".time_zone", "%q: the machine's zone differs between machines: name an IANA time zone (Europe/Berlin, UTC)", p.TimeZone)
-		ok = false
-	case err != nil:
-		ps.field(path+".time_zone", "%q: unknown time zone: want an IANA name (Europe/Berlin, America/New_York, UTC)", p.TimeZone)
+	if _, err := limiter.LoadZone(p.TimeZone); err != nil {
+		ps.field(path+".time_zone", "%v", err)
 		ok = false
 	}
 	return ok

@@ -340,7 +340,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 		defer c.probing[e.at()].Store(false)
 	}
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
-		Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Align: e.policy.Align, Opens: e.policy.WindowAt(now)}
+		Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Opens: e.policy.WindowAt(now)}
 	g, full, err := c.takeWaiting(ctx, e, args, now, deadline)
 	if err != nil {
 		return c.fallback(v, e, cost)
@@ -387,8 +387,7 @@ func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs,
 func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	need := max(1, cost-e.free())
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
-		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Align: e.policy.Align,
-		Opens: e.policy.WindowAt(now)}
+		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Opens: e.policy.WindowAt(now)}
 	c.asked(e)
 	c.freezeIn(e, &args, now)
 	ch := make(chan struct{})

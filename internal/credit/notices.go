@@ -168,7 +168,7 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	}
 	if !e.live(now) && !c.suspected(e.at(), now) {
 		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: 1, Want: min(cost, p.Limit), Producer: c.d.Producer,
-			Holder: e.holder, Owed: e.owed(), Align: p.Align, Opens: p.WindowAt(now)}
+			Holder: e.holder, Owed: e.owed(), Opens: p.WindowAt(now)}
 		if _, full, err := c.takeWaiting(ctx, e, args, now, time.Now().Add(c.cfg.RedisBudget)); err == nil {
 			if full {
 				c.publishFull(e)

@@ -83,8 +83,22 @@ type Rule struct {
 // lengths that differ (a month of 28 to 31 days).
 func (r *Rule) Window() time.Duration { return r.Unit.Duration() }
 
-// calendarUnits are the units a calendar rule may have.
-var calendarUnits = map[Unit]bool{Day: true, Week: true, Month: true, Year: true}
+// Period is the calendar period a calendar rule of unit u counts in: a
+// day, an ISO week, a month or a year; "" for the units a calendar rule
+// may not have.
+func (u Unit) Period() limiter.Period {
+	switch u {
+	case Day:
+		return limiter.Day
+	case Week:
+		return limiter.Week
+	case Month:
+		return limiter.Month
+	case Year:
+		return limiter.Year
+	}
+	return ""
+}
 
 // Config is every domain's descriptor tree. It is read-only once built and
 // safe for concurrent use.
@@ -236,7 +250,7 @@ func (c *Config) add(file, domain string, n *node, parent string, ds []yDescript
 					return err
 				case rl.unlimited:
 					return invalid(file, cal.line, "calendar: an unlimited rule has no windows")
-				case !calendarUnits[u]:
+				case u.Period() == "":
 					return invalid(file, cal.line, "calendar: unit '%s': a calendar window is a day, week, month or year", rl.unit)
 				}
 				r.Calendar, r.Location = true, loc
@@ -271,15 +285,11 @@ func (c *Config) add(file, domain string, n *node, parent string, ds []yDescript
 }
 
 // calendarZone loads a calendar's time zone: an IANA name, UTC when none
-// is written. Local is refused: every process must place a window at the
-// same instant, whatever its machine's zone.
+// is written (limiter.LoadZone).
 func calendarZone(file string, c *yCalendar) (*time.Location, error) {
-	if c.zone == "Local" {
-		return nil, invalid(file, c.zoneLine, "calendar.time_zone: %q: the machine's zone differs between machines: name an IANA time zone (Europe/Berlin, UTC)", c.zone)
-	}
 	loc, err := limiter.LoadZone(c.zone)
 	if err != nil {
-		return nil, invalid(file, c.zoneLine, "calendar.time_zone: %q: unknown time zone: want an IANA name (Europe/Berlin, America/New_York, UTC)", c.zone)
+		return nil, invalid(file, c.zoneLine, "calendar.time_zone: %v", err)
 	}
 	return loc, nil
 }

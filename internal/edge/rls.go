@@ -102,19 +102,13 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 	p := limiter.Policy{Name: rlsPolicyName(rule.Key), Limit: rule.Limit, Window: rule.Window(), Mode: mode, Shadow: rule.Shadow,
 		Align: aligned}
 	if rule.Calendar {
-		p.Calendar, p.Location, p.Align = rulePeriods[rule.Unit], rule.Location, false
+		p.Calendar, p.Location, p.Align = rule.Unit.Period(), rule.Location, false
 		p.Window = p.Calendar.Longest()
 	}
 	if p.Limit == 0 {
 		return p, nil
 	}
 	return p, p.Validate()
-}
-
-// rulePeriods are the calendar periods of the units a calendar rule may
-// have (descriptors refuses the others).
-var rulePeriods = map[descriptors.Unit]limiter.Period{
-	descriptors.Day: limiter.Day, descriptors.Week: limiter.Week, descriptors.Month: limiter.Month, descriptors.Year: limiter.Year,
 }
 
 // ruleWindow is what a status of rule says before any window is known —
@@ -125,7 +119,7 @@ func ruleWindow(rule *descriptors.Rule, now time.Time) (*durationpb.Duration, ti
 	if !rule.Calendar {
 		return durationpb.New(rule.Window()), rule.Window()
 	}
-	p := limiter.Policy{Calendar: rulePeriods[rule.Unit], Location: rule.Location}
+	p := limiter.Policy{Calendar: rule.Unit.Period(), Location: rule.Location}
 	longest := p.Calendar.Longest()
 	return untilReset(p.WindowAt(now).ResetAt, now, longest), longest
 }

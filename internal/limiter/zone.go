@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -16,16 +17,21 @@ import (
 var zones sync.Map
 
 // LoadZone loads the IANA time zone name ("" is UTC) for Policy.Location.
+// Local is refused: every process must place a window at the same
+// instant, whatever its machine's zone. Its errors say what to write.
 func LoadZone(name string) (*time.Location, error) {
 	if name == "" {
 		return time.UTC, nil
+	}
+	if name == "Local" {
+		return nil, fmt.Errorf("%q: the machine's zone differs between machines: name an IANA time zone (Europe/Berlin, UTC)", name)
 	}
 	if l, ok := zones.Load(name); ok {
 		return l.(*time.Location), nil
 	}
 	l, err := time.LoadLocation(name)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%q: unknown time zone: want an IANA name (Europe/Berlin, America/New_York, UTC)", name)
 	}
 	l2, _ := zones.LoadOrStore(name, l)
 	return l2.(*time.Location), nil

@@ -75,6 +75,26 @@ func (o *opening) reply() []int64 {
 	return []int64{o.want, o.want, o.reset.UnixMilli(), o.start.UnixMilli(), 1, 0, o.want, -1}
 }
 
+// set is c's SET ... NX of the window it opens, on p.
+func (c *takeCall) set(ctx context.Context, p redis.Cmdable) *redis.StatusCmd {
+	return p.SetArgs(ctx, c.keys[0], c.open.value, redis.SetArgs{Mode: "NX", ExpireAt: c.open.expires})
+}
+
+// opened takes in the reply to c's SET ... NX and reports whether it was
+// the whole take: false when a key was there (the script runs then); a
+// failed SET is c's error.
+func (c *takeCall) opened(ok string, err error) bool {
+	switch {
+	case err == nil && ok == "OK":
+		c.v, c.err = c.open.reply(), nil
+		return true
+	case err == nil || errors.Is(err, redis.Nil):
+		return false
+	}
+	c.v, c.err = nil, err
+	return true
+}
+
 type takeQueue struct {
 	s     *Store
 	c     *redis.Client
@@ -190,7 +210,7 @@ func (q *takeQueue) send() {
 		case 0:
 		case 1:
 			c := live[0]
-			if c.open == nil || !q.openAlone(c) {
+			if c.open == nil || !c.opened(c.set(c.ctx, q.c).Result()) { // on its caller's context
 				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
 			}
 			c.answer()
@@ -198,22 +218,6 @@ func (q *takeQueue) send() {
 			q.pipeline(live)
 		}
 	}
-}
-
-// openAlone sends c's SET ... NX on its caller's context, and reports
-// whether that was the whole take: false when a key was there (the script
-// runs then) or the SET failed (its error is c's).
-func (q *takeQueue) openAlone(c *takeCall) bool {
-	ok, err := q.c.SetArgs(c.ctx, c.keys[0], c.open.value, redis.SetArgs{Mode: "NX", ExpireAt: c.open.expires}).Result()
-	switch {
-	case err == nil && ok == "OK":
-		c.v = c.open.reply()
-		return true
-	case err == nil || errors.Is(err, redis.Nil):
-		return false
-	}
-	c.err = err
-	return true
 }
 
 // pipeline sends calls in one round trip: the SETs of the windows they open
@@ -225,9 +229,6 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 	defer cancel()
 	// The pipeline's span, if any, joins the first caller's trace.
 	ctx = trace.ContextWithSpan(ctx, trace.SpanFromContext(calls[0].ctx))
-	if len(calls) == 1 { // its caller's deadline and trace
-		ctx = calls[0].ctx
-	}
 	scripts := q.exec(ctx, calls, true)
 	if len(scripts) > 0 {
 		q.exec(ctx, scripts, false)
@@ -255,7 +256,7 @@ func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, open bool) (scr
 	sets := make([]*redis.StatusCmd, len(calls))
 	for i, c := range calls {
 		if open && c.open != nil {
-			sets[i] = pipe.SetArgs(ctx, c.keys[0], c.open.value, redis.SetArgs{Mode: "NX", ExpireAt: c.open.expires})
+			sets[i] = c.set(ctx, pipe)
 			continue
 		}
 		cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), c.keys, c.args...)
@@ -266,13 +267,8 @@ func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, open bool) (scr
 			c.v, c.err = cmds[i].Int64Slice()
 			continue
 		}
-		switch ok, err := sets[i].Result(); {
-		case err == nil && ok == "OK":
-			c.v, c.err = c.open.reply(), nil
-		case err == nil || errors.Is(err, redis.Nil):
+		if !c.opened(sets[i].Result()) {
 			scripts = append(scripts, c)
-		default:
-			c.v, c.err = nil, err
 		}
 	}
 	return scripts

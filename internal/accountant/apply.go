@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tallyhq/tally/internal/descriptors"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/redisstore"
@@ -125,12 +127,21 @@ func (w *worker) convert(it *item) error {
 		// A calendar policy places its events itself: the event's window
 		// is the period its reset ends (or its start falls in), whatever
 		// length the event says.
+		// Envoy's rate-limit rules are not configured policies (they may
+		// come by xDS): a rule's policy is taken on a window some rule can
+		// have.
 		if p, ok := w.a.cfg.Policies[e.Policy]; len(w.a.cfg.Policies) > 0 {
+			window := time.Duration(e.WindowSeconds) * time.Second
 			switch {
 			case ok && p.Calendar != "":
 				reset, window := limiter.Entry{Policy: p, ResetAt: e.ResetAt, Start: e.StartedAt}.Placed()
 				e.ResetAt, e.WindowSeconds = reset, int64(window/time.Second)
-			case !ok || p.Window != time.Duration(e.WindowSeconds)*time.Second:
+			case !ok && strings.HasPrefix(e.Policy, descriptors.PolicyPrefix):
+				if !descriptors.RuleWindow(window) {
+					return fmt.Errorf("%w: event %d: policy %q of a rate-limit rule with a window of %ds, which no rule has",
+						events.ErrInvalidEvent, k+1, e.Policy, e.WindowSeconds)
+				}
+			case !ok || p.Window != window:
 				return fmt.Errorf("%w: event %d: policy %q with a window of %ds is not configured", events.ErrInvalidEvent,
 					k+1, e.Policy, e.WindowSeconds)
 			}

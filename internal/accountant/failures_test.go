@@ -2,6 +2,7 @@ package accountant_test
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -313,4 +314,40 @@ func TestAppliedEventsComeBackAfterAnEmptyRestart(t *testing.T) {
 	testutil.WaitFor(t, "an empty stream", func() bool { return f.streamMsgs() == 0 })
 	require.EqualValues(t, 10, a.Stats().Charged, "each event applied on both primaries")
 	require.Zero(t, a.Stats().DeadLettered)
+}
+
+// An accountant that knows the deployment's policies takes the events of
+// Envoy's rate-limit rules (their policies are named after the rules, and
+// the rules may come by xDS, which the accountant does not read) on any
+// window a rule can have, a unit's or a calendar period's, and
+// dead-letters those on a window no rule has.
+func TestRuleEventsAreTakenBesidePolicies(t *testing.T) {
+	f := newFixture(t)
+	policy := "rls.mongo_cps.database_users-1f2e3d4c"
+	var keys []limiter.Key
+	var batch []events.Accounting
+	for i, window := range []int64{60, 30 * 86400, 31 * 86400, 23 * 3600, 5 * 3600} {
+		k := f.keys.Key(policy, "client-"+strconv.Itoa(i))
+		ev := started("edge-1", uint64(i+1), k, time.Time{}, int64(i+1))
+		ev.Policy, ev.WindowSeconds = policy, window
+		keys, batch = append(keys, k), append(batch, ev)
+	}
+	dlq, err := f.js.CreateOrUpdateConsumer(context.Background(), f.streams.DeadLetters.Name, jetstream.ConsumerConfig{Durable: "inspect"})
+	require.NoError(t, err)
+	for _, ev := range batch {
+		f.publish([]events.Accounting{ev})
+	}
+	a := f.start(func(c *accountant.Config) {
+		c.Policies = map[string]limiter.Policy{"core": {Name: "core", Limit: 100, Window: time.Minute}}
+	})
+	for i, k := range keys[:4] { // a minute, a 30-day month, a calendar month, a day of a DST change
+		f.waitUsed(k, int64(i+1))
+	}
+	testutil.WaitFor(t, "the dead letter", func() bool { return a.Stats().DeadLettered == 1 })
+	m, err := dlq.Next(jetstream.FetchMaxWait(time.Second))
+	require.NoError(t, err)
+	require.Contains(t, m.Headers().Get(accountant.HeaderDeadReason), "which no rule has")
+	n, err := f.primary.Client().Exists(context.Background(), keys[4].String()).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "a window no rule has is not opened")
 }

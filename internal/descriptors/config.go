@@ -41,6 +41,25 @@ var unitLength = map[Unit]time.Duration{
 	Year:   365 * 24 * time.Hour,
 }
 
+// PolicyPrefix begins the name of every rule's policy (the edge names a
+// rule's policy after its full key): it keeps rules' windows apart from
+// configured policies'.
+const PolicyPrefix = "rls."
+
+// RuleWindow reports whether a window of length d can be a rule's: a
+// unit's length, or (the calendar extension) the length of a calendar
+// day, week, month or year in some time zone. What an accountant that
+// does not load the rules (they may come by xDS) accepts of a rule's
+// events.
+func RuleWindow(d time.Duration) bool {
+	for u, l := range unitLength {
+		if d == l || (u.Period() != "" && u.Period().Fits(d)) {
+			return true
+		}
+	}
+	return false
+}
+
 // Duration is the unit's length; 0 for an unknown unit.
 func (u Unit) Duration() time.Duration { return unitLength[u] }
 

@@ -129,7 +129,7 @@ func ruleWindow(rule *descriptors.Rule, now time.Time) (*durationpb.Duration, ti
 func rlsPolicyName(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	b := make([]byte, 0, 64)
-	b = append(b, "rls."...)
+	b = append(b, descriptors.PolicyPrefix...)
 	for i := 0; i < len(key) && len(b) < 47; i++ {
 		c := key[i]
 		switch {

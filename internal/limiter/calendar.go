@@ -48,6 +48,18 @@ func (p Period) Longest() time.Duration {
 	return 0
 }
 
+// Fits reports whether a window of p, in some time zone, can last d: its
+// days' length (28 to 31 for a month, 365 or 366 for a year), give or take
+// the three hours by which a zone's clocks have moved at most in a period.
+func (p Period) Fits(d time.Duration) bool {
+	const spare = 3 * time.Hour
+	days, ok := periodDays[p]
+	return ok && d >= time.Duration(days[0])*24*time.Hour-spare && d <= time.Duration(days[1])*24*time.Hour+spare
+}
+
+// periodDays are the fewest and most days a period has.
+var periodDays = map[Period][2]int{Day: {1, 1}, Week: {7, 7}, Month: {28, 31}, Year: {365, 366}}
+
 // span is the period of the calendar of loc (nil: UTC) that t falls in.
 // Its bounds are local midnights, computed from the dates they begin, so
 // that one period's reset is exactly the next one's start: when a midnight

@@ -191,3 +191,21 @@ func TestCalendarEntryPlaced(t *testing.T) {
 	require.True(t, reset.IsZero())
 	require.Equal(t, time.Hour, window)
 }
+
+// A period fits the lengths its windows take in any zone, and no other.
+func TestPeriodFits(t *testing.T) {
+	h := time.Hour
+	for _, c := range []struct {
+		p    limiter.Period
+		d    time.Duration
+		fits bool
+	}{
+		{limiter.Day, 24 * h, true}, {limiter.Day, 23 * h, true}, {limiter.Day, 25 * h, true}, {limiter.Day, 5 * h, false}, {limiter.Day, 48 * h, false},
+		{limiter.Week, 7 * 24 * h, true}, {limiter.Week, 7*24*h - h, true}, {limiter.Week, 8 * 24 * h, false},
+		{limiter.Month, 28 * 24 * h, true}, {limiter.Month, 31*24*h + h, true}, {limiter.Month, 27 * 24 * h, false}, {limiter.Month, 32 * 24 * h, false},
+		{limiter.Year, 365 * 24 * h, true}, {limiter.Year, 366 * 24 * h, true}, {limiter.Year, 367 * 24 * h, false},
+		{limiter.Period("fortnight"), 14 * 24 * h, false},
+	} {
+		require.Equal(t, c.fits, c.p.Fits(c.d), "%s of %v", c.p, c.d)
+	}
+}

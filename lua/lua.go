@@ -27,6 +27,9 @@ var (
 	// Take reserves units of a key's window for an edge, opening the window
 	// when none is live.
 	Take = withWindowAt("take.lua")
+	// Own reserves units of a holder's own compact window, live, or
+	// answers that take.lua is the call to send.
+	Own = read("own.lua")
 	// Apply applies a run of producers' accounting events, each once.
 	Apply = withWindow("apply.lua")
 	// Lease holds or frees an accountant's lease on a shard.

@@ -92,7 +92,8 @@
 -- leaves "t:<holder>" behind, so that a reseed does not make the share again
 -- (reseed.lua).
 --
--- Returns: {granted, used, reset_at, start, opened, applied, mine, frozen}
+-- Returns: {granted, used, reset_at, start, opened, applied, mine, frozen,
+--          own}
 --   granted   units reserved: 0, or from need to want (as much as is left)
 --   used      the window's units after the call, every reservation included
 --   reset_at, start  the window, ms; both 0 when need is 0 and none is live
@@ -104,6 +105,8 @@
 --             call's included (0 when no window is live)
 --   frozen    the holder's frozen share after the call, when keep was given
 --             and the share was as the caller saw it; else -1
+--   own       1 when the window is, after the call, the holder's own compact
+--             one (its next reservation may be own.lua's); else 0
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
 --         "TALLYMOVED <shard>": the key has moved to that shard (no live
 --         window here); nothing is reserved here.
@@ -166,7 +169,7 @@ local function open_compact(p)
   local s = opens
   local r = s + len
   redis.call("SET", KEYS[1], encode(want, s, r, holder, p or first_p(s, grace), grace), "PXAT", num(r + grace))
-  return { want, want, r, s, 1, 0, want, -1 }
+  return { want, want, r, s, 1, 0, want, -1, 1 }
 end
 
 if simple then
@@ -190,7 +193,7 @@ if simple then
       w.u = w.u + granted
       redis.call("SET", KEYS[1], num(w.u) .. string.sub(v, w.ulen + 1), "KEEPTTL") -- the rest as it was
     end
-    return { granted, w.u, w.r, w.s, 0, 0, w.u, -1 }
+    return { granted, w.u, w.r, w.s, 0, 0, w.u, -1, 1 }
   end
   -- Another holder's window, or a full one: the general path below.
 end
@@ -271,7 +274,7 @@ if w == nil or w.r <= now then
     return redis.error_reply("TALLYMOVED " .. moving)
   end
   if need == 0 then
-    return { 0, 0, 0, 0, 0, applied, 0, -1 }
+    return { 0, 0, 0, 0, 0, applied, 0, -1, 0 }
   end
   local s = opens
   local p = first_p(s, grace)
@@ -291,12 +294,12 @@ if w == nil or w.r <= now then
   opened, owed, mine, held_now = 1, 0, 0, 0
 end
 if need == 0 then
-  return { 0, w.u, w.r, w.s, 0, applied, mine, -1 }
+  return { 0, w.u, w.r, w.s, 0, applied, mine, -1, 0 }
 end
 if form == "compact" then
   if limit - w.u - owed < need then
     -- No room, and none to take back: a compact window holds no frozen share.
-    return { 0, w.u, w.r, w.s, 0, applied, mine, -1 }
+    return { 0, w.u, w.r, w.s, 0, applied, mine, -1, 0 }
   end
   expand(KEYS[1], w, grace)
 end
@@ -360,4 +363,4 @@ if keep ~= nil and granted > 0 then
     end
   end
 end
-return { granted, w.u, w.r, w.s, opened, applied, mine, frozen }
+return { granted, w.u, w.r, w.s, opened, applied, mine, frozen, 0 }

@@ -20,14 +20,20 @@ import (
 //	go test -run X -bench . -benchmem ./internal/credit/
 
 func benchHarness(b *testing.B, keys int) (*harness, []limiter.Digest) {
+	return benchHarnessOf(b, keys, max(keys, 1000))
+}
+
+// benchHarnessOf is benchHarness with a table of its own size: over more
+// keys than it holds, keys are evicted and come back.
+func benchHarnessOf(b *testing.B, keys, table int) (*harness, []limiter.Digest) {
 	b.Helper()
 	t := &testing.T{}
 	p := limiter.Policy{Name: "api", Limit: limiter.MaxLimit, Window: time.Hour}
-	h := newHarness(t, p, true, Config{Keys: max(keys, 1000)})
+	h := newHarness(t, p, true, Config{Keys: table})
 	// The wall clock: a key's rate, and so the size of its reservations,
 	// is measured over real time.
 	var err error
-	h.core, err = New(Config{Keys: max(keys, 1000)}, Deps{Reserver: h.redis, Ledger: h.ledger, Keys: h.keys,
+	h.core, err = New(Config{Keys: table}, Deps{Reserver: h.redis, Ledger: h.ledger, Keys: h.keys,
 		Producer: "edge.bench", FailOpen: true})
 	if err != nil {
 		b.Fatal(err)
@@ -41,6 +47,10 @@ func benchHarness(b *testing.B, keys int) (*harness, []limiter.Digest) {
 
 func benchDecide(b *testing.B, keys int) {
 	h, dgs := benchHarness(b, keys)
+	benchDecideOn(b, h, dgs)
+}
+
+func benchDecideOn(b *testing.B, h *harness, dgs []limiter.Digest) {
 	ctx := context.Background()
 	var n atomic.Uint64
 	b.ReportAllocs()
@@ -59,6 +69,13 @@ func benchDecide(b *testing.B, keys int) {
 
 func BenchmarkDecideOneKey(b *testing.B)   { benchDecide(b, 1) }
 func BenchmarkDecide100kKeys(b *testing.B) { benchDecide(b, 100_000) }
+
+// BenchmarkDecideEvicted: a million keys through the default table of
+// 100,000: most decisions are a key's that was evicted and comes back.
+func BenchmarkDecideEvicted(b *testing.B) {
+	h, dgs := benchHarnessOf(b, 1_000_000, 100_000)
+	benchDecideOn(b, h, dgs)
+}
 
 // BenchmarkEntryMemory: the edge's heap per known key, after one decision
 // each of 200,000 keys (a key seen once: an entry, its window, its

@@ -340,7 +340,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 		defer c.probing[e.at()].Store(false)
 	}
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
-		Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Opens: e.policy.WindowAt(now)}
+		Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Own: e.own, Opens: e.policy.WindowAt(now)}
 	g, full, err := c.takeWaiting(ctx, e, args, now, deadline)
 	if err != nil {
 		return c.fallback(v, e, cost)
@@ -387,7 +387,7 @@ func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs,
 func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	need := max(1, cost-e.free())
 	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
-		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Opens: e.policy.WindowAt(now)}
+		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Own: e.own, Opens: e.policy.WindowAt(now)}
 	c.asked(e)
 	c.freezeIn(e, &args, now)
 	ch := make(chan struct{})
@@ -469,7 +469,7 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 		e.reset, e.start = g.ResetAt, g.Start
 	}
 	e.shard.Store(int32(g.Shard)) // where the window is: it moves with a new window only
-	e.used, e.doubtful = g.Used, false
+	e.used, e.doubtful, e.own = g.Used, false, g.Own
 	e.credit += g.Granted
 	if g.Frozen > 0 && g.Frozen >= e.held { // the reservation froze part of itself (hold.go)
 		e.frozen += g.Frozen - e.held

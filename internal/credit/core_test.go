@@ -467,6 +467,43 @@ func TestFullNoticeDoesNotCountDebtsTwice(t *testing.T) {
 	}
 }
 
+// A reservation goes the short way (Own: lua/own.lua) when the entry's last
+// one found the window its own compact one; not after another holder
+// reserved in it, nor in a window that ended; and an evicted entry's key
+// carries it on.
+func TestOwnAfterTheWindowWasOwn(t *testing.T) {
+	p := limiter.Policy{Name: "api", Limit: 100, Window: time.Hour, Mode: limiter.ModeExact}
+	h := newHarness(t, p, true, Config{})
+	decide := func() {
+		t.Helper()
+		if _, err := h.decide(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decide() // opens: not own yet
+	decide() // own
+	e := h.entry()
+	h.core.evicted(e) // leaves its identity
+	h.core.table.remove(h.dg, e)
+	decide() // carried on: own
+	// Another edge's reservation: the window is no longer this holder's alone.
+	if _, err := h.redis.Take(context.Background(), h.entry().key, h.clock.Now(), limiter.TakeArgs{Window: time.Hour, Limit: 100,
+		Need: 1, Want: 1, Producer: "edge-other", Holder: "edge-other.1"}); err != nil {
+		t.Fatal(err)
+	}
+	decide() // own, and learns it is not
+	decide() // not own
+	h.clock.Advance(time.Hour)
+	decide() // a new window: not own until a reply says so
+	decide() // own again: this edge alone holds the new window
+	h.redis.mu.Lock()
+	defer h.redis.mu.Unlock()
+	// (the fourth is the other edge's)
+	if want := []bool{false, true, true, false, true, false, false, true}; !slices.Equal(h.redis.own, want) {
+		t.Fatalf("Own of each reservation: %v, want %v", h.redis.own, want)
+	}
+}
+
 // A reservation is Fresh (the store may open the window with one SET ... NX)
 // only for a key this edge knows no window of: not for an entry that
 // reserved before, nor for a key whose entry the table let go while its

@@ -55,6 +55,7 @@ type departedSlot struct {
 type identity struct {
 	holderNum                 uint64
 	shard                     int32
+	own                       bool
 	reset, start, countsReset int64
 	used, known, mine         int64
 	served                    uint64
@@ -116,7 +117,7 @@ func (p *departed) take(d limiter.Digest) (identity, bool) {
 
 // identity is e's identity, to be carried on. Callers hold e.mu.
 func (e *entry) identity() identity {
-	return identity{holderNum: e.holderNum, shard: e.shard.Load(), reset: unixNano(e.reset), start: unixNano(e.start),
+	return identity{holderNum: e.holderNum, shard: e.shard.Load(), own: e.own, reset: unixNano(e.reset), start: unixNano(e.start),
 		countsReset: unixNano(e.countsReset), used: e.used, known: e.known, mine: e.mine, served: e.served,
 		charged: e.charged, givenBack: e.givenBack, sentFrom: e.sentFrom, sentTo: e.sentTo}
 }
@@ -126,6 +127,7 @@ func (e *entry) identity() identity {
 func (e *entry) carryOn(id identity) {
 	e.holderNum = id.holderNum
 	e.shard.Store(id.shard)
+	e.own = id.own
 	e.reset, e.start, e.countsReset = timeOf(id.reset), timeOf(id.start), timeOf(id.countsReset)
 	e.used, e.known, e.mine, e.served = id.used, id.known, id.mine, id.served
 	e.charged, e.givenBack, e.sentFrom, e.sentTo = id.charged, id.givenBack, id.sentFrom, id.sentTo

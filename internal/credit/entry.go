@@ -26,6 +26,10 @@ type entry struct {
 	// asked: a reservation of the key has been sent from this entry; until
 	// then no window of it is known here (limiter.TakeArgs.Fresh).
 	asked bool
+	// own: the last reservation found the window this entry's own compact
+	// one (limiter.Grant.Own), so the next tries the short way first
+	// (limiter.TakeArgs.Own).
+	own bool
 	// gone: e left the table and a later entry of the key carries on as
 	// its holder (departed.go); requests take the table's entry instead.
 	gone bool
@@ -163,7 +167,7 @@ func (e *entry) live(now time.Time) bool { return !e.reset.IsZero() && now.Befor
 
 // expire forgets the window: it has reset.
 func (e *entry) expire() {
-	e.reset, e.start, e.used, e.credit, e.full, e.doubtful = time.Time{}, time.Time{}, 0, 0, false, false
+	e.reset, e.start, e.used, e.credit, e.full, e.doubtful, e.own = time.Time{}, time.Time{}, 0, 0, false, false, false
 	e.frozen, e.held = 0, 0 // the share went with the window
 	e.served = 0
 	e.charged, e.givenBack, e.sentFrom, e.sentTo = 0, 0, 0, 0

@@ -43,6 +43,7 @@ type fakeRedis struct {
 	// answer lost); slow, when set, holds every Take until it is closed.
 	down, lose bool
 	fresh      []bool // TakeArgs.Fresh of every reservation (Need > 0), in order
+	own        []bool // TakeArgs.Own of every reservation (Need > 0), in order
 	slow       chan struct{}
 	late       sync.WaitGroup // calls a slow primary runs when it wakes
 }
@@ -57,6 +58,7 @@ func (f *fakeRedis) Take(ctx context.Context, k limiter.Key, now time.Time, a li
 	f.calls++
 	if a.Need > 0 {
 		f.fresh = append(f.fresh, a.Fresh)
+		f.own = append(f.own, a.Own)
 	}
 	slow := f.slow
 	f.mu.Unlock()
@@ -146,6 +148,9 @@ func (f *fakeRedis) take(k limiter.Key, now time.Time, a limiter.TakeArgs) limit
 		}
 	}
 	g.Used, g.Mine = w.used, w.mine[a.Holder]
+	// take.lua's own: the window is compact, the holder's alone (no other
+	// holder, nothing frozen; a take owing or freezing expands it).
+	g.Own = len(w.mine) == 1 && g.Mine == w.used && len(w.frozen) == 0 && len(a.Owed) == 0 && !a.Freeze
 	return g
 }
 

@@ -43,6 +43,11 @@ type TakeArgs struct {
 	// tries to open one with a single SET ... NX, and makes the whole
 	// reservation when a window is there after all.
 	Fresh bool
+	// Own says the caller's last reservation found the window its holder's
+	// own compact one (Grant.Own): where it may still be, the store first
+	// sends the short script of that case (lua/own.lua), and the whole
+	// reservation only when the window is something else by now.
+	Own bool
 	// Align opens a window aligned to the clock (Policy.Align) when none is
 	// live.
 	Align bool
@@ -92,6 +97,9 @@ type Grant struct {
 	// Frozen is the holder's share after the call when TakeArgs.Freeze was
 	// set and the window held TakeArgs.Share; -1 otherwise (nothing frozen).
 	Frozen int64
+	// Own reports that the window is, after the call, the holder's own
+	// compact one (TakeArgs.Own).
+	Own bool
 	// Shard is the shard that holds the window (the Reserver's numbering):
 	// the key's owner, or, while shards are added or removed, its previous
 	// owner until the window there resets.

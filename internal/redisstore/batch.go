@@ -45,8 +45,12 @@ type takeCall struct {
 	// (TakeArgs.Fresh): the whole take when no key is stored; the script
 	// runs only when one is.
 	open *opening
-	v    []int64
-	err  error
+	// own, when set, are lua/own.lua's arguments, sent first (TakeArgs.Own):
+	// the whole take when the window is still the holder's own compact one;
+	// the script runs only when it is not.
+	own []any
+	v   []int64
+	err error
 	// done is closed when v and err are in; async, when set, is called
 	// with them instead (Store.TakeAsync), on the sender.
 	done  chan struct{}
@@ -72,7 +76,28 @@ type opening struct {
 
 // reply is take.lua's reply for the window the SET opened.
 func (o *opening) reply() []int64 {
-	return []int64{o.want, o.want, o.reset.UnixMilli(), o.start.UnixMilli(), 1, 0, o.want, -1}
+	return []int64{o.want, o.want, o.reset.UnixMilli(), o.start.UnixMilli(), 1, 0, o.want, -1, 1}
+}
+
+// tried takes in the reply to c's own.lua and reports whether it was the
+// whole take: false when the window is something else by now (the script
+// runs then), and after a NOSCRIPT (the script, which the node has, runs
+// instead, and own.lua is loaded for the next ones); a failed call is c's
+// error.
+func (c *takeCall) tried(ctx context.Context, q *takeQueue, cmd *redis.Cmd) bool {
+	v, err := cmd.Int64Slice()
+	switch {
+	case err == nil && len(v) == 1 && v[0] == -1:
+		q.s.ownHanded.Add(1)
+		return false
+	case noScript(err):
+		_ = q.s.reload(ctx, q.c, ownScript)
+		return false
+	case err == nil:
+		q.s.ownMade.Add(1)
+	}
+	c.v, c.err = v, err
+	return true
 }
 
 // set is c's SET ... NX of the window it opens, on p.
@@ -209,8 +234,11 @@ func (q *takeQueue) send() {
 		switch len(live) {
 		case 0:
 		case 1:
-			c := live[0]
-			if c.open == nil || !c.opened(c.set(c.ctx, q.c).Result()) { // on its caller's context
+			c := live[0] // on its caller's context
+			switch {
+			case c.open != nil && c.opened(c.set(c.ctx, q.c).Result()):
+			case c.own != nil && c.tried(c.ctx, q, c.ownCmd(c.ctx, q.c)):
+			default:
 				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
 			}
 			c.answer()
@@ -220,9 +248,15 @@ func (q *takeQueue) send() {
 	}
 }
 
-// pipeline sends calls in one round trip: the SETs of the windows they open
-// and the scripts of the others; then, in a second, the scripts of those
-// whose SET found a key. The calls the node answers NOSCRIPT (its script
+// ownCmd is c's own.lua, on p.
+func (c *takeCall) ownCmd(ctx context.Context, p redis.Cmdable) *redis.Cmd {
+	return p.EvalSha(ctx, ownScript.Hash(), c.keys[:1], c.own...)
+}
+
+// pipeline sends calls in one round trip: the SETs of the windows they
+// open, own.lua for those in their holder's own compact window, and the
+// scripts of the others; then, in a second, the scripts of those whose SET
+// found a key or whose window was something else. The calls the node answers NOSCRIPT (its script
 // cache emptied) are sent again once the script is loaded.
 func (q *takeQueue) pipeline(calls []*takeCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
@@ -247,27 +281,37 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 	}
 }
 
-// exec sends calls in one pipeline and takes in their answers: with open,
-// a call that opens a window sends its SET ... NX, and is returned when
-// the SET found a key, for its script to run.
-func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, open bool) (scripts []*takeCall) {
+// exec sends calls in one pipeline and takes in their answers: with first,
+// a call that opens a window sends its SET ... NX and one in its holder's
+// own window own.lua, and is returned when that was not the whole take,
+// for its script to run.
+func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, first bool) (scripts []*takeCall) {
 	pipe := q.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	sets := make([]*redis.StatusCmd, len(calls))
 	for i, c := range calls {
-		if open && c.open != nil {
+		switch {
+		case first && c.open != nil:
 			sets[i] = c.set(ctx, pipe)
-			continue
+		case first && c.own != nil:
+			cmds[i] = c.ownCmd(ctx, pipe)
+		default:
+			cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), c.keys, c.args...)
 		}
-		cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, c := range calls {
-		if sets[i] == nil {
+		var whole bool
+		switch {
+		case sets[i] != nil:
+			whole = c.opened(sets[i].Result())
+		case first && c.own != nil:
+			whole = c.tried(ctx, q, cmds[i])
+		default:
 			c.v, c.err = cmds[i].Int64Slice()
-			continue
+			whole = true
 		}
-		if !c.opened(sets[i].Result()) {
+		if !whole {
 			scripts = append(scripts, c)
 		}
 	}

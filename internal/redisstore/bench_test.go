@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -114,12 +115,14 @@ func BenchmarkTakePrimary(b *testing.B) {
 // opening a compact window (and, for comparison, 0.1.0's path: the script
 // opening a hash) beside a synchronous limiter's INCRBY and PEXPIREAT (one
 // pipeline per request), on the same primary and replica,
-// 8 concurrent callers per core, every key new. primary-µs/op and
-// replica-µs/op are each server's CPU (INFO cpu, user and system) per
-// request; commands/op the primary's commands per request (those a script
-// runs counted).
+// 8 concurrent callers per core, every key new; and a key's next
+// reservation in the window it opened (tally-take-again: take.lua;
+// tally-take-own: own.lua, the holder knowing the window its own).
+// primary-µs/op and replica-µs/op are each server's CPU (INFO cpu, user
+// and system) per request, client-µs/op this process's; commands/op the
+// primary's commands per request (those a script runs counted).
 func BenchmarkColdWindow(b *testing.B) {
-	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-full", "incrby+pexpireat"} {
+	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-own", "tally-take-full", "incrby+pexpireat"} {
 		b.Run(name, func(b *testing.B) {
 			p, r := redistest.StartPair(b)
 			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
@@ -134,7 +137,7 @@ func BenchmarkColdWindow(b *testing.B) {
 			var i atomic.Uint64
 			const again = 10_000 // windows opened before, for tally-take-again
 			key := func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("cold-%s-%d", b.Name(), n)) }
-			if name == "tally-take-again" {
+			if name == "tally-take-again" || name == "tally-take-own" {
 				key = func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("again-%d", n%again)) }
 				for n := range uint64(again) {
 					if _, err := st.Take(context.Background(), key(n), time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit,
@@ -143,7 +146,7 @@ func BenchmarkColdWindow(b *testing.B) {
 					}
 				}
 			}
-			p0, r0, c0 := serverCPU(b, p), serverCPU(b, r), commandTotal(b, p)
+			p0, r0, c0, s0 := serverCPU(b, p), serverCPU(b, r), commandTotal(b, p), selfCPU(b)
 			b.SetParallelism(8)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -158,6 +161,9 @@ func BenchmarkColdWindow(b *testing.B) {
 					case "tally-take-again": // a window the holder opened before: the script
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench.1"})
+					case "tally-take-own": // the same window, its holder knowing it its own: own.lua
+						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
+							Want: 1, Producer: "bench", Holder: "bench.1", Own: true})
 					case "tally-take-full": // 0.1.0's path: the script, the hash
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench"})
@@ -175,13 +181,25 @@ func BenchmarkColdWindow(b *testing.B) {
 				}
 			})
 			b.StopTimer()
+			s1 := selfCPU(b)
 			r.WaitSynced(p)
 			n := float64(b.N)
+			b.ReportMetric((s1-s0)/n, "client-µs/op")
 			b.ReportMetric((serverCPU(b, p)-p0)/n, "primary-µs/op")
 			b.ReportMetric((serverCPU(b, r)-r0)/n, "replica-µs/op")
 			b.ReportMetric(float64(commandTotal(b, p)-c0-1)/n, "commands/op") // less the INFO that reads it
 		})
 	}
+}
+
+// selfCPU is this process's CPU time so far, µs (user and system): the
+// client's side of what a benchmark sends.
+func selfCPU(b *testing.B) float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e3
 }
 
 // serverCPU is a Redis server's CPU time so far, µs (INFO cpu).

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -340,7 +341,7 @@ func TestFreshTakeOpensWithOneSet(t *testing.T) {
 	g, err := fresh(k, "edge-a", 10, 3)
 	require.NoError(t, err)
 	require.Equal(t, limiter.Grant{Granted: 3, Live: true, Used: 3, ResetAt: g.Start.Add(minute), Start: t0.Truncate(time.Second),
-		Opened: true, Mine: 3, Frozen: -1}, g)
+		Opened: true, Mine: 3, Frozen: -1, Own: true}, g)
 	p := commandCalls(t, e.primary.Client())
 	require.EqualValues(t, 1, p["set"], "%v", p)
 	require.Zero(t, p["evalsha"], "%v", p)
@@ -422,5 +423,129 @@ func TestAlignedWindows(t *testing.T) {
 		require.True(t, g.Opened, tc.name)
 		require.Equal(t, tc.resetT, g.Start, tc.name)
 		require.Equal(t, tc.resetT.Add(tc.window), g.ResetAt, tc.name)
+	}
+}
+
+// A holder's next reservation in its own compact window, live, is
+// lua/own.lua: five arguments, a GET and a SET, one effect replicated.
+// Whatever else the window has become by then (another holder's
+// reservation expanded it, it ended, it is gone, the node lost its
+// scripts), own.lua writes nothing and take.lua decides, as it would have
+// alone; and a grant says whether the window is still the holder's own.
+func TestOwnWindowTakesTheShortWay(t *testing.T) {
+	e := newEnv(t, redisstore.Options{EpochCheck: time.Minute})
+	ctx := context.Background()
+	rdb := e.primary.Client()
+	require.NoError(t, e.store.LoadScripts(ctx, 0)) // as an edge does before it is ready
+	take := func(k limiter.Key, holder string, now time.Time, limit, want int64, own bool) limiter.Grant {
+		t.Helper()
+		producer, _, _ := strings.Cut(holder, ".")
+		g, err := e.store.Take(ctx, k, now, limiter.TakeArgs{Window: minute, Limit: limit, Need: 1, Want: want,
+			Producer: producer, Holder: holder, Own: own})
+		require.NoError(t, err)
+		return g
+	}
+	short := func() (uint64, uint64) { return e.store.ShortTakes() }
+
+	k := e.keys.Key("core", "own")
+	g := take(k, "edge-a.1", t0, 10, 2, false)
+	require.True(t, g.Opened)
+	require.True(t, g.Own, "a window the holder opened compact is its own")
+
+	// Its own window: own.lua alone.
+	e.replica.WaitSynced(e.primary)
+	require.NoError(t, rdb.ConfigResetStat(ctx).Err())
+	require.NoError(t, e.replica.Client().ConfigResetStat(ctx).Err())
+	g = take(k, "edge-a.1", t0, 10, 3, true)
+	require.Equal(t, limiter.Grant{Granted: 3, Live: true, Used: 5, ResetAt: g.Start.Add(minute), Start: t0.Truncate(time.Second),
+		Mine: 5, Frozen: -1, Own: true}, g)
+	made, handed := short()
+	require.EqualValues(t, 1, made)
+	require.Zero(t, handed)
+	e.replica.WaitSynced(e.primary)
+	p, r := commandCalls(t, rdb), commandCalls(t, e.replica.Client())
+	for _, c := range []string{"evalsha", "get", "set"} {
+		require.EqualValues(t, 1, p[c], "primary ran %s: %v", c, p)
+	}
+	require.EqualValues(t, 1, r["set"], "replica: %v", r)
+	for _, c := range []string{"hmget", "hset", "hget", "exists", "pexpireat", "pttl", "del", "multi"} {
+		require.Zero(t, p[c], "primary ran %s: %v", c, p)
+		require.Zero(t, r[c], "replica ran %s: %v", c, r)
+	}
+	require.Equal(t, fmt.Sprintf("5:%d:60:edge-a.1", g.ResetAt.Unix()), rdb.Get(ctx, k.String()).Val())
+	ttl := rdb.PExpireTime(ctx, k.String()).Val()
+	require.Equal(t, g.ResetAt.Add(60*time.Second).UnixMilli(), ttl.Milliseconds(), "the expiry kept")
+
+	// Up to the limit, and then nothing: still its own window.
+	g = take(k, "edge-a.1", t0, 10, 9, true)
+	require.EqualValues(t, 5, g.Granted)
+	require.EqualValues(t, 10, g.Used)
+	g = take(k, "edge-a.1", t0, 10, 1, true)
+	require.Zero(t, g.Granted)
+	require.True(t, g.Own)
+	made, _ = short()
+	require.EqualValues(t, 3, made)
+
+	// Another holder's window: handed on, and take.lua expands it.
+	k2 := e.keys.Key("core", "shared")
+	take(k2, "edge-a.1", t0, 10, 2, false)
+	g = take(k2, "edge-b.1", t0, 10, 3, true)
+	require.EqualValues(t, 3, g.Granted)
+	require.EqualValues(t, 5, g.Used)
+	require.False(t, g.Own)
+	_, handed = short()
+	require.EqualValues(t, 1, handed)
+	require.Equal(t, "hash", rdb.Type(ctx, k2.String()).Val())
+	// A full window, its first holder's: handed on; the hash counts both.
+	g = take(k2, "edge-a.1", t0, 10, 1, true)
+	require.EqualValues(t, 1, g.Granted)
+	require.EqualValues(t, 6, g.Used)
+	require.EqualValues(t, 3, g.Mine)
+	require.False(t, g.Own)
+	_, handed = short()
+	require.EqualValues(t, 2, handed)
+
+	// A window that ended: handed on; take.lua opens the next, compact.
+	later := t0.Add(2 * minute)
+	g = take(k, "edge-a.1", later, 10, 4, true)
+	require.True(t, g.Opened)
+	require.EqualValues(t, 4, g.Used)
+	require.True(t, g.Own)
+	// A key that is gone: handed on; take.lua opens a window.
+	require.NoError(t, rdb.Del(ctx, k.String()).Err())
+	g = take(k, "edge-a.1", later, 10, 2, true)
+	require.True(t, g.Opened)
+	require.EqualValues(t, 2, g.Used)
+	_, handed = short()
+	require.EqualValues(t, 4, handed)
+
+	// A node that lost its scripts: take.lua decides, and own.lua is
+	// loaded again for the next take.
+	require.NoError(t, rdb.ScriptFlush(ctx).Err())
+	g = take(k, "edge-a.1", later, 10, 1, true)
+	require.EqualValues(t, 1, g.Granted)
+	require.EqualValues(t, 3, g.Used)
+	made0, _ := short()
+	g = take(k, "edge-a.1", later, 10, 1, true)
+	require.EqualValues(t, 4, g.Used)
+	made, _ = short()
+	require.Equal(t, made0+1, made, "own.lua again after the reload")
+
+	// Many at once, in pipelines: each window's count is every grant.
+	const keys = 32
+	ks := make([]limiter.Key, keys)
+	for i := range ks {
+		ks[i] = e.keys.Key("core", fmt.Sprint("many-", i))
+		take(ks[i], "edge-a.1", t0, 100, 1, false)
+	}
+	var wg sync.WaitGroup
+	for i := range 4 * keys {
+		wg.Go(func() { take(ks[i%keys], "edge-a.1", t0, 100, 2, true) })
+	}
+	wg.Wait()
+	for _, k := range ks {
+		g := take(k, "edge-a.1", t0, 100, 1, true)
+		require.EqualValues(t, 10, g.Used, "1 + 4 × 2 + 1")
+		require.EqualValues(t, 10, g.Mine)
 	}
 }

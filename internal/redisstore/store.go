@@ -27,6 +27,7 @@ var ErrNoReplica = errors.New("redisstore: no replica up")
 var (
 	checkScript = redis.NewScript(lua.Check)
 	takeScript  = redis.NewScript(lua.Take)
+	ownScript   = redis.NewScript(lua.Own)
 	applyScript = redis.NewScript(lua.Apply)
 	leaseScript = redis.NewScript(lua.Lease)
 )
@@ -196,6 +197,9 @@ type Store struct {
 	placed, prevPlace []int
 	producers         sync.Map // producer id → its key (string)
 	reloads           atomic.Uint64
+	// own.lua's calls: takes it made, and those it handed on to take.lua
+	// (ShortTakes).
+	ownMade, ownHanded atomic.Uint64
 
 	// Reseeds (reseed.go): what a reseed re-asserts, and its counters.
 	reseeder                                                     atomic.Pointer[Reseeder]

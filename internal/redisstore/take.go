@@ -116,10 +116,14 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 	c := &takeCall{ctx: ctx, keys: []string{r.k.String(), s.producerKey(a.Producer), s.keys.ReseedKey()}, args: args}
 	if s.shards[r.i].compact.Load() {
 		args[13] = "1"
-		if a.Fresh && a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && limiter.CompactHolder(r.holder, a.Producer) {
+		simple := a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && limiter.CompactHolder(r.holder, a.Producer)
+		switch {
+		case simple && a.Fresh:
 			start, reset := r.opens.Start, r.opens.ResetAt
 			c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
 				reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
+		case simple && a.Own:
+			c.own = []any{args[0], a.Limit, a.Need, a.Want, r.holder}
 		}
 	}
 	return c, nil
@@ -141,10 +145,11 @@ func (r *takeReq) result(v []int64, err error) (g limiter.Grant, _ error, again 
 	if err != nil {
 		return g, fmt.Errorf("limiter: take on shard %s: %w", n.name, scriptErr(err)), false
 	}
-	if len(v) != 8 {
+	if len(v) != 9 {
 		return g, fmt.Errorf("limiter: take on shard %s: unexpected reply %v", n.name, v), false
 	}
-	g = limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6], Frozen: v[7], Shard: r.i}
+	g = limiter.Grant{Granted: v[0], Used: v[1], Opened: v[4] == 1, Applied: uint64(v[5]), Mine: v[6], Frozen: v[7], Own: v[8] == 1,
+		Shard: r.i}
 	if v[2] != 0 {
 		g.Live, g.ResetAt, g.Start = true, fromMS(v[2]), fromMS(v[3])
 	}

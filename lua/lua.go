@@ -3,7 +3,9 @@
 // Each script opens with its contract: the KEYS and ARGV it takes, what it
 // returns, and which node it runs on. The scripts that change windows (take,
 // apply, finish, hold, reseed) share the window model in window.lua, which
-// is prepended to them here; check runs alone, read-only, on replicas; lease
+// is prepended to them here; own is take's path for a holder's own compact
+// window alone, with nothing prepended; check runs alone, read-only, on
+// replicas; lease
 // keeps one accountant active per shard; reseed tells when a shard's primary
 // changed and its windows must be re-asserted.
 //

@@ -539,10 +539,17 @@ func TestOwnWindowTakesTheShortWay(t *testing.T) {
 		take(ks[i], "edge-a.1", t0, 100, 1, false)
 	}
 	var wg sync.WaitGroup
-	for i := range 4 * keys {
-		wg.Go(func() { take(ks[i%keys], "edge-a.1", t0, 100, 2, true) })
+	errs := make([]error, 4*keys)
+	for i := range errs {
+		wg.Go(func() {
+			_, errs[i] = e.store.Take(ctx, ks[i%keys], t0, limiter.TakeArgs{Window: minute, Limit: 100, Need: 2, Want: 2,
+				Producer: "edge-a", Holder: "edge-a.1", Own: true})
+		})
 	}
 	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
 	for _, k := range ks {
 		g := take(k, "edge-a.1", t0, 100, 1, true)
 		require.EqualValues(t, 10, g.Used, "1 + 4 × 2 + 1")

@@ -467,19 +467,26 @@ func TestFullNoticeDoesNotCountDebtsTwice(t *testing.T) {
 	}
 }
 
-// A reservation goes the short way (Own: lua/own.lua) when the entry's last
-// one found the window its own compact one; not after another holder
-// reserved in it, nor in a window that ended; and an evicted entry's key
-// carries it on.
-func TestOwnAfterTheWindowWasOwn(t *testing.T) {
+// exactDecider is a harness of a policy in mode exact (a reservation per
+// request) far from its limit, and a decision of one unit on it.
+func exactDecider(t *testing.T) (*harness, func()) {
+	t.Helper()
 	p := limiter.Policy{Name: "api", Limit: 100, Window: time.Hour, Mode: limiter.ModeExact}
 	h := newHarness(t, p, true, Config{})
-	decide := func() {
+	return h, func() {
 		t.Helper()
 		if _, err := h.decide(1); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// A reservation goes the short way (Own: lua/own.lua) when the entry's last
+// one found the window its own compact one; not after another holder
+// reserved in it, nor in a window that ended; and an evicted entry's key
+// carries it on.
+func TestOwnAfterTheWindowWasOwn(t *testing.T) {
+	h, decide := exactDecider(t)
 	decide() // opens: not own yet
 	decide() // own
 	e := h.entry()
@@ -509,14 +516,7 @@ func TestOwnAfterTheWindowWasOwn(t *testing.T) {
 // reserved before, nor for a key whose entry the table let go while its
 // window may live on, until the key has not been seen for two rotations.
 func TestFreshOnlyForKeysNotSeen(t *testing.T) {
-	p := limiter.Policy{Name: "api", Limit: 100, Window: time.Hour, Mode: limiter.ModeExact}
-	h := newHarness(t, p, true, Config{})
-	decide := func() {
-		t.Helper()
-		if _, err := h.decide(1); err != nil {
-			t.Fatal(err)
-		}
-	}
+	h, decide := exactDecider(t)
 	decide()
 	decide()
 	h.core.table.remove(h.dg, h.entry()) // evicted, its window still live

@@ -496,6 +496,17 @@ func TestOwnWindowTakesTheShortWay(t *testing.T) {
 	_, handed = short()
 	require.EqualValues(t, 1, handed)
 	require.Equal(t, "hash", rdb.Type(ctx, k2.String()).Val())
+	// A holder's name is compared whole, never as a pattern: "edge-a.1",
+	// read as a Lua pattern, would match "edga.1".
+	k3 := e.keys.Key("core", "pattern")
+	take(k3, "edga.1", t0, 10, 2, false)
+	_, handed0 := short()
+	g = take(k3, "edge-a.1", t0, 10, 1, true)
+	require.False(t, g.Own)
+	require.EqualValues(t, 3, g.Used)
+	require.EqualValues(t, 1, g.Mine, "edga.1's units stay edga.1's")
+	_, handed = short()
+	require.Equal(t, handed0+1, handed)
 	// A full window, its first holder's: handed on; the hash counts both.
 	g = take(k2, "edge-a.1", t0, 10, 1, true)
 	require.EqualValues(t, 1, g.Granted)
@@ -503,7 +514,7 @@ func TestOwnWindowTakesTheShortWay(t *testing.T) {
 	require.EqualValues(t, 3, g.Mine)
 	require.False(t, g.Own)
 	_, handed = short()
-	require.EqualValues(t, 2, handed)
+	require.EqualValues(t, 3, handed)
 
 	// A window that ended: handed on; take.lua opens the next, compact.
 	later := t0.Add(2 * minute)
@@ -517,7 +528,7 @@ func TestOwnWindowTakesTheShortWay(t *testing.T) {
 	require.True(t, g.Opened)
 	require.EqualValues(t, 2, g.Used)
 	_, handed = short()
-	require.EqualValues(t, 4, handed)
+	require.EqualValues(t, 5, handed)
 
 	// A node that lost its scripts: take.lua decides, and own.lua is
 	// loaded again for the next take.

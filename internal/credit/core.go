@@ -40,6 +40,12 @@ type Deps struct {
 	// primary that could not answer; only the latter count towards
 	// suspecting the primary.
 	Permanent func(error) bool
+	// Healer, when set, holds requests to an operator's temporary limits
+	// and blocks, and to progressive backoff (DecideRequest).
+	Healer Healer
+	// Timed, when set, is told how long each limit of a request took to
+	// decide, by the path that decided it (credit to fail-open).
+	Timed func(ctx context.Context, p Path, d time.Duration)
 }
 
 // Core decides requests from the edge's table of windows. It is safe for
@@ -226,6 +232,7 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 	}
 	e.lock()
 	defer e.mu.Unlock()
+	e.adopt(p) // the request's terms: a reload may have raised the limit
 	if !e.full || !e.live(now) || e.room() >= cost || (e.doubtful && len(e.debts) > 0) {
 		return Verdict{}, false
 	}

@@ -2,9 +2,13 @@
 // key's window, and every decision made from it. It does no I/O of its
 // own: it reserves on a primary, records what is left to account for and
 // tells other edges of full windows through its ports (ports.go), and
-// reads the time from its clock. The front doors (the proxy, the decision
-// API) translate a request into one call of Decide and its Verdict into an
-// answer; docs/accuracy.md argues why the decisions are exact.
+// reads the time from its clock. The front doors (the proxy, forward-auth,
+// the decision API, Envoy's rate-limit service) translate a request into
+// one call of DecideRequest (request.go) and its Outcome into an answer:
+// the core decides the whole request — every limit of it, an operator's
+// temporary limits and blocks and progressive backoff (the Healer port),
+// and which limit denied it, with the reason (the verdict's Path).
+// docs/accuracy.md argues why the decisions are exact.
 //
 // # The model
 //

@@ -344,7 +344,7 @@ type harness struct {
 
 var epoch = time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
 
-func newHarness(t *testing.T, p limiter.Policy, failOpen bool, cfg Config) *harness {
+func newHarness(t *testing.T, p limiter.Policy, failOpen bool, cfg Config, with ...func(*Deps)) *harness {
 	t.Helper()
 	keys, err := limiter.NewKeySpace("t", []byte("0123456789abcdef0123456789abcdef"))
 	if err != nil {
@@ -354,8 +354,12 @@ func newHarness(t *testing.T, p limiter.Policy, failOpen bool, cfg Config) *harn
 		notes: &fakeNotifier{}, keys: keys, policy: p}
 	h.key = keys.Key(p.Name, "client")
 	h.dg = h.key.Digest()
-	h.core, err = New(cfg, Deps{Reserver: h.redis, Ledger: h.ledger, Notifier: h.notes, Keys: keys, Clock: h.clock,
-		Producer: "edge.test", FailOpen: failOpen, Policies: map[string]limiter.Policy{p.Name: p}})
+	d := Deps{Reserver: h.redis, Ledger: h.ledger, Notifier: h.notes, Keys: keys, Clock: h.clock,
+		Producer: "edge.test", FailOpen: failOpen, Policies: map[string]limiter.Policy{p.Name: p}}
+	for _, f := range with {
+		f(&d)
+	}
+	h.core, err = New(cfg, d)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -149,8 +149,9 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 				}
 			}
 		}
-		o.ObserveInt64(decisions, u(s.healDenied[0].Load()), attr("result", "denied", "path", credit.PathBlocked.String()))
-		o.ObserveInt64(decisions, u(s.healDenied[1].Load()), attr("result", "denied", "path", credit.PathBackoff.String()))
+		for _, p := range []credit.Path{credit.PathBlocked, credit.PathBackoff} {
+			o.ObserveInt64(decisions, u(d.Decisions[p][0]), attr("result", "denied", "path", p.String()))
+		}
 		o.ObserveInt64(tempLimits, int64(len(s.Temporary(s.o.Clock.Now()))))
 		o.ObserveInt64(badLimits, u(s.badLimits.Load()))
 		o.ObserveInt64(backedOff, int64(s.backoff.Len()))

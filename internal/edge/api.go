@@ -137,23 +137,21 @@ func (s *Server) apiCheck(w http.ResponseWriter, r *http.Request) {
 	dg := s.o.Keys.Sum(p.Name, limiter.APIIdentity(req.Identity))
 	p = rt.terms(p, req.Tier, dg)
 	now, reqNum := s.o.Clock.Now(), s.reqs.Add(1)
-	limit := p.Limit // the configured terms: a temporary limit below a cost denies
-	until, block := s.temporaryTerms(&p, dg, now)
-	if req.Cost < 0 || req.Cost > limit {
-		s.badRequest(w, fmt.Sprintf("cost %d: want 1 to the limit (%d)", req.Cost, limit))
+	if req.Cost < 0 || req.Cost > p.Limit {
+		s.badRequest(w, fmt.Sprintf("cost %d: want 1 to the limit (%d)", req.Cost, p.Limit))
 		return
 	}
 	if req.Cost > 0 {
 		p.Cost = req.Cost
 	}
-	var v credit.Verdict
-	var err error
-	if block || p.CostOrDefault() > p.Limit { // a block, or a temporary limit below the cost: denied until it lifts
-		v = s.blockedVerdict(limitCheck{policy: p, digest: dg, cost: p.CostOrDefault(), blocked: until}, now, reqNum)
-	} else if v, err = s.check(r.Context(), p, p.CostOrDefault(), dg, now, reqNum); err != nil {
+	limits := [1]credit.Limit{{Policy: p, Digest: dg, Cost: p.CostOrDefault()}}
+	var one [1]credit.Verdict
+	out, err := s.core.DecideRequest(r.Context(), limits[:], now, reqNum, one[:0])
+	if err != nil {
 		s.unavailable(w)
 		return
 	}
+	v, p := out.Verdicts[0], limits[0].Policy
 	allowed := !v.Decided || v.Decision.Allowed
 	s.record(v, s.traceParent(r))
 

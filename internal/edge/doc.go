@@ -6,8 +6,12 @@
 // API (POST /v1/check and /v1/finish, for gateways and services that
 // forward themselves), Envoy's rate-limit service (gRPC ShouldRateLimit,
 // from envoyproxy/ratelimit's YAML rules: rls.go) and the admin endpoints
-// (/healthz, /readyz, /metrics). Every limit a request is held to is
-// decided together (check.go), so that a denied request consumes nothing.
+// (/healthz, /readyz, /metrics). Each door turns its protocol into one call
+// of the core, credit.Core.DecideRequest, with every limit the request is
+// held to, and the Outcome into its answer: the core decides the whole
+// request (an operator's temporary limits and blocks, read here from the
+// limits stream, and progressive backoff reach it through its Healer
+// port, heal.go), so that a denied request consumes nothing.
 //
 // # Trust
 //
@@ -27,8 +31,8 @@
 // # Deciding
 //
 // The decisions are the core's (internal/credit): the front doors
-// translate a request into a call of credit.Core.Decide per limit (Look for
-// a check that charges nothing), and the Verdicts into an answer; what is
+// translate a request into one call of credit.Core.DecideRequest, and its
+// Outcome into an answer; what is
 // left to account for goes to the outbox (internal/outbox). In short: an edge admits requests against credit: units of the window it reserved
 // on the shard's primary (redisstore.Store.Take, one atomic script that also
 // opens the window at its first request). Far from the limit a reservation

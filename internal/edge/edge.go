@@ -211,7 +211,6 @@ type Server struct {
 	limitReader *events.Limits
 	badLimits   atomic.Uint64
 	backoff     *backoff.Table
-	healDenied  [2]atomic.Uint64
 	// denied counts the most denied clients (denials.go).
 	denied *topDenied
 	// strangers limits the log lines about callers that are not gateways.
@@ -302,7 +301,11 @@ func New(o Options) (*Server, error) {
 			metric.WithAttributeSet(attribute.NewSet(attribute.String("path", p.String())))}}
 	}
 	deps := credit.Deps{Reserver: o.Store, Ledger: s.outbox, Keys: o.Keys, Clock: o.Clock, Log: s.log, Producer: o.Producer,
-		FailOpen: !o.DenyOnRedisError, Policies: o.Policies, Permanent: redisstore.Permanent}
+		FailOpen: !o.DenyOnRedisError, Policies: o.Policies, Permanent: redisstore.Permanent, Healer: healer{s},
+		Timed: func(ctx context.Context, p credit.Path, d time.Duration) {
+			t := s.decisionTime[p]
+			t.h.Record(ctx, d.Seconds(), t.opts...)
+		}}
 	if o.NATS != nil {
 		deps.Notifier = notifier{s}
 	}
@@ -427,26 +430,6 @@ func cleanPath(p string) string {
 		p = "/" + p
 	}
 	return path.Clean(p)
-}
-
-// check decides request reqNum of cost for the key with digest dg under p
-// (a cost of 0 charges nothing: credit.Core.Look).
-func (s *Server) check(ctx context.Context, p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64) (credit.Verdict, error) {
-	start := time.Now()
-	var v credit.Verdict
-	var err error
-	if cost == 0 {
-		v, err = s.core.Look(ctx, p, dg, now, reqNum)
-	} else {
-		v, err = s.backedOff(p, cost, dg, now, reqNum, func() (credit.Verdict, error) {
-			return s.core.Decide(ctx, p, cost, dg, now, reqNum)
-		})
-	}
-	if err == nil && v.Path >= credit.PathCredit && v.Path <= credit.PathFailOpen {
-		t := s.decisionTime[v.Path]
-		t.h.Record(ctx, time.Since(start).Seconds(), t.opts...)
-	}
-	return v, err
 }
 
 // decisionTimer is the decision latency histogram with a path's

@@ -132,48 +132,48 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request, nginx bool)
 		defer span.End()
 	}
 	traceparent := s.traceParent(r)
-	var buf [4]limitCheck
-	checks, err := s.requestChecks(r, s.gatewayIdentity, rt, limits, now, buf[:0])
+	var buf [4]credit.Limit
+	checks, err := s.requestChecks(r, s.gatewayIdentity, rt, limits, buf[:0])
 	if err != nil {
 		s.badRequest(w, err.Error())
 		return
 	}
-	res, err := s.decideAll(r.Context(), checks, now, reqNum, nil)
+	res, err := s.core.DecideRequest(r.Context(), checks, now, reqNum, nil)
 	if err != nil {
 		s.unavailable(w)
 		setStatus(span, http.StatusServiceUnavailable)
 		return
 	}
-	if res.denied >= 0 {
-		v := res.vs[res.denied]
+	if !res.Allowed() {
 		status := http.StatusTooManyRequests
 		if nginx {
 			status = http.StatusForbidden
 		}
-		if v.Path == 0 { // its cost is beyond its limit
+		if res.Refused() { // its cost is beyond its limit
 			problem(w, status, "cost-beyond-limit", "Too Many Requests", "the request costs more than its limit allows")
 			return
 		}
+		v := res.Denial()
 		v.TraceParent = traceparent
 		s.record(v, traceparent)
 		s.denyWith(w, v, status)
 		setStatus(span, status)
 		return
 	}
-	ids := make([]byte, 0, 96*len(res.vs))
-	for i, v := range res.vs {
+	ids := make([]byte, 0, 96*len(res.Verdicts))
+	for i, v := range res.Verdicts {
 		v.TraceParent = traceparent
 		s.record(v, traceparent)
 		if v.Allowed() && v.Cost > 0 {
 			if len(ids) > 0 {
 				ids = append(ids, ',')
 			}
-			ids = s.appendTicket(ids, res.vs[i])
+			ids = s.appendTicket(ids, res.Verdicts[i])
 		}
 	}
 	h := w.Header()
-	if shown := tightest(res.vs); shown >= 0 && res.vs[shown].Decided {
-		setHeaders(h, res.vs[shown].Decision)
+	if shown := tightest(res.Verdicts); shown >= 0 && res.Verdicts[shown].Decided {
+		setHeaders(h, res.Verdicts[shown].Decision)
 	}
 	if len(ids) > 0 {
 		h.Set(RequestIDHeader, string(ids))

@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tallyhq/tally/internal/backoff"
 	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/events"
 	"github.com/tallyhq/tally/internal/limiter"
@@ -89,82 +88,44 @@ func (s *Server) Temporary(now time.Time) []events.TemporaryLimit {
 	return out
 }
 
-// temporaryTerms applies the live temporary limit of dg, if any, to p. It
-// returns the limit's expiry (zero: none applies) and whether it is a
-// block.
-func (s *Server) temporaryTerms(p *limiter.Policy, dg limiter.Digest, now time.Time) (until time.Time, block bool) {
-	if s.tempLimits.Load() == 0 {
-		return time.Time{}, false
+// healer is the edge's side of credit.Healer: the temporary limits it
+// read from the limits stream, and progressive backoff by the policies'
+// terms (Limits.Backoff).
+type healer struct{ s *Server }
+
+// Terms is the live temporary limit of dg under policy, if any: a load
+// and nothing more while no temporary limit is set.
+func (h healer) Terms(policy string, dg limiter.Digest, now time.Time) (credit.Temporary, bool) {
+	if h.s.tempLimits.Load() == 0 {
+		return credit.Temporary{}, false
 	}
-	cur := s.temporary.set.Load()
+	cur := h.s.temporary.set.Load()
 	l, ok := (*cur)[dg]
-	if !ok || !l.Live(now) || l.Policy != p.Name {
-		return time.Time{}, false
+	if !ok || !l.Live(now) || l.Policy != policy {
+		return credit.Temporary{}, false
 	}
-	if !l.Block {
-		p.Limit = l.Limit
-	}
-	return l.Expires, l.Block
+	return credit.Temporary{Limit: l.Limit, Until: l.Expires, Block: l.Block}, true
 }
 
-// blockedVerdict is the denial of a request of c while an operator blocks
-// its client: nothing is read or charged, its limit is 0, and the client is
-// told to come back when the block lifts (Retry-After). The reset shown is
-// the window's, when the edge knows the client's window; else, with no
-// window to speak of, the block's end.
-func (s *Server) blockedVerdict(c limitCheck, now time.Time, reqNum uint64) credit.Verdict {
-	p := c.policy
-	p.Limit = 0
-	s.healDenied[0].Add(1)
-	reset, ok := s.core.Known(c.digest, now)
-	if !ok {
-		reset = c.blocked
-	}
-	return s.heldVerdict(p, c.cost, c.digest, now, reqNum, credit.PathBlocked, limiter.Decision{RetryAt: c.blocked, ResetAt: reset})
-}
-
-// backoffVerdict is the denial of a request that came back before the
-// Retry-After its client was given (a strike): nothing is read or charged.
-// Its reset is the window's that denied the client, as its earlier
-// answers said; only Retry-After says when to come back.
-func (s *Server) backoffVerdict(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64, a backoff.Answer) credit.Verdict {
-	s.healDenied[1].Add(1)
-	return s.heldVerdict(p, cost, dg, now, reqNum, credit.PathBackoff, limiter.Decision{Used: p.Limit,
-		ResetAt: a.Reset, RetryAt: a.Until, Strikes: a.Strikes})
-}
-
-// heldVerdict is a denial decided by the edge alone (path), d's times and
-// strikes filled in with p's terms.
-func (s *Server) heldVerdict(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64, path credit.Path, d limiter.Decision) credit.Verdict {
-	k := s.o.Keys.KeyOf(dg)
-	d.Resource, d.Limit, d.Cost, d.Window, d.Now = p.Name, p.Limit, cost, p.LengthAt(now), now
-	return credit.Verdict{Decision: d, Decided: true, Path: path, Policy: p, Cost: cost, Key: k,
-		Shard: s.o.Store.ShardOf(k), Now: now, Producer: s.o.Producer, ReqNum: reqNum}
-}
-
-// backedOff applies progressive backoff around one decision: a request
-// that came back too early is denied before anything is decided (decide is
-// not called); a denial by the window is remembered; an admission forgets
-// the client.
-func (s *Server) backedOff(p limiter.Policy, cost int64, dg limiter.Digest, now time.Time, reqNum uint64,
-	decide func() (credit.Verdict, error)) (credit.Verdict, error) {
-	rt := s.limits.Load()
+func (h healer) Early(p limiter.Policy, dg limiter.Digest, now time.Time) (credit.Backoff, bool) {
+	rt := h.s.limits.Load()
 	if len(rt.backoff) == 0 {
-		return decide() // no policy backs off: nothing to look up
+		return credit.Backoff{}, false // no policy backs off: nothing to look up
 	}
-	cfg := rt.backoff[p.Name]
-	if a, early := s.backoff.Early(dg, now, cfg); early {
-		return s.backoffVerdict(p, cost, dg, now, reqNum, a), nil
+	a, early := h.s.backoff.Early(dg, now, rt.backoff[p.Name])
+	return credit.Backoff{Until: a.Until, Reset: a.Reset, Strikes: a.Strikes}, early
+}
+
+func (h healer) Answered(p limiter.Policy, dg limiter.Digest, now time.Time, d limiter.Decision) {
+	rt := h.s.limits.Load()
+	if len(rt.backoff) == 0 {
+		return
 	}
-	v, err := decide()
-	switch {
-	case err != nil || !v.Decided:
-	case v.Decision.Allowed:
-		s.backoff.Allowed(dg)
-	default:
-		s.backoff.Denied(dg, now, v.Decision.ResetAt, cfg)
+	if d.Allowed {
+		h.s.backoff.Allowed(dg)
+	} else {
+		h.s.backoff.Denied(dg, now, d.ResetAt, rt.backoff[p.Name])
 	}
-	return v, err
 }
 
 // followLimits reads the limits stream from its start and applies every

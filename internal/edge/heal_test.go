@@ -384,3 +384,31 @@ func TestBlockAnswersAgree(t *testing.T) {
 	require.InDelta(t, 7200, retryAfter(t, resp).Seconds(), 1, "when the block lifts")
 	require.EqualValues(t, retryAfter(t, resp).Seconds(), m["retry_after"])
 }
+
+// A temporary limit below a request's cost denies it at every door as a
+// block does, decided once in the core: 429, limit 0, and Retry-After when
+// the temporary limit lifts; nothing is read or charged. Other clients and
+// the configured terms are untouched.
+func TestTemporaryLimitBelowTheCostAtEveryDoor(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 100, Window: time.Minute, Cost: 5}
+	clock := limiter.NewManualClock(time.Now())
+	e := pl.edge(func(o *edge.Options) { o.Clock = clock })
+	r, body := adminLimits(t, e, "POST", `{"policy":"core","identity":"heavy","limit":3,"for":"1h","by":"ops"}`)
+	require.Equal(t, 200, r.StatusCode, "%s", body)
+	testutil.WaitForWithin(t, "the temporary limit at the edge", temporaryBound, func() bool { return len(e.srv.Temporary(clock.Now())) == 1 })
+
+	proxied := get(t, e.proxy.URL, "heavy")
+	require.Equal(t, 429, proxied.StatusCode, "the proxy")
+	require.Equal(t, "0", proxied.Header.Get("X-RateLimit-Limit"))
+	require.InDelta(t, 3600, retryAfter(t, proxied).Seconds(), 1, "when the temporary limit lifts")
+	resp, m := check(t, e, "heavy")
+	require.Equal(t, 429, resp.StatusCode, "the decision API")
+	require.EqualValues(t, 0, m["limit"])
+	require.InDelta(t, 3600, retryAfter(t, resp).Seconds(), 1)
+
+	require.Equal(t, 200, get(t, e.proxy.URL, "light").StatusCode, "another client")
+	resp, m = check(t, e, "light")
+	require.Equal(t, 200, resp.StatusCode)
+	require.EqualValues(t, 90, m["remaining"], "its two requests charged 5 each, in the configured terms")
+}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -25,7 +24,7 @@ type proxyState struct {
 	shown  int              // the one whose headers the response carries (-1: none, every limit in shadow mode)
 	status int
 	buf    [2]credit.Verdict
-	checks [2]limitCheck
+	checks [2]credit.Limit
 }
 
 func (s *Server) newProxy(upstream *url.URL) *httputil.ReverseProxy {
@@ -99,36 +98,36 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// Whose windows the request counts in, first: a request refused for
 	// its identity touches none.
 	st := &proxyState{}
-	checks, err := s.requestChecks(r, s.o.Identity, rt, limits, now, st.checks[:0])
+	checks, err := s.requestChecks(r, s.o.Identity, rt, limits, st.checks[:0])
 	if err != nil {
 		s.badRequests.Add(1)
 		problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
 		setStatus(span, http.StatusBadRequest)
 		return
 	}
-	res, err := s.decideAll(r.Context(), checks, now, reqNum, st.buf[:0])
+	out, err := s.core.DecideRequest(r.Context(), checks, now, reqNum, st.buf[:0])
 	if err != nil {
 		s.unavailable(w)
 		setStatus(span, http.StatusServiceUnavailable)
 		return
 	}
-	if res.denied >= 0 && res.vs[res.denied].Path == 0 {
+	if out.Refused() {
 		// A limit the request's cost is beyond (SetLimits keeps routes'
 		// costs within every tier's and override's limit: not reached).
 		problem(w, http.StatusTooManyRequests, "cost-beyond-limit", "Too Many Requests", "the request costs more than its limit allows")
 		setStatus(span, http.StatusTooManyRequests)
 		return
 	}
-	if res.denied >= 0 {
+	if !out.Allowed() {
 		// The denial is the request's only decision record.
-		v := res.vs[res.denied]
+		v := out.Denial()
 		v.TraceParent = traceparent
 		s.record(v, traceparent)
 		s.deny(w, v)
 		setStatus(span, http.StatusTooManyRequests)
 		return
 	}
-	st.vs = res.vs
+	st.vs = out.Verdicts
 	for i := range st.vs {
 		st.vs[i].TraceParent = traceparent
 	}
@@ -146,12 +145,11 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 }
 
 // requestChecks are the limits an HTTP request is held to, each in its
-// terms for the client at now (its tier, its override, an operator's
-// temporary limit), with its window's digest
+// terms for the client (its tier, its override), with its window's digest
 // and the request's cost, appended to checks. id says whose window the
 // request counts in (its identity header, or its address through the
 // proxies id trusts); an identity it cannot use is the error.
-func (s *Server) requestChecks(r *http.Request, id Identifier, rt *routing, limits []limit, now time.Time, checks []limitCheck) ([]limitCheck, error) {
+func (s *Server) requestChecks(r *http.Request, id Identifier, rt *routing, limits []limit, checks []credit.Limit) ([]credit.Limit, error) {
 	var identity, address string
 	for _, l := range limits {
 		who := &identity
@@ -168,13 +166,7 @@ func (s *Server) requestChecks(r *http.Request, id Identifier, rt *routing, limi
 		}
 		dg := s.o.Keys.Sum(l.policy.Name, *who)
 		p := rt.terms(l.policy, s.plan(rt, l.policy, r, id), dg)
-		c := limitCheck{policy: p, digest: dg}
-		if until, block := s.temporaryTerms(&c.policy, dg, now); block {
-			c.blocked = until
-		}
-		c.cost = c.policy.CostOrDefault()
-		c.refused = c.cost > c.policy.Limit
-		checks = append(checks, c)
+		checks = append(checks, credit.Limit{Policy: p, Digest: dg, Cost: p.CostOrDefault()})
 	}
 	return checks, nil
 }

@@ -28,8 +28,8 @@ import (
 // rules written in envoyproxy/ratelimit's YAML (internal/descriptors). Each
 // rule is a policy, each distinct list of a descriptor's values an identity
 // of it; a request is decided by the decision core like any other, every
-// descriptor of it together (decideAll), so that a denied request consumes
-// nothing. docs/envoy.md says what each answer means.
+// descriptor of it together (credit.Core.DecideRequest), so that a denied
+// request consumes nothing. docs/envoy.md says what each answer means.
 
 // Bounds of one request (anything beyond is refused as malformed).
 const (
@@ -182,6 +182,9 @@ type rlsItem struct {
 	rule      *descriptors.Rule // nil: no rule limits it
 	unlimited bool
 	check     int // its index among the limits checked, -1: none
+	// refused: its cost is beyond the rule's limit (denied by its terms,
+	// nothing read).
+	refused bool
 	// charged, for a charge of a cost known only at the end, is its
 	// verdict (never a denial).
 	charged *credit.Verdict
@@ -252,7 +255,7 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			f.atEnd = f.cost > 0 && s.o.RLS.ChargeAtEnd[req.Domain]
 		}
 	}
-	checks := make([]limitCheck, 0, len(req.Descriptors))
+	checks := make([]credit.Limit, 0, len(req.Descriptors))
 	for i := range items {
 		it, f := &items[i], &found[i]
 		switch {
@@ -271,28 +274,25 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			continue
 		}
 		it.check = len(checks)
-		c := limitCheck{policy: f.policy, digest: s.o.Keys.Sum(f.policy.Name, limiter.DescriptorIdentity(f.counter)),
-			cost: f.cost, quota: it.rule.Quota}
-		if until, block := s.temporaryTerms(&c.policy, c.digest, now); block {
-			c.blocked = until
-		}
-		c.refused = f.cost > c.policy.Limit
-		checks = append(checks, c)
+		it.refused = f.cost > f.policy.Limit
+		checks = append(checks, credit.Limit{Policy: f.policy, Digest: s.o.Keys.Sum(f.policy.Name, limiter.DescriptorIdentity(f.counter)),
+			Cost: f.cost, Quota: it.rule.Quota})
 	}
-	res, err := s.decideAll(ctx, checks, now, reqNum, nil)
+	res, err := s.core.DecideRequest(ctx, checks, now, reqNum, nil)
 	if err != nil {
 		if errors.Is(err, credit.ErrUnavailable) {
 			return nil, status.Error(codes.Unavailable, err.Error())
 		}
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if res.denied >= 0 {
+	if !res.Allowed() {
 		// Nothing was charged: the other limits are looked at (charging
 		// nothing) for their statuses.
-		for i, c := range checks {
-			if i != res.denied && res.vs[i].Path == 0 && !c.refused {
-				if v, err := s.check(ctx, c.policy, 0, c.digest, now, reqNum); err == nil {
-					res.vs[i] = v
+		for i := range items {
+			it := &items[i]
+			if c := it.check; c >= 0 && c != res.Denied && res.Verdicts[c].Path == 0 && !it.refused {
+				if v, err := s.core.Look(ctx, checks[c].Policy, checks[c].Digest, now, reqNum); err == nil {
+					res.Verdicts[c] = v
 				}
 			}
 		}
@@ -304,9 +304,9 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 // order, the overall code, and the headers of the descriptor closest to its
 // limit. It records the request's decisions: the denial, or every limit's
 // verdict.
-func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, res checked, now time.Time) *rlsv3.RateLimitResponse {
+func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []credit.Limit, res credit.Outcome, now time.Time) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
-	if res.denied >= 0 {
+	if res.Denied >= 0 {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	var shown *rlsv3.RateLimitResponse_DescriptorStatus
@@ -339,10 +339,10 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 			continue // a check against a rule of 0 requests
 		}
 		c := checks[it.check]
-		v := res.vs[it.check]
-		over := c.refused
+		v := res.Verdicts[it.check]
+		over := it.refused
 		switch {
-		case c.refused:
+		case it.refused:
 			s.recordRefused(v, c, domain, it.rule.Key, now)
 		case v.Path == 0: // left undecided
 		case !v.Decided: // admitted without knowing the window (fail open)
@@ -350,7 +350,7 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 		default:
 			d := v.Decision
 			remaining := d.Remaining
-			if res.denied >= 0 && it.check != res.denied && v.Allowed() && v.Cost > 0 {
+			if res.Denied >= 0 && it.check != res.Denied && v.Allowed() && v.Cost > 0 {
 				remaining = min(d.Limit, remaining+v.Cost) // its charge was given back
 			}
 			st.LimitRemaining = uint32(remaining)
@@ -365,7 +365,7 @@ func (s *Server) rlsAnswer(domain string, items []rlsItem, checks []limitCheck, 
 			// of a smaller cost could still have.
 			st.LimitRemaining = 0
 		}
-		if v.Path != 0 && (res.denied < 0 || it.check == res.denied) {
+		if v.Path != 0 && (res.Denied < 0 || it.check == res.Denied) {
 			s.recordRule(v, "", domain, it.rule.Key)
 		}
 		if over && !it.rule.Shadow {
@@ -408,11 +408,11 @@ func tighter(a, b *rlsv3.RateLimitResponse_DescriptorStatus) bool {
 
 // recordRefused records a request a rule denied by its terms alone (a limit
 // of 0, or a cost beyond the limit): nothing was read or charged.
-func (s *Server) recordRefused(v credit.Verdict, c limitCheck, domain, rule string, now time.Time) {
+func (s *Server) recordRefused(v credit.Verdict, c credit.Limit, domain, rule string, now time.Time) {
 	if s.batcher == nil {
 		return
 	}
-	d := s.decision(credit.Verdict{Policy: c.policy, Cost: c.cost, Key: s.o.Keys.KeyOf(c.digest), Now: now, Producer: s.o.Producer,
+	d := s.decision(credit.Verdict{Policy: c.Policy, Cost: c.Cost, Key: s.o.Keys.KeyOf(c.Digest), Now: now, Producer: s.o.Producer,
 		ReqNum: v.ReqNum}, "")
 	d.Allowed, d.Path, d.Domain, d.Rule = false, "rule", domain, rule
 	s.batcher.Add(d)

@@ -132,8 +132,12 @@ func (b *bench) keyCounts(ctx context.Context) error {
 	for _, t := range append([]keyTarget{{target: target{"no-op net/http", b.noopProc.Addr, "far", nil, nil}}}, targets...) {
 		before := b.sample(ctx, b.processes(t.target))
 		stop := func() {}
-		if t.edge != nil && !t.grpc {
-			stop = b.profileEdge(t.edge, "open-loop", b.reps-1)
+		if t.edge != nil {
+			name := "open-loop"
+			if t.grpc {
+				name = "open-loop-grpc"
+			}
+			stop = b.profileEdge(t.edge, name, b.reps-1)
 		}
 		res, err := b.openLoop(ctx, t)
 		stop()
@@ -283,7 +287,7 @@ func (b *bench) profileEdge(edge *stack.Proc, name string, rep int) func() {
 	// CPU, and what was allocated over the same seconds; and, in the open
 	// loop, an execution trace (what a slow request waited for).
 	kinds := map[string]string{"profile": "edge-" + name + ".pprof", "allocs": "edge-" + name + ".allocs.pprof"}
-	if name == "open-loop" {
+	if strings.HasPrefix(name, "open-loop") {
 		kinds["trace"] = "edge-" + name + ".trace"
 	}
 	for kind, file := range kinds {

@@ -8,9 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
-
 	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/limiter"
 )
@@ -124,22 +121,15 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request, nginx bool)
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	now := s.o.Clock.Now()
-	reqNum := s.reqs.Add(1)
-	var span trace.Span = noop.Span{}
-	if s.o.Tracer != nil {
-		r, span = s.startServerSpan(r, "")
-		defer span.End()
-	}
-	traceparent := s.traceParent(r)
 	var buf [4]credit.Limit
-	checks, err := s.requestChecks(r, s.gatewayIdentity, rt, limits, buf[:0])
-	if err != nil {
-		s.badRequest(w, err.Error())
+	d := s.decideHTTP(r, s.gatewayIdentity, rt, limits, buf[:0], nil)
+	defer d.span.End()
+	span, traceparent, res := d.span, d.traceparent, d.out
+	switch {
+	case d.badIdentity != nil:
+		s.badRequest(w, d.badIdentity.Error())
 		return
-	}
-	res, err := s.core.DecideRequest(r.Context(), checks, now, reqNum, nil)
-	if err != nil {
+	case d.err != nil:
 		s.unavailable(w)
 		setStatus(span, http.StatusServiceUnavailable)
 		return

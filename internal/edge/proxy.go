@@ -87,26 +87,17 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 		s.proxy.ServeHTTP(w, r)
 		return
 	}
-	now := s.o.Clock.Now()
-	reqNum := s.reqs.Add(1)
-	var span trace.Span = noop.Span{}
-	if s.o.Tracer != nil {
-		r, span = s.startServerSpan(r, "")
-		defer span.End()
-	}
-	traceparent := s.traceParent(r)
-	// Whose windows the request counts in, first: a request refused for
-	// its identity touches none.
 	st := &proxyState{}
-	checks, err := s.requestChecks(r, s.o.Identity, rt, limits, st.checks[:0])
-	if err != nil {
+	d := s.decideHTTP(r, s.o.Identity, rt, limits, st.checks[:0], st.buf[:0])
+	defer d.span.End()
+	r, span, traceparent, out := d.r, d.span, d.traceparent, d.out
+	switch {
+	case d.badIdentity != nil:
 		s.badRequests.Add(1)
-		problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", err.Error())
+		problem(w, http.StatusBadRequest, "bad-identity", "Bad Request", d.badIdentity.Error())
 		setStatus(span, http.StatusBadRequest)
 		return
-	}
-	out, err := s.core.DecideRequest(r.Context(), checks, now, reqNum, st.buf[:0])
-	if err != nil {
+	case d.err != nil:
 		s.unavailable(w)
 		setStatus(span, http.StatusServiceUnavailable)
 		return
@@ -142,6 +133,39 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	s.finish(st.vs, status)
 	setStatus(span, status)
+}
+
+// httpDecision is what deciding an HTTP request made of it (the proxy's,
+// or the one a gateway asks about): the request with its server span, if
+// the edge makes spans (the caller ends it), its validated traceparent,
+// and the core's outcome; or the identity it could not use, or why the
+// core could not decide (Redis unreachable, failing closed).
+type httpDecision struct {
+	r           *http.Request
+	span        trace.Span
+	traceparent string
+	out         credit.Outcome
+	badIdentity error
+	err         error
+}
+
+// decideHTTP decides r, held to limits, for the client id finds in it:
+// whose windows the request counts in first (a request refused for its
+// identity touches none), then one call of the core. checks and vs are
+// reused.
+func (s *Server) decideHTTP(r *http.Request, id Identifier, rt *routing, limits []limit, checks []credit.Limit, vs []credit.Verdict) httpDecision {
+	now := s.o.Clock.Now()
+	reqNum := s.reqs.Add(1)
+	d := httpDecision{r: r, span: noop.Span{}}
+	if s.o.Tracer != nil {
+		d.r, d.span = s.startServerSpan(r, "")
+	}
+	d.traceparent = s.traceParent(d.r)
+	checks, d.badIdentity = s.requestChecks(d.r, id, rt, limits, checks)
+	if d.badIdentity == nil {
+		d.out, d.err = s.core.DecideRequest(d.r.Context(), checks, now, reqNum, vs)
+	}
+	return d
 }
 
 // requestChecks are the limits an HTTP request is held to, each in its

@@ -189,19 +189,18 @@ func (c *Core) decideOne(ctx context.Context, l Limit, now time.Time, reqNum uin
 	start := time.Now()
 	var v Verdict
 	var err error
-	switch {
-	case l.Cost == 0:
+	h := c.d.Healer
+	if l.Cost == 0 {
 		v, err = c.Look(ctx, l.Policy, l.Digest, now, reqNum)
-	case c.d.Healer != nil:
-		if b, early := c.d.Healer.Early(l.Policy, l.Digest, now); early {
-			return c.backoffVerdict(l, b, now, reqNum), nil
+	} else {
+		if h != nil {
+			if b, early := h.Early(l.Policy, l.Digest, now); early {
+				return c.backoffVerdict(l, b, now, reqNum), nil
+			}
 		}
-		v, err = c.Decide(ctx, l.Policy, l.Cost, l.Digest, now, reqNum)
-		if err == nil && v.Decided {
-			c.d.Healer.Answered(l.Policy, l.Digest, now, v.Decision)
+		if v, err = c.Decide(ctx, l.Policy, l.Cost, l.Digest, now, reqNum); h != nil && err == nil && v.Decided {
+			h.Answered(l.Policy, l.Digest, now, v.Decision)
 		}
-	default:
-		v, err = c.Decide(ctx, l.Policy, l.Cost, l.Digest, now, reqNum)
 	}
 	if err == nil && c.d.Timed != nil && v.Path >= PathCredit && v.Path <= PathFailOpen {
 		c.d.Timed(ctx, v.Path, time.Since(start))

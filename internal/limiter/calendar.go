@@ -34,18 +34,11 @@ func (p Period) Validate() error {
 // zones whose clocks move by more than an hour: a bound, never a window's
 // length (Policy.WindowAt gives that).
 func (p Period) Longest() time.Duration {
-	const day = 24 * time.Hour
-	switch p {
-	case Day:
-		return 2 * day
-	case Week:
-		return 8 * day
-	case Month:
-		return 32 * day
-	case Year:
-		return 367 * day
+	days, ok := periodDays[p]
+	if !ok {
+		return 0
 	}
-	return 0
+	return time.Duration(days[1]+1) * 24 * time.Hour
 }
 
 // Fits reports whether a window of p, in some time zone, can last d: its

@@ -256,8 +256,9 @@ func (c *takeCall) ownCmd(ctx context.Context, p redis.Cmdable) *redis.Cmd {
 // pipeline sends calls in one round trip: the SETs of the windows they
 // open, own.lua for those in their holder's own compact window, and the
 // scripts of the others; then, in a second, the scripts of those whose SET
-// found a key or whose window was something else. The calls the node answers NOSCRIPT (its script
-// cache emptied) are sent again once the script is loaded.
+// found a key or whose window was something else. The calls the node
+// answers NOSCRIPT (its script cache emptied) are sent again once the
+// script is loaded.
 func (q *takeQueue) pipeline(calls []*takeCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -23,6 +22,7 @@ import (
 	"github.com/tallyhq/tally/internal/backoff"
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/events"
+	"github.com/tallyhq/tally/internal/freeport"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/testutil"
@@ -291,10 +291,8 @@ func TestLoweredLimitGivesCreditBackThroughTheStream(t *testing.T) {
 // when it does.
 func TestLimitsStreamIsReadOnceTheStreamsExist(t *testing.T) {
 	pl := newPipeline(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
 	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), append(natstest.Options("edge"), nats.RetryOnFailedConnect(true))...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)

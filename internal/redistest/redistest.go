@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tallyhq/tally/internal/freeport"
 )
 
 // Server is one redis-server process.
@@ -282,12 +284,11 @@ func (s *Server) logTail() string {
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Port()
 	if err != nil {
-		t.Fatalf("redistest: free port: %v", err)
+		t.Fatalf("redistest: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // StartSentinels starts n redis-sentinel processes on free ports watching

@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/tallyhq/tally/internal/cli"
+	"github.com/tallyhq/tally/internal/freeport"
 	"github.com/tallyhq/tally/internal/rlsconformance"
 	"github.com/tallyhq/tally/internal/testutil"
 )
@@ -26,10 +27,9 @@ var secret = strings.Repeat("5e", 32)
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
+	return a
 }
 
 func port(addr string) string {

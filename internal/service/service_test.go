@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/freeport"
 	"github.com/tallyhq/tally/internal/limiter"
 	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/redisstore"
@@ -313,10 +314,9 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 // Closing the connection, as a clean stop does, is not a disconnect: no

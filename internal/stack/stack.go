@@ -41,6 +41,7 @@ import (
 
 	"github.com/tallyhq/tally/deploy"
 	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/freeport"
 	"github.com/tallyhq/tally/internal/shard"
 )
 
@@ -421,15 +422,16 @@ func (s *Stack) StopAll() {
 	}
 }
 
-// FreeAddr returns a loopback address with a port that was free a moment
-// ago.
+// FreeAddr returns a loopback address for a process the stack starts: a
+// port nothing listened on a moment ago, that no other process using
+// package freeport is handed and that the kernel does not hand out on its
+// own (see freeport).
 func FreeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	if err != nil {
 		panic(err) // no loopback port at all: nothing can run
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 // WaitTCP waits up to 10 seconds for addr to accept connections.

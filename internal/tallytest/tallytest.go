@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/hex"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/tallyhq/tally/internal/config"
+	"github.com/tallyhq/tally/internal/freeport"
 	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/service"
@@ -97,10 +97,9 @@ func Start(t testing.TB, policies string) *Tally {
 
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	if err != nil {
 		t.Fatalf("tallytest: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }

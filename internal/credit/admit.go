@@ -16,7 +16,7 @@ func (c *Core) borrow(v Verdict, e *entry, cost int64) (Verdict, bool) {
 		return v, false
 	}
 	seq := c.record(e, limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
-		ResetAt: e.reset, Start: v.Now, Time: c.d.Clock.Now(), RequestID: v.RequestID()})
+		ResetAt: e.reset.Time(), Start: v.Now, Time: c.d.Clock.Now(), RequestID: v.RequestID()})
 	if seq == 0 {
 		return v, false
 	}
@@ -70,7 +70,7 @@ func (c *Core) fallback(v Verdict, e *entry, cost int64) (Verdict, error) {
 
 // allow fills an allowed verdict from e. Callers hold e.mu.
 func (c *Core) allow(v Verdict, e *entry, path Path) Verdict {
-	v.Path, v.Decided, v.Reset, v.Shard = path, true, e.reset, e.at()
+	v.Path, v.Decided, v.Reset, v.Shard = path, true, e.reset.Time(), e.at()
 	v.N = e.served
 	e.served++
 	c.counted(e, path, 1)
@@ -80,7 +80,7 @@ func (c *Core) allow(v Verdict, e *entry, path Path) Verdict {
 
 // deny fills a denied verdict from e. Callers hold e.mu.
 func (c *Core) deny(v Verdict, e *entry, path Path) Verdict {
-	v.Path, v.Decided, v.Reset, v.Shard = path, true, e.reset, e.at()
+	v.Path, v.Decided, v.Reset, v.Shard = path, true, e.reset.Time(), e.at()
 	c.counted(e, path, 0)
 	// Denied: room < cost, so Remaining is below the cost and never the
 	// limit.
@@ -90,7 +90,7 @@ func (c *Core) deny(v Verdict, e *entry, path Path) Verdict {
 
 func decision(v Verdict, e *entry, allowed bool, used int64) limiter.Decision {
 	d := limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
-		Used: max(0, used), Window: v.Policy.Ending(e.reset).Length(), ResetAt: e.reset, Now: v.Now}
+		Used: max(0, used), Window: v.Policy.Ending(e.reset.Time()).Length(), ResetAt: e.reset.Time(), Now: v.Now}
 	d.Remaining = max(0, d.Limit-d.Used)
 	return d
 }

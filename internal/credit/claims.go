@@ -19,7 +19,7 @@ import (
 // e when it is of e's window. Callers hold e.mu.
 func (c *Core) record(e *entry, le limiter.Entry) uint64 {
 	seq := c.d.Ledger.Record(e.at(), le)
-	if seq != 0 && !le.ResetAt.IsZero() && le.ResetAt.Equal(e.reset) {
+	if seq != 0 && !le.ResetAt.IsZero() && e.reset.Equal(le.ResetAt) {
 		if e.sentTo == 0 {
 			e.sentFrom = seq - 1
 		}
@@ -49,9 +49,9 @@ func (c *Core) Claims(shard int, now time.Time) []limiter.Claim {
 		if e.at() != shard || !e.live(now) || e.start.IsZero() {
 			return
 		}
-		cl := limiter.Claim{Key: e.key, Window: max(e.policy.Window, e.reset.Sub(e.start)), ResetAt: e.reset, Start: e.start,
+		cl := limiter.Claim{Key: e.key, Window: max(e.policy.Window, e.reset.Time().Sub(e.start.Time())), ResetAt: e.reset.Time(), Start: e.start.Time(),
 			Holder: e.holder, Producer: c.d.Producer, Charged: e.charged, GivenBack: e.givenBack, From: e.sentFrom, To: e.sentTo}
-		if e.countsReset.Equal(e.reset) {
+		if e.countsReset == e.reset {
 			cl.Reserved = max(e.known, e.mine)
 		}
 		if e.held > 0 {

@@ -157,7 +157,7 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	path := PathCredit // PathReserve once the request has waited for a reservation
 	unfroze := false
 	for {
-		if !e.reset.IsZero() && !now.Before(e.reset) {
+		if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
 			e.expire()
 		}
 		if !unfroze && e.frozen > 0 && e.credit >= cost && e.free() < cost && e.live(now) && !e.holding {
@@ -256,7 +256,7 @@ func (c *Core) Known(dg limiter.Digest, now time.Time) (time.Time, bool) {
 	if !e.live(now) {
 		return time.Time{}, false
 	}
-	return e.reset, true
+	return e.reset.Time(), true
 }
 
 // Look decides a request that charges nothing (cost 0: a check made before
@@ -272,7 +272,7 @@ func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, no
 	v := Verdict{Policy: p, Key: e.key, Shard: e.at(), Now: now, Producer: c.d.Producer, ReqNum: reqNum, HolderNum: e.holderNum}
 	e.lastUseNano.Store(now.UnixNano())
 	e.adopt(p)
-	if !e.reset.IsZero() && !now.Before(e.reset) {
+	if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
 		e.expire()
 	}
 	path := PathCredit
@@ -295,7 +295,7 @@ func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, no
 		} else {
 			c.takeOK(e.at())
 			if g.Live && !e.live(now) {
-				e.reset, e.start, e.used = g.ResetAt, g.Start, g.Used
+				e.reset, e.start, e.used = instantOf(g.ResetAt), instantOf(g.Start), g.Used
 				e.shard.Store(int32(g.Shard))
 				e.count(g)
 			}
@@ -412,7 +412,7 @@ func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 		if err != nil {
 			c.takeFailed(e, err)
 		} else {
-			e.failed = time.Time{}
+			e.failed = 0
 			c.takeOK(e.at())
 			if c.grant(e, g, now) {
 				c.publishFull(e)
@@ -469,31 +469,31 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	if !g.Live {
 		return false
 	}
-	if !g.ResetAt.Equal(e.reset) || e.start.IsZero() { // a new window, or one another edge opened
-		if !g.ResetAt.Equal(e.reset) {
+	if !e.reset.Equal(g.ResetAt) || e.start.IsZero() { // a new window, or one another edge opened
+		if !e.reset.Equal(g.ResetAt) {
 			e.expire()
 		}
-		e.reset, e.start = g.ResetAt, g.Start
+		e.reset, e.start = instantOf(g.ResetAt), instantOf(g.Start)
 	}
 	e.shard.Store(int32(g.Shard)) // where the window is: it moves with a new window only
 	e.used, e.doubtful, e.own = g.Used, false, g.Own
 	e.credit += g.Granted
 	if g.Frozen > 0 && g.Frozen >= e.held { // the reservation froze part of itself (hold.go)
 		e.frozen += g.Frozen - e.held
-		e.held, e.heldAt = g.Frozen, now
+		e.held, e.heldAt = g.Frozen, instantOf(now)
 	}
 	e.count(g)
 	e.known += g.Granted
 	e.settle(g.Applied)
-	if !e.lastTake.IsZero() && now.After(e.lastTake) {
-		inst := float64(e.admitted) / now.Sub(e.lastTake).Seconds()
+	if !e.lastTake.IsZero() && now.After(e.lastTake.Time()) {
+		inst := float64(e.admitted) / now.Sub(e.lastTake.Time()).Seconds()
 		if e.rate == 0 {
 			e.rate = inst
 		} else {
 			e.rate = 0.5*e.rate + 0.5*inst
 		}
 	}
-	e.admitted, e.lastTake = 0, now
+	e.admitted, e.lastTake = 0, instantOf(now)
 	// Credit the edge can never spend goes back at once: a reservation made
 	// while admissions over credit (mode async) were on their way may hold
 	// room they took already (spendable). In mode exact the credit is the
@@ -526,8 +526,8 @@ const (
 // says nothing of the primary, which answered: it does not count.
 func (c *Core) takeFailed(e *entry, err error) {
 	now := c.d.Clock.Now()
-	e.failed = now
-	e.lost = now // it may have been made all the same
+	e.failed = instantOf(now)
+	e.lost = instantOf(now) // it may have been made all the same
 	c.primaryFailed(e.at(), err, now)
 }
 
@@ -567,7 +567,7 @@ func (c *Core) Suspected(i int) bool { return c.suspected(i, c.d.Clock.Now()) }
 // flight), and only in a live window. In mode exact, where credit is not
 // used, they go back at once. Callers hold e.mu.
 func (c *Core) reconcile(e *entry, now time.Time) {
-	if e.inflight > 0 || e.mine <= e.known || !e.countsReset.Equal(e.reset) || !e.live(now) {
+	if e.inflight > 0 || e.mine <= e.known || e.countsReset != e.reset || !e.live(now) {
 		return
 	}
 	extra := e.mine - e.known
@@ -605,16 +605,16 @@ func (c *Core) resolveLost(ctx context.Context, lost []*entry, now time.Time, bu
 		e.lock()
 		if g.Live && e.inflight == 0 {
 			if e.reset.IsZero() { // the lost reservation opened the window
-				e.reset, e.start, e.used = g.ResetAt, g.Start, g.Used
+				e.reset, e.start, e.used = instantOf(g.ResetAt), instantOf(g.Start), g.Used
 				e.shard.Store(int32(g.Shard))
 			}
-			if g.ResetAt.Equal(e.reset) {
+			if e.reset.Equal(g.ResetAt) {
 				e.count(g)
 				c.reconcile(e, now)
 			}
 		}
-		if now.Sub(e.lost) > lostSettle {
-			e.lost = time.Time{}
+		if now.Sub(e.lost.Time()) > lostSettle {
+			e.lost = 0
 		}
 		e.mu.Unlock()
 	}

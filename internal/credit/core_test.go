@@ -32,8 +32,8 @@ func (h *harness) open(used, credit int64, full bool) {
 	h.redis.set(h.key, start, reset, used, e.holder, credit)
 	e.lock()
 	defer e.mu.Unlock()
-	e.reset, e.start, e.used, e.credit, e.full = reset, start, used, credit, full
-	e.known, e.mine, e.countsReset = credit, credit, reset
+	e.reset, e.start, e.used, e.credit, e.full = instantOf(reset), instantOf(start), used, credit, full
+	e.known, e.mine, e.countsReset = credit, credit, instantOf(reset)
 }
 
 // The states of an entry (doc.go), each as a way to reach it.
@@ -93,7 +93,7 @@ func (h *harness) notice(full bool, used int64) Notice {
 	if e := h.entry(); e != nil {
 		e.mu.Lock()
 		if !e.reset.IsZero() {
-			reset = e.reset
+			reset = e.reset.Time()
 		}
 		e.mu.Unlock()
 	}
@@ -380,7 +380,7 @@ func TestSweepLeavesSettledEntriesAlone(t *testing.T) {
 	sweep := func() { h.core.Sweep(context.Background(), h.clock.Now()) }
 	sweep()
 	e.mu.Lock()
-	reset := e.reset
+	reset := e.reset.Time()
 	e.mu.Unlock()
 	if q := e.quietUntil.Load(); q != reset.UnixNano() {
 		t.Fatalf("quiet until %v, want the window's reset %v", time.Unix(0, q).UTC(), reset)

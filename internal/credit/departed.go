@@ -117,8 +117,8 @@ func (p *departed) take(d limiter.Digest) (identity, bool) {
 
 // identity is e's identity, to be carried on. Callers hold e.mu.
 func (e *entry) identity() identity {
-	return identity{holderNum: e.holderNum, shard: e.shard.Load(), own: e.own, reset: unixNano(e.reset), start: unixNano(e.start),
-		countsReset: unixNano(e.countsReset), used: e.used, known: e.known, mine: e.mine, served: e.served,
+	return identity{holderNum: e.holderNum, shard: e.shard.Load(), own: e.own, reset: int64(e.reset), start: int64(e.start),
+		countsReset: int64(e.countsReset), used: e.used, known: e.known, mine: e.mine, served: e.served,
 		charged: e.charged, givenBack: e.givenBack, sentFrom: e.sentFrom, sentTo: e.sentTo}
 }
 
@@ -128,7 +128,7 @@ func (e *entry) carryOn(id identity) {
 	e.holderNum = id.holderNum
 	e.shard.Store(id.shard)
 	e.own = id.own
-	e.reset, e.start, e.countsReset = timeOf(id.reset), timeOf(id.start), timeOf(id.countsReset)
+	e.reset, e.start, e.countsReset = instant(id.reset), instant(id.start), instant(id.countsReset)
 	e.used, e.known, e.mine, e.served = id.used, id.known, id.mine, id.served
 	e.charged, e.givenBack, e.sentFrom, e.sentTo = id.charged, id.givenBack, id.sentFrom, id.sentTo
 	e.asked = true // a window of the key may be there
@@ -138,5 +138,5 @@ func (e *entry) carryOn(id identity) {
 // hand, and a live window it counts for. Callers hold e.mu.
 func (e *entry) leaves(now time.Time) bool {
 	return e.credit == 0 && e.inflight == 0 && e.refill == nil && e.lost.IsZero() && len(e.debts) == 0 &&
-		e.held == 0 && e.frozen == 0 && !e.holding && e.live(now) && e.countsReset.Equal(e.reset)
+		e.held == 0 && e.frozen == 0 && !e.holding && e.live(now) && e.countsReset == e.reset
 }

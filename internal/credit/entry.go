@@ -22,7 +22,7 @@ type entry struct {
 	policy limiter.Policy
 
 	// reset and start name the window this knowledge is about (zero: none).
-	reset, start time.Time
+	reset, start instant
 	// asked: a reservation of the key has been sent from this entry; until
 	// then no window of it is known here (limiter.TakeArgs.Fresh).
 	asked bool
@@ -48,7 +48,7 @@ type entry struct {
 	// report is in flight; heldAt is when the last one was recorded.
 	frozen, held int64
 	holding      bool
-	heldAt       time.Time
+	heldAt       instant
 	// doubtful: used was raised by a notice (or a refund applied here)
 	// while the edge owed charges (debts). The count may hold some of them
 	// already, and room then counts them twice: a request that would be
@@ -60,7 +60,7 @@ type entry struct {
 	// the reservation's result is in.
 	refill chan struct{}
 	// failed is when the last reservation failed (zero: it did not).
-	failed time.Time
+	failed instant
 
 	// Reservations whose answer was lost: a primary that froze runs them
 	// when it wakes, for an edge that has stopped waiting. holder names
@@ -76,9 +76,9 @@ type entry struct {
 	holderNum   uint64
 	known       int64
 	mine        int64
-	countsReset time.Time
+	countsReset instant
 	inflight    int
-	lost        time.Time
+	lost        instant
 	// served numbers the admissions of this entry in its window (a
 	// request's finish is marked by its number: lua/finish.lua).
 	served uint64
@@ -94,9 +94,9 @@ type entry struct {
 	// to be in used, by the sequence of their charge event.
 	debts []debt
 	// The rate of admissions, for sizing reservations.
-	admitted int64     // units admitted since lastTake
-	lastTake time.Time // when the last reservation was asked for
-	rate     float64   // units per second
+	admitted int64   // units admitted since lastTake
+	lastTake instant // when the last reservation was asked for
+	rate     float64 // units per second
 	// lastUseNano is when the key last had a request (Unix ns): read
 	// without mu when the table chooses what to evict.
 	lastUseNano atomic.Int64
@@ -113,10 +113,28 @@ type entry struct {
 	dueAt      int
 	// Convergence reads of full windows.
 	deniedSince bool
-	verified    time.Time     // when the window was last found (or believed) full
+	verified    instant       // when the window was last found (or believed) full
 	recheck     time.Duration // until the next read; doubles while the window stays full
 	lastCost    int64
 }
+
+// instant is a time kept in an entry: Unix ns, 0 for none (the zero
+// time). An entry keeps its times as instants, not time.Time, which
+// carries a pointer to its location: the collector reads every pointer
+// slot of every entry on every cycle, and the table holds one entry per
+// key the edge remembers (docs/architecture.md, "The table the collector
+// reads").
+type instant int64
+
+func instantOf(t time.Time) instant { return instant(unixNano(t)) }
+
+// Time is i as a time.Time (the zero time for 0).
+func (i instant) Time() time.Time { return timeOf(int64(i)) }
+
+func (i instant) IsZero() bool { return i == 0 }
+
+// Equal reports whether i is t.
+func (i instant) Equal(t time.Time) bool { return i == instantOf(t) }
 
 type debt struct {
 	seq   uint64
@@ -163,11 +181,11 @@ func (e *entry) adopt(p limiter.Policy) {
 }
 
 // live reports whether e knows a window that has not reset at now.
-func (e *entry) live(now time.Time) bool { return !e.reset.IsZero() && now.Before(e.reset) }
+func (e *entry) live(now time.Time) bool { return !e.reset.IsZero() && now.Before(e.reset.Time()) }
 
 // expire forgets the window: it has reset.
 func (e *entry) expire() {
-	e.reset, e.start, e.used, e.credit, e.full, e.doubtful, e.own = time.Time{}, time.Time{}, 0, 0, false, false, false
+	e.reset, e.start, e.used, e.credit, e.full, e.doubtful, e.own = 0, 0, 0, 0, false, false, false
 	e.frozen, e.held = 0, 0 // the share went with the window
 	e.served = 0
 	e.charged, e.givenBack, e.sentFrom, e.sentTo = 0, 0, 0, 0
@@ -178,8 +196,8 @@ func (e *entry) expire() {
 // count takes a take's answer (or a read's) into the counts of what was
 // reserved for e, starting them again for a window they are not about.
 func (e *entry) count(g limiter.Grant) {
-	if !g.ResetAt.Equal(e.countsReset) {
-		e.known, e.mine, e.countsReset = 0, 0, g.ResetAt
+	if !e.countsReset.Equal(g.ResetAt) {
+		e.known, e.mine, e.countsReset = 0, 0, instantOf(g.ResetAt)
 	}
 	e.mine = max(e.mine, g.Mine)
 }

@@ -75,7 +75,7 @@ func (c *Core) holdTarget(e *entry, idle bool, now time.Time) (int64, bool) {
 	// to freeze any more, or to renew the share before it expires: a busy
 	// key costs about two reports a second, not one per sweep.
 	low := e.free() < e.allowance()/2
-	return target, target > e.held || (target == 0) || (low && target < e.held) || now.Sub(e.heldAt) >= holdRenew
+	return target, target > e.held || (target == 0) || (low && target < e.held) || now.Sub(e.heldAt.Time()) >= holdRenew
 }
 
 // startHold marks e's report of target in flight: target is frozen from
@@ -84,7 +84,7 @@ func (c *Core) holdTarget(e *entry, idle bool, now time.Time) (int64, bool) {
 func (c *Core) startHold(e *entry, target int64, now time.Time) limiter.Hold {
 	e.holding = true
 	e.frozen = max(e.frozen, target)
-	return limiter.Hold{Key: e.key, ResetAt: e.reset, Holder: e.holder, Producer: c.d.Producer, Expected: e.held,
+	return limiter.Hold{Key: e.key, ResetAt: e.reset.Time(), Holder: e.holder, Producer: c.d.Producer, Expected: e.held,
 		Frozen: target, Expiry: now.Add(holdTTL)}
 }
 
@@ -100,7 +100,7 @@ func (c *Core) endHold(e *entry, h limiter.Hold, r limiter.HoldResult, err error
 	}
 	switch r.Outcome {
 	case limiter.Held:
-		e.held, e.frozen, e.heldAt = h.Frozen, h.Frozen, now
+		e.held, e.frozen, e.heldAt = h.Frozen, h.Frozen, instantOf(now)
 	case limiter.HoldMismatch:
 		// Less than e knew of: taken back (or a lost report lowered it;
 		// giving up those units is safe either way).

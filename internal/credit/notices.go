@@ -26,7 +26,7 @@ func (c *Core) Heard(n Notice) {
 			// A window another edge opened: it started its length (its
 			// calendar period) before its reset. What this edge reserves
 			// there later goes back with that start (an event needs one).
-			e.reset, e.start = n.ResetAt, e.policy.Ending(n.ResetAt).Start
+			e.reset, e.start = instantOf(n.ResetAt), instantOf(e.policy.Ending(n.ResetAt).Start)
 		}
 		e.full = true
 		e.used = max(e.used, n.Used)
@@ -53,7 +53,7 @@ func (c *Core) publishFull(e *entry) {
 	c.stats.noticesUp.Add(1)
 	// What the window counts once this edge's charges in flight are
 	// applied: an overdraft makes it more than the limit.
-	c.d.Notifier.Notify(e.at(), Notice{Full: true, Key: e.key.Digest(), ResetAt: e.reset, Used: e.used + e.debtUnits()})
+	c.d.Notifier.Notify(e.at(), Notice{Full: true, Key: e.key.Digest(), ResetAt: e.reset.Time(), Used: e.used + e.debtUnits()})
 }
 
 // Learn takes into this edge's entry of a window what a refund or release
@@ -163,7 +163,7 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 		HolderNum: e.holderNum}
 	e.lastUseNano.Store(now.UnixNano())
 	e.adopt(p)
-	if !e.reset.IsZero() && !now.Before(e.reset) {
+	if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
 		e.expire()
 	}
 	if !e.live(now) && !c.suspected(e.at(), now) {
@@ -187,7 +187,7 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 		e.admitted += e.free()
 		e.credit = e.frozen
 	}
-	v.ChargeSeq = c.overdrawLocked(e, v, units, e.reset, now)
+	v.ChargeSeq = c.overdrawLocked(e, v, units, e.reset.Time(), now)
 	if !e.live(now) {
 		// Redis unreachable: the event opens or finds the window by the
 		// request's start, as a fail-open admission's does.
@@ -217,7 +217,7 @@ func (c *Core) overdraw(v Verdict, units int64, now time.Time) {
 func (c *Core) overdrawLocked(e *entry, v Verdict, units int64, reset, now time.Time) uint64 {
 	seq := c.record(e, limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: units,
 		ResetAt: reset, Start: v.Now, Time: now, RequestID: v.RequestID(), TraceParent: v.TraceParent})
-	if seq == 0 || reset.IsZero() || !reset.Equal(e.reset) || !e.live(now) {
+	if seq == 0 || reset.IsZero() || !e.reset.Equal(reset) || !e.live(now) {
 		return seq
 	}
 	if len(e.debts) < limiter.MaxOwed {

@@ -37,7 +37,7 @@ func (c *Core) releaseUnits(e *entry, units int64, now time.Time) {
 		e.credit = 0
 		return
 	}
-	ev := limiter.Entry{Kind: limiter.Release, Key: e.key, Policy: e.policy, Units: units, ResetAt: e.reset, Start: e.start, Time: now}
+	ev := limiter.Entry{Kind: limiter.Release, Key: e.key, Policy: e.policy, Units: units, ResetAt: e.reset.Time(), Start: e.start.Time(), Time: now}
 	if c.record(e, ev) != 0 {
 		c.stats.released.Add(uint64(units))
 		e.used -= units
@@ -63,7 +63,7 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		last := e.lastUseNano.Load()
-		if !e.reset.IsZero() && !now.Before(e.reset) {
+		if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
 			e.expire()
 		}
 		// Credit unused for idle_release, or for three of the key's own
@@ -84,11 +84,11 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 		}
 		switch {
 		case !e.full:
-			e.verified, e.recheck = time.Time{}, 0
+			e.verified, e.recheck = 0, 0
 		case e.verified.IsZero(): // full since the last sweep: read it a Recheck from now
-			e.verified, e.recheck = now, c.cfg.Recheck
-		case e.deniedSince && now.Sub(e.verified) >= e.recheck:
-			e.verified = now
+			e.verified, e.recheck = instantOf(now), c.cfg.Recheck
+		case e.deniedSince && now.Sub(e.verified.Time()) >= e.recheck:
+			e.verified = instantOf(now)
 			e.deniedSince = false
 			// If this read finds the window still full, wait twice as long
 			// for the next: a window full for an hour costs a handful of
@@ -105,11 +105,11 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 		// changes: most of a large table is keys seen once, and a sweep
 		// visits only the few that hold credit or are full.
 		if e.settled() {
-			until := e.reset
-			if until.IsZero() {
-				until = time.Unix(0, last).Add(forgetAfter)
+			until := int64(e.reset)
+			if until == 0 {
+				until = last + int64(forgetAfter)
 			}
-			e.quiet(until.UnixNano())
+			e.quiet(until)
 		}
 	})
 	c.reportHolds(ctx, holds, c.cfg.RedisBudget)
@@ -133,13 +133,13 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 			// being re-seeded from what the edges hold. The edge keeps
 			// what it knows, and the next request's reservation says which.
 			e.full = false
-		case w.ResetAt.Equal(e.reset) && w.Used < e.used:
+		case e.reset.Equal(w.ResetAt) && w.Used < e.used:
 			e.used = w.Used
 			if e.policy.Limit-e.used >= max(1, e.lastCost) {
 				e.full = false
 			}
 		}
-		if w.Live && w.ResetAt.Equal(e.reset) && w.Expired > 0 && e.full && e.refill == nil {
+		if w.Live && e.reset.Equal(w.ResetAt) && w.Expired > 0 && e.full && e.refill == nil {
 			// Credit frozen by an edge that stopped reporting (hold.go):
 			// a reservation takes it back.
 			c.startTake(e, max(1, e.lastCost), now)

@@ -653,7 +653,7 @@ func TestEvictedEntryCarriesOn(t *testing.T) {
 
 	// With an answer lost to resolve, the entry's holder goes with it.
 	e.mu.Lock()
-	e.lost = h.clock.Now()
+	e.lost = instantOf(h.clock.Now())
 	e.mu.Unlock()
 	evictHarnessKey(t, h)
 	if _, err := h.decide(1); err != nil {

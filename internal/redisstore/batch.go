@@ -38,9 +38,13 @@ const (
 const batchTimeout = 2 * time.Second
 
 type takeCall struct {
-	ctx  context.Context
-	keys []string
-	args []any
+	ctx context.Context
+	key string // the window's
+	// req is the take this is a call of; compact, whether the shard's
+	// windows could be compact when the call was made. The script's
+	// arguments are built from them when it runs (script).
+	req     *takeReq
+	compact bool
 	// open, when set, is a compact window to open first with one SET ... NX
 	// (TakeArgs.Fresh): the whole take when no key is stored; the script
 	// runs only when one is.
@@ -102,7 +106,7 @@ func (c *takeCall) tried(ctx context.Context, q *takeQueue, cmd *redis.Cmd) bool
 
 // set is c's SET ... NX of the window it opens, on p.
 func (c *takeCall) set(ctx context.Context, p redis.Cmdable) *redis.StatusCmd {
-	return p.SetArgs(ctx, c.keys[0], c.open.value, redis.SetArgs{Mode: "NX", ExpireAt: c.open.expires})
+	return p.SetArgs(ctx, c.key, c.open.value, redis.SetArgs{Mode: "NX", ExpireAt: c.open.expires})
 }
 
 // opened takes in the reply to c's SET ... NX and reports whether it was
@@ -239,7 +243,8 @@ func (q *takeQueue) send() {
 			case c.open != nil && c.opened(c.set(c.ctx, q.c).Result()):
 			case c.own != nil && c.tried(c.ctx, q, c.ownCmd(c.ctx, q.c)):
 			default:
-				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, c.keys, c.args...).Int64Slice()
+				keys, args := c.script()
+				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, keys, args...).Int64Slice()
 			}
 			c.answer()
 		default:
@@ -250,8 +255,11 @@ func (q *takeQueue) send() {
 
 // ownCmd is c's own.lua, on p.
 func (c *takeCall) ownCmd(ctx context.Context, p redis.Cmdable) *redis.Cmd {
-	return p.EvalSha(ctx, ownScript.Hash(), c.keys[:1], c.own...)
+	return p.EvalSha(ctx, ownScript.Hash(), []string{c.key}, c.own...)
 }
+
+// script is lua/take.lua's keys and arguments for c.
+func (c *takeCall) script() ([]string, []any) { return c.req.scriptArgs(c.key, c.compact) }
 
 // pipeline sends calls in one round trip: the SETs of the windows they
 // open, own.lua for those in their holder's own compact window, and the
@@ -297,7 +305,8 @@ func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, first bool) (sc
 		case first && c.own != nil:
 			cmds[i] = c.ownCmd(ctx, pipe)
 		default:
-			cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), c.keys, c.args...)
+			keys, args := c.script()
+			cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), keys, args...)
 		}
 	}
 	_, _ = pipe.Exec(ctx)

@@ -99,23 +99,16 @@ func (s *Store) newTake(k limiter.Key, now time.Time, a limiter.TakeArgs) (*take
 	return r, nil
 }
 
-// call is r's next call to its shard, once the shard takes writes.
+// call is r's next call to its shard, once the shard takes writes. The
+// script's keys and arguments are built only if the script runs
+// (takeCall.script): most cold takes are a SET or own.lua alone.
 func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 	s, a := r.s, r.a
 	if err := s.gate(ctx, r.i); err != nil {
 		return nil, err
 	}
-	args := []any{ms(r.now), r.opens.Length().Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder,
-		a.Producer, r.owed, r.moving, "", "", "", "", "", ms(r.opens.Start), ms(r.opens.ResetAt)}
-	if a.Align {
-		args[14] = "1"
-	}
-	if a.Freeze {
-		args[10], args[11], args[12] = a.Keep, a.Share, ms(a.ShareExpiry)
-	}
-	c := &takeCall{ctx: ctx, keys: []string{r.k.String(), s.producerKey(a.Producer), s.keys.ReseedKey()}, args: args}
-	if s.shards[r.i].compact.Load() {
-		args[13] = "1"
+	c := &takeCall{ctx: ctx, key: r.k.String(), req: r, compact: s.shards[r.i].compact.Load()}
+	if c.compact {
 		simple := a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && limiter.CompactHolder(r.holder, a.Producer)
 		switch {
 		case simple && a.Fresh:
@@ -123,10 +116,28 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 			c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
 				reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
 		case simple && a.Own:
-			c.own = []any{args[0], a.Limit, a.Need, a.Want, r.holder}
+			c.own = []any{ms(r.now), a.Limit, a.Need, a.Want, r.holder}
 		}
 	}
 	return c, nil
+}
+
+// scriptArgs are lua/take.lua's keys and arguments for r's call, compact
+// saying whether the shard's windows may be compact.
+func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
+	s, a := r.s, r.a
+	args := []any{ms(r.now), r.opens.Length().Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder,
+		a.Producer, r.owed, r.moving, "", "", "", "", "", ms(r.opens.Start), ms(r.opens.ResetAt)}
+	if a.Freeze {
+		args[10], args[11], args[12] = a.Keep, a.Share, ms(a.ShareExpiry)
+	}
+	if compact {
+		args[13] = "1"
+	}
+	if a.Align {
+		args[14] = "1"
+	}
+	return []string{key, s.producerKey(a.Producer), s.keys.ReseedKey()}, args
 }
 
 // result reads the reply to r's call: the grant, or an error, or again when

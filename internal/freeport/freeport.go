@@ -107,6 +107,11 @@ func lockDir() string {
 	} else if !errors.Is(err, os.ErrExist) {
 		return ""
 	}
+	// Anyone may have made it first: use it only if it is a directory
+	// itself, not a link to another place where files would be created.
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return ""
+	}
 	return dir
 }
 
@@ -117,7 +122,8 @@ func lock(dir string, p int) (*os.File, bool) {
 	if dir == "" {
 		return nil, true
 	}
-	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDONLY, 0o444)
+	// Never through a link another user left under the port's name.
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDONLY|noFollow, 0o444)
 	if err != nil {
 		return nil, true
 	}

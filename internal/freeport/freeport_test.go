@@ -77,3 +77,39 @@ func TestLockedOrListenedPortsAreSkipped(t *testing.T) {
 		t.Fatalf("handed out %d again or a held one", p)
 	}
 }
+
+// A lock file that is a link (left by anyone: the directory is shared) is
+// never opened through: the port is used without a lock rather than a file
+// elsewhere created or locked.
+func TestLinkedLockFileIsNotFollowed(t *testing.T) {
+	dir := lockDir()
+	if dir == "" {
+		t.Skip("no shared lock directory")
+	}
+	var p int
+	for p = 30000; p < 32000; p++ {
+		if _, ok := held[p]; ok {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(dir, strconv.Itoa(p))); os.IsNotExist(err) && bindable(p) {
+			break
+		}
+	}
+	target := filepath.Join(t.TempDir(), "target")
+	link := filepath.Join(dir, strconv.Itoa(p))
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(link)
+	f, ok := lock(dir, p)
+	if f != nil {
+		f.Close()
+		t.Fatalf("port %d: the lock was taken through a link", p)
+	}
+	if !ok {
+		t.Fatalf("port %d: a link was taken for another process's lock", p)
+	}
+	if _, err := os.Lstat(target); !os.IsNotExist(err) {
+		t.Fatalf("the link's target was created (%v)", err)
+	}
+}

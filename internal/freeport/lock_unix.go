@@ -17,3 +17,6 @@ func tryLock(f *os.File) error {
 	}
 	return err
 }
+
+// noFollow makes opening a lock file fail when it is a symbolic link.
+const noFollow = syscall.O_NOFOLLOW

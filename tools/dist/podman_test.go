@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tallyhq/tally/internal/freeport"
 	"github.com/tallyhq/tally/internal/natstest"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/testutil"
@@ -128,8 +128,7 @@ func lastLine(s string) string {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }

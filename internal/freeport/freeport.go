@@ -25,7 +25,7 @@ var (
 )
 
 // Addr returns "127.0.0.1:port" for a port no other user of this package
-// holds and that nothing was listening on a moment ago.
+// holds and that nothing was listening on a moment ago, over TCP or UDP.
 func Addr() (string, error) {
 	p, err := Port()
 	if err != nil {
@@ -89,12 +89,22 @@ func candidates() (lo, hi int) {
 	return 1024, 65536
 }
 
+// bindable reports whether nothing listens on port p of the loopback
+// address, over TCP or UDP: a port handed out serves either.
 func bindable(p int) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return false
 	}
-	return l.Close() == nil
+	if l.Close() != nil {
+		return false
+	}
+	c, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return false
+	}
+	return c.Close() == nil
 }
 
 // lockDir is the directory of the port locks, shared by every process on

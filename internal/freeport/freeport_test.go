@@ -28,21 +28,26 @@ func TestPortsAreDistinctBindableAndOutsideTheEphemeralRange(t *testing.T) {
 		}
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 		if err != nil {
-			t.Fatalf("port %d handed out but not bindable: %v", p, err)
+			t.Fatalf("port %d handed out but not bindable over TCP: %v", p, err)
 		}
 		l.Close()
+		c, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			t.Fatalf("port %d handed out but not bindable over UDP: %v", p, err)
+		}
+		c.Close()
 	}
 	if b, err := os.ReadFile(ephemeralRangeFile); err == nil {
 		t.Logf("ephemeral range %s; ports drawn from [%d, %d)", strings.TrimSpace(string(b)), lo, hi)
 	}
 }
 
-// A port another process holds the lock of, or that something listens on,
-// is never handed out.
+// A port another process holds the lock of, or that something listens on
+// (over UDP here), is never handed out.
 func TestLockedOrListenedPortsAreSkipped(t *testing.T) {
 	// Three consecutive ports: the first locked by "another process" (a
 	// flock on its own open file, which conflicts as another process's
-	// would), the second listened on, the third free.
+	// would), the second listened on over UDP, the third free.
 	var base int
 	for base = 20000; base < 30000; base += 3 {
 		if _, ok := held[base]; !ok && bindable(base) && bindable(base+1) && bindable(base+2) {
@@ -61,7 +66,7 @@ func TestLockedOrListenedPortsAreSkipped(t *testing.T) {
 	if err := tryLock(other); err != nil {
 		t.Fatalf("lock port %d: %v", base, err)
 	}
-	listening, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+1))
+	listening, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(base+1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func tallyFor(t *testing.T, gateways, trustedProxies string) (fa, logAddr, upstr
 		_, _ = w.Write([]byte("hello\n"))
 	}))
 	t.Cleanup(up.Close)
-	fa, admin, logAddr := freeAddr(t), freeAddr(t), freeUDP(t)
+	fa, admin, logAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	src := "redis:\n  shards:\n    - name: s0\n      primary: {addr: \"" + rs.Addr + "\"}\n" +
 		"nats:\n  url: " + ns.ClientURL() + "\n" +
 		"edge:\n  admin_listen: " + admin + "\n  default_policy: core\n  identity: {header: Authorization, trusted_proxies: [" + trustedProxies + "]}\n" +
@@ -271,12 +271,4 @@ func freeAddr(t *testing.T) string {
 	a, err := freeport.Addr()
 	require.NoError(t, err)
 	return a
-}
-
-func freeUDP(t *testing.T) string {
-	t.Helper()
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer c.Close()
-	return c.LocalAddr().String()
 }

@@ -26,21 +26,25 @@ import (
 // owed or frozen), and it is marked gone under its lock first, so that no
 // request goes on using it (Decide takes the table's entry again).
 //
-// The cache is a fixed array of sets of two slots, the set chosen by the
-// digest; a set keeps the two identities put last, so an identity is
-// forgotten once two later ones land in its set, and the key's next entry
-// is then a new holder, as without the cache. Two slots a set, and a set
-// per key the table holds (256 bytes a key), keep about three identities in
-// four over a stretch in which as many other keys leave the table as it
-// holds, where one slot a key kept one in three
-// (TestDepartedKeepsMostIdentities).
+// The cache is a ring of slots, two a key the table holds, filled in the
+// order entries leave, with an index by digest: an identity is kept until
+// as many others have left after it as the ring has slots, and then
+// forgotten (its key's next entry is a new holder, as without the cache).
+// So a key comes back as its holder whenever fewer than twice the table's
+// keys were evicted meanwhile, however the keys' digests fall; sets of two
+// slots chosen by the digest, with as many slots, kept about three
+// identities in four over a stretch of as many evictions as the table
+// holds, and the index costs about 30 bytes a slot
+// (TestDepartedKeepsIdentitiesForItsCapacity).
 type departed struct {
-	sets  [][departedWays]departedSlot
-	locks [64]sync.Mutex
+	mu    sync.Mutex
+	ring  []departedSlot
+	next  int                      // the slot the next identity goes to
+	index map[limiter.Digest]int32 // each identity's slot
 }
 
-// departedWays is the number of slots of a set.
-const departedWays = 2
+// departedSlots is the ring's slots per key the table holds.
+const departedSlots = 2
 
 type departedSlot struct {
 	d  limiter.Digest
@@ -79,40 +83,39 @@ func timeOf(ns int64) time.Time {
 }
 
 func newDeparted(keys int) *departed {
-	return &departed{sets: make([][departedWays]departedSlot, max(1024, keys))}
+	n := departedSlots * max(1024, keys)
+	return &departed{ring: make([]departedSlot, n), index: make(map[limiter.Digest]int32, n)}
 }
 
-func (p *departed) set(d limiter.Digest) (*[departedWays]departedSlot, *sync.Mutex) {
-	h := d.Hash()
-	return &p.sets[h%uint64(len(p.sets))], &p.locks[h%uint64(len(p.locks))]
-}
-
-// put remembers d's identity, in place of the older of its set's two (or
-// of d's own, when d is there already).
+// put remembers d's identity as the newest, forgetting the oldest when
+// the ring is full (and d's own earlier one, when d is there already).
 func (p *departed) put(d limiter.Digest, id identity) {
-	set, mu := p.set(d)
-	mu.Lock()
-	defer mu.Unlock()
-	if !(set[0].ok && set[0].d == d) {
-		set[1] = set[0]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i, ok := p.index[d]; ok {
+		p.ring[i] = departedSlot{}
 	}
-	set[0] = departedSlot{d: d, id: id, ok: true}
+	if old := &p.ring[p.next]; old.ok {
+		delete(p.index, old.d)
+	}
+	p.ring[p.next] = departedSlot{d: d, id: id, ok: true}
+	p.index[d] = int32(p.next)
+	p.next = (p.next + 1) % len(p.ring)
 }
 
 // take returns d's identity and forgets it: one entry at most carries it
 // on.
 func (p *departed) take(d limiter.Digest) (identity, bool) {
-	set, mu := p.set(d)
-	mu.Lock()
-	defer mu.Unlock()
-	for i := range set {
-		if s := &set[i]; s.ok && s.d == d {
-			id := s.id
-			*s = departedSlot{}
-			return id, true
-		}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i, ok := p.index[d]
+	if !ok {
+		return identity{}, false
 	}
-	return identity{}, false
+	id := p.ring[i].id
+	p.ring[i] = departedSlot{}
+	delete(p.index, d)
+	return id, true
 }
 
 // identity is e's identity, to be carried on. Callers hold e.mu.

@@ -46,48 +46,57 @@ func digestOf(i int) limiter.Digest {
 	return d
 }
 
-// A set keeps the two identities put last: a third forgets the older, and
-// putting a digest again replaces its own.
-func TestDepartedSetKeepsTheLastTwo(t *testing.T) {
-	p := &departed{sets: make([][departedWays]departedSlot, 1)}
+// The ring keeps the identities put last, as many as it has slots: one
+// more forgets the oldest, putting a digest again makes its identity the
+// newest, and an identity is taken once.
+func TestDepartedKeepsTheLastPut(t *testing.T) {
+	p := &departed{ring: make([]departedSlot, 2), index: map[limiter.Digest]int32{}}
 	a, b, c := digestOf(1), digestOf(2), digestOf(3)
 	p.put(a, identity{holderNum: 1})
 	p.put(b, identity{holderNum: 2})
-	p.put(a, identity{holderNum: 11}) // a again: b stays
-	id, ok := p.take(b)
-	require.True(t, ok)
-	require.EqualValues(t, 2, id.holderNum)
-	p.put(b, identity{holderNum: 22})
-	p.put(c, identity{holderNum: 3}) // forgets a, the older
-	_, ok = p.take(a)
+	p.put(a, identity{holderNum: 11}) // a again, now the newest: b is the oldest
+	p.put(c, identity{holderNum: 3})  // forgets b
+	_, ok := p.take(b)
 	require.False(t, ok)
+	id, ok := p.take(a)
+	require.True(t, ok)
+	require.EqualValues(t, 11, id.holderNum)
 	id, ok = p.take(c)
 	require.True(t, ok)
 	require.EqualValues(t, 3, id.holderNum)
-	id, ok = p.take(b)
-	require.True(t, ok)
-	require.EqualValues(t, 22, id.holderNum)
-	_, ok = p.take(b) // taken once only
+	_, ok = p.take(c) // taken once only
 	require.False(t, ok)
+	require.Empty(t, p.index)
 }
 
-// Over a stretch in which as many other keys leave the table as it holds,
-// most identities are still there when their keys come back: about three
-// in four with two slots a set (2/e), where one slot a key keeps 1/e.
-func TestDepartedKeepsMostIdentities(t *testing.T) {
+// Every identity is still there when its key comes back after fewer other
+// keys left the table than the cache has slots (twice the table's keys),
+// whatever the digests; after as many as it has slots, none is.
+func TestDepartedKeepsIdentitiesForItsCapacity(t *testing.T) {
 	const keys, n = 4096, 40_000
-	p := newDeparted(keys)
-	hits := 0
-	for i := range n + keys {
-		if i < n {
-			p.put(digestOf(i), identity{holderNum: uint64(i)})
-		}
-		if j := i - keys; j >= 0 {
-			if id, ok := p.take(digestOf(j)); ok {
-				require.EqualValues(t, j, id.holderNum)
-				hits++
+	for _, tc := range []struct {
+		between int
+		kept    bool
+	}{{keys, true}, {departedSlots*keys - 1, true}, {departedSlots * keys, false}} {
+		p := newDeparted(keys)
+		hits := 0
+		for i := range n + tc.between {
+			if i < n {
+				p.put(digestOf(i), identity{holderNum: uint64(i)})
+			}
+			if j := i - tc.between; j >= 0 {
+				if id, ok := p.take(digestOf(j)); ok {
+					require.EqualValues(t, j, id.holderNum)
+					hits++
+				}
 			}
 		}
+		if tc.kept {
+			require.Equal(t, n, hits, "%d others left between: every identity kept", tc.between)
+		} else {
+			// Only those after which the puts stopped, fewer than the
+			// slots following them.
+			require.Equal(t, tc.between, hits, "%d others left between: none kept but the last", tc.between)
+		}
 	}
-	require.Greater(t, float64(hits)/n, 0.68, "identities kept: %d of %d", hits, n)
 }

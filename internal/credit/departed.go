@@ -34,7 +34,7 @@ import (
 // keys were evicted meanwhile, however the keys' digests fall; sets of two
 // slots chosen by the digest, with as many slots, kept about three
 // identities in four over a stretch of as many evictions as the table
-// holds, and the index costs about 30 bytes a slot
+// holds. The index costs about 50 bytes a slot
 // (TestDepartedKeepsIdentitiesForItsCapacity).
 type departed struct {
 	mu    sync.Mutex

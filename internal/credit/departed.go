@@ -31,11 +31,11 @@ import (
 // as many others have left after it as the ring has slots, and then
 // forgotten (its key's next entry is a new holder, as without the cache).
 // So a key comes back as its holder whenever fewer than twice the table's
-// keys were evicted meanwhile, however the keys' digests fall; sets of two
-// slots chosen by the digest, with as many slots, kept about three
-// identities in four over a stretch of as many evictions as the table
-// holds. The index costs about 50 bytes a slot
-// (TestDepartedKeepsIdentitiesForItsCapacity).
+// keys were evicted meanwhile, however the keys' digests fall
+// (TestDepartedKeepsIdentitiesForItsCapacity); sets of two slots chosen by
+// the digest, with as many slots, kept about three identities in four over
+// a stretch of as many evictions as the table holds. The index costs about
+// 50 bytes a slot.
 type departed struct {
 	mu    sync.Mutex
 	ring  []departedSlot

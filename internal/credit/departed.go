@@ -53,33 +53,18 @@ type departedSlot struct {
 }
 
 // identity is who an entry is in its window, and what it last knew of the
-// window (entry's fields of the same names; times in Unix ns, 0 for none).
+// window (entry's fields of the same names).
 // It holds no pointer, so that the cache costs the collector nothing to
 // mark.
 type identity struct {
 	holderNum                 uint64
 	shard                     int32
 	own                       bool
-	reset, start, countsReset int64
+	reset, start, countsReset instant
 	used, known, mine         int64
 	served                    uint64
 	charged, givenBack        int64
 	sentFrom, sentTo          uint64
-}
-
-// unixNano is t in Unix ns, 0 for the zero time; timeOf is its inverse.
-func unixNano(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func timeOf(ns int64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
 }
 
 func newDeparted(keys int) *departed {
@@ -120,8 +105,8 @@ func (p *departed) take(d limiter.Digest) (identity, bool) {
 
 // identity is e's identity, to be carried on. Callers hold e.mu.
 func (e *entry) identity() identity {
-	return identity{holderNum: e.holderNum, shard: e.shard.Load(), own: e.own, reset: int64(e.reset), start: int64(e.start),
-		countsReset: int64(e.countsReset), used: e.used, known: e.known, mine: e.mine, served: e.served,
+	return identity{holderNum: e.holderNum, shard: e.shard.Load(), own: e.own, reset: e.reset, start: e.start,
+		countsReset: e.countsReset, used: e.used, known: e.known, mine: e.mine, served: e.served,
 		charged: e.charged, givenBack: e.givenBack, sentFrom: e.sentFrom, sentTo: e.sentTo}
 }
 
@@ -131,7 +116,7 @@ func (e *entry) carryOn(id identity) {
 	e.holderNum = id.holderNum
 	e.shard.Store(id.shard)
 	e.own = id.own
-	e.reset, e.start, e.countsReset = instant(id.reset), instant(id.start), instant(id.countsReset)
+	e.reset, e.start, e.countsReset = id.reset, id.start, id.countsReset
 	e.used, e.known, e.mine, e.served = id.used, id.known, id.mine, id.served
 	e.charged, e.givenBack, e.sentFrom, e.sentTo = id.charged, id.givenBack, id.sentFrom, id.sentTo
 	e.asked = true // a window of the key may be there

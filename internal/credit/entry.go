@@ -126,10 +126,20 @@ type entry struct {
 // reads").
 type instant int64
 
-func instantOf(t time.Time) instant { return instant(unixNano(t)) }
+func instantOf(t time.Time) instant {
+	if t.IsZero() {
+		return 0
+	}
+	return instant(t.UnixNano())
+}
 
 // Time is i as a time.Time (the zero time for 0).
-func (i instant) Time() time.Time { return timeOf(int64(i)) }
+func (i instant) Time() time.Time {
+	if i == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(i))
+}
 
 func (i instant) IsZero() bool { return i == 0 }
 

@@ -15,8 +15,8 @@ import (
 // The ports handed out lie in [lowest, the start of the ephemeral range).
 const lowest = 15000
 
-// ephemeralRange is where Linux keeps its ports for port 0 and for
-// outgoing connections; its default when it cannot be read.
+// ephemeralRangeFile says where Linux draws its ports for port 0 and for
+// outgoing connections from (32768-60999 when it cannot be read).
 const ephemeralRangeFile = "/proc/sys/net/ipv4/ip_local_port_range"
 
 var (
@@ -36,14 +36,22 @@ func Addr() (string, error) {
 
 // Port is Addr's port alone.
 func Port() (int, error) {
-	return pick(candidates())
+	lo, hi := portRange()
+	return pick(lo, hi)
 }
+
+// portRange and sharedDir are read once a process: the machine's ephemeral
+// range and the lock directory do not change under a test run.
+var (
+	portRange = sync.OnceValues(candidates)
+	sharedDir = sync.OnceValue(lockDir)
+)
 
 // pick hands out a port of [lo, hi).
 func pick(lo, hi int) (int, error) {
 	mu.Lock()
 	defer mu.Unlock()
-	dir := lockDir()
+	dir := sharedDir()
 	for range 500 {
 		p := lo + rand.IntN(hi-lo)
 		if _, ok := held[p]; ok {

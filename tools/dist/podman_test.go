@@ -56,9 +56,23 @@ func TestImageRunsUnderPodman(t *testing.T) {
 	out := run("pull", "--quiet", "--arch", runtime.GOARCH, "oci-archive:"+filepath.Join(built.dir, built.src.ImageFile()))
 	id := lastLine(out)
 	require.NotEmpty(t, id)
-	t.Cleanup(func() { _ = exec.Command(podman, "rmi", "--force", id).Run() })
+	// The image is run by a name of this run's own, and only that name is
+	// removed afterwards: two runs of the suite on one machine pull the
+	// same image (the build is reproducible), and removing it by id, or
+	// with --force, would remove the other run's containers under it.
+	// The name the pull gave it (from the archive's ref.name) is taken
+	// off once the run's own is on, so that podman removes the image with
+	// the last run's name, once no container uses it.
+	image := fmt.Sprintf("localhost/tally-test:%d-%d", os.Getpid(), time.Now().UnixNano())
+	run("tag", id, image)
+	t.Cleanup(func() { _ = exec.Command(podman, "rmi", image).Run() })
+	for _, name := range strings.Fields(run("image", "inspect", "--format", `{{range .RepoTags}}{{.}} {{end}}`, id)) {
+		if !strings.HasPrefix(name, "localhost/tally-test:") {
+			_ = exec.Command(podman, "untag", id, name).Run() // another run may have taken it off first
+		}
+	}
 
-	require.Equal(t, "tally "+built.src.Version, firstLine(run(append(runFlags(t, nil), id, "tally", "version")...)))
+	require.Equal(t, "tally "+built.src.Version, firstLine(run(append(runFlags(t, nil), image, "tally", "version")...)))
 
 	rs := redistest.Start(t)
 	ns := natstest.Start(t)
@@ -76,7 +90,7 @@ func TestImageRunsUnderPodman(t *testing.T) {
 		name := fmt.Sprintf("tally-test-%s-%d", role.name, time.Now().UnixNano())
 		env := []string{"TALLY_KEY_SECRET=" + secret, "TALLY_NATS_USER=" + role.user,
 			"TALLY_NATS_PASSWORD=" + natstest.Password(role.user), "TALLY_NATS_INBOX_PREFIX=_INBOX_" + role.user}
-		args := append(runFlags(t, env), "--detach", "--name", name, "--volume", dir+":/etc/tally:ro", id)
+		args := append(runFlags(t, env), "--detach", "--name", name, "--volume", dir+":/etc/tally:ro", image)
 		if role.name == "accountant" {
 			args = append(args, "accountant", "-config", "/etc/tally/tally.yaml")
 		}

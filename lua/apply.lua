@@ -21,7 +21,9 @@
 --                           the charge, when it comes, nets to zero
 --                They expire ARGV[5] ms after their last write.
 -- KEYS[P+1..] -> windows (keys.go), each named once, in either form: a
---                compact one an event changes is expanded (window.lua)
+--                compact one stays compact while only its holder's
+--                producer's events change it, and is expanded for any
+--                other's (window.lua)
 -- KEYS[#KEYS-1] -> when ARGV[6] names a call: the caller's reply key
 --                (keys.go), a string "<call>|<count>|<reply>" holding what
 --                the last call through it returned (<reply> in MessagePack)
@@ -405,12 +407,39 @@ for i = 1, nev do
   out[b + 1], out[b + 2], out[b + 3], out[b + 4] = o, u, r, a
 end
 
-for i in pairs(touched) do
-  expand(KEYS[i], wins[i], grace)
-  save(KEYS[i], wins[i], grace)
+-- still_compact reports whether window i, compact when read, can stay so
+-- after this call's events: its holder's producer still holds all of it,
+-- and no other producer holds any.
+local function still_compact(i)
+  local w = wins[i]
+  if w.holder == nil then
+    return false
+  end
   for prod, h in pairs(held[i] or {}) do
-    if h.dirty then
-      redis.call("HSET", KEYS[i], "c:" .. names[prod], num(h.n))
+    if names[prod] == w.producer then
+      if h.n ~= w.u then
+        return false
+      end
+    elseif h.n ~= 0 then
+      return false
+    end
+  end
+  return true
+end
+
+for i in pairs(touched) do
+  local w = wins[i]
+  if still_compact(i) then
+    -- One write, the expiry kept: what the holder was given stays as it
+    -- was (w.mine), what its producer holds is the count.
+    redis.call("SET", KEYS[i], encode(w.u, w.s, w.r, w.holder, w.p, grace, w.mine), "KEEPTTL")
+  else
+    expand(KEYS[i], w, grace)
+    save(KEYS[i], w, grace)
+    for prod, h in pairs(held[i] or {}) do
+      if h.dirty then
+        redis.call("HSET", KEYS[i], "c:" .. names[prod], num(h.n))
+      end
     end
   end
 end

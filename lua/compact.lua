@@ -6,7 +6,8 @@
 -- every function of what is prepended to it.
 --
 -- The compact form (window.lua has both forms): one string,
--- "<u>:<r>:<len>:<holder>" or "<u>:<r>:<len>:<holder>:<back>".
+-- "<u>:<r>:<len>:<holder>", "<u>:<r>:<len>:<holder>:<back>" or
+-- "<u>:<r>:<len>:<holder>:<back>:<given>" (<back> may be empty there).
 
 -- Largest accepted millisecond timestamp or duration (year 5138; exact in a
 -- Lua double).
@@ -54,12 +55,27 @@ end
 -- decode returns the compact window held in the string v (see above), with
 -- p as its default when the string names none, or nil when v is not one.
 -- w.holder is as stored: a caller that does not compare it with a valid
--- holder checks its form (holder_producer). w.ulen is the length of u's
--- digits in v.
+-- holder checks its form (holder_producer). w.mine is every unit ever
+-- reserved for the holder in the window: <given>, or u when the string
+-- names none; w.held, what the holder's producer holds, is u as read.
+-- w.ulen is the length of u's digits in v.
 local function decode(v, grace)
-  local u, r, len, holder, back = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+):?(%d*)$")
-  if u == nil or #u > 10 or #r > 11 or #len > 9 or #back > 11 then
+  local u, r, len, holder, tail = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+)(.*)$")
+  if u == nil or #u > 10 or #r > 11 or #len > 9 then
     return nil
+  end
+  local back, given = "", ""
+  if tail ~= "" then
+    back = string.match(tail, "^:(%d+)$")
+    if back == nil then
+      back, given = string.match(tail, "^:(%d*):(%d+)$")
+      if back == nil or #given > 15 then
+        return nil
+      end
+    end
+    if #back > 11 then
+      return nil
+    end
   end
   r = tonumber(r) * 1000
   local s = r - tonumber(len) * 1000
@@ -68,7 +84,11 @@ local function decode(v, grace)
     p = s - tonumber(back) * 1000
   end
   local n = tonumber(u)
-  return { u = n, s = s, r = r, p = p, holder = holder, mine = n, ulen = #u }
+  local mine = n
+  if given ~= "" then
+    mine = tonumber(given)
+  end
+  return { u = n, s = s, r = r, p = p, holder = holder, mine = mine, held = n, ulen = #u }
 end
 
 -- holder_producer returns the producer of a compact window's stored holder
@@ -85,12 +105,20 @@ local function compact_holder(holder, producer)
     and string.match(string.sub(holder, #producer + 2), "^[%w_-]+$") ~= nil
 end
 
--- encode renders a compact window: u units, all the holder's, from s to r
--- (ms, whole seconds), accepting starts back to p.
-local function encode(u, s, r, holder, p, grace)
+-- encode renders a compact window: u units, all the holder's producer's,
+-- from s to r (ms, whole seconds), accepting starts back to p; mine, every
+-- unit ever reserved for the holder, is written only when it is not u.
+local function encode(u, s, r, holder, p, grace, mine)
   local v = num(u) .. ":" .. num(r / 1000) .. ":" .. num((r - s) / 1000) .. ":" .. holder
+  local back = ""
   if p ~= s + 1000 - grace then
-    v = v .. ":" .. num(math.max(0, math.ceil((s - p) / 1000)))
+    back = num(math.max(0, math.ceil((s - p) / 1000)))
+  end
+  if mine ~= nil and mine ~= u then
+    return v .. ":" .. back .. ":" .. num(mine)
+  end
+  if back ~= "" then
+    v = v .. ":" .. back
   end
   return v
 end

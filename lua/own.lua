@@ -18,16 +18,17 @@
 --            [A-Za-z0-9_.-]
 --
 -- The window is the holder's own when KEYS[1] holds a compact window
--- "<u>:<r>:<len>:<holder>[:<back>]" naming ARGV[5] whose reset r (s) is
--- after now. Then, as take.lua's cold path does: when limit - u >= need,
--- u grows by min(want, limit - u), and only the digits of u are written
--- again (SET ... KEEPTTL); its reset, length, holder and expiry stay. The
--- reseed marker is not read, as take.lua's cold path does not read it for
--- the holder's own window (take.lua's header).
+-- "<u>:<r>:<len>:<holder>[:<back>[:<given>]]" naming ARGV[5] whose reset
+-- r (s) is after now. Then, as take.lua's cold path does: when limit - u
+-- >= need, u (and given, when written) grows by min(want, limit - u), and
+-- only those are written again (SET ... KEEPTTL); its reset, length,
+-- holder and expiry stay. The reseed marker is not read, as take.lua's
+-- cold path does not read it for the holder's own window (take.lua's
+-- header).
 --
 -- Returns: take.lua's reply, {granted, used, reset_at, start, 0, 0, mine,
---          -1, 1}: mine is u (a compact window's units are all its
---          holder's), and the last 1 says the window is still the holder's
+--          -1, 1}: mine is given, or u when the window names none (every
+--          unit reserved for the holder), and the last 1 says the window is still the holder's
 --          own compact one; or {-1} when KEYS[1] is anything else (no key,
 --          a window that ended, another holder's, a full one, no window):
 --          nothing is written, and take.lua is the call to send.
@@ -51,19 +52,34 @@ local v = redis.pcall("GET", KEYS[1])
 if type(v) ~= "string" then
   return { -1 } -- no key, or not a string (a full window's hash)
 end
-local us, r, len, h = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+):?%d*$")
-if us == nil or h ~= holder or #us > 10 or #r > 11 or #len > 9 then
+local us, rs, len, h, tail = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+)(.*)$")
+if us == nil or h ~= holder or #us > 10 or #rs > 11 or #len > 9 then
   return { -1 }
 end
-r = tonumber(r) * 1000
+local back, given = nil, nil
+if tail ~= "" and not string.find(tail, "^:%d+$") then
+  back, given = string.match(tail, "^:(%d*):(%d+)$")
+  if given == nil or #given > 15 then
+    return { -1 }
+  end
+end
+local r = tonumber(rs) * 1000
 if r <= now then
   return { -1 } -- the window ended: take.lua opens the next one
 end
 local u = tonumber(us)
+local mine = u
+if given ~= nil then
+  mine = tonumber(given)
+end
 local granted = 0
 if limit - u >= need then
   granted = math.min(want, limit - u)
-  u = u + granted
-  redis.call("SET", KEYS[1], tostring(u) .. string.sub(v, #us + 1), "KEEPTTL") -- the rest as it was
+  u, mine = u + granted, mine + granted
+  if given == nil then
+    redis.call("SET", KEYS[1], tostring(u) .. string.sub(v, #us + 1), "KEEPTTL") -- the rest as it was
+  else
+    redis.call("SET", KEYS[1], string.format("%.0f:%s:%s:%s:%s:%.0f", u, rs, len, h, back, mine), "KEEPTTL")
+  end
 end
-return { granted, u, r, r - tonumber(len) * 1000, 0, 0, u, -1, 1 }
+return { granted, u, r, r - tonumber(len) * 1000, 0, 0, mine, -1, 1 }

@@ -190,10 +190,14 @@ if simple then
     local granted = 0
     if limit - w.u >= need then
       granted = math.min(want, limit - w.u)
-      w.u = w.u + granted
-      redis.call("SET", KEYS[1], num(w.u) .. string.sub(v, w.ulen + 1), "KEEPTTL") -- the rest as it was
+      if w.mine == w.u then
+        redis.call("SET", KEYS[1], num(w.u + granted) .. string.sub(v, w.ulen + 1), "KEEPTTL") -- the rest as it was
+      else
+        redis.call("SET", KEYS[1], encode(w.u + granted, w.s, w.r, holder, w.p, grace, w.mine + granted), "KEEPTTL")
+      end
+      w.u, w.mine = w.u + granted, w.mine + granted
     end
-    return { granted, w.u, w.r, w.s, 0, 0, w.u, -1, 1 }
+    return { granted, w.u, w.r, w.s, 0, 0, w.mine, -1, 1 }
   end
   -- Another holder's window, or a full one: the general path below.
 end
@@ -251,10 +255,10 @@ end
 local mine, held_now, moved = 0, 0, nil
 if form == "compact" then
   if w.holder == holder then
-    mine = w.u
+    mine = w.mine
   end
   if w.producer == producer then
-    held_now = w.u
+    held_now = w.held
   end
 elseif form == "full" then
   mine, held_now, moved = tonumber(f[5]) or 0, tonumber(f[6]) or 0, f[7]

@@ -6,18 +6,22 @@
 -- A window is stored under one key per (resource, identity), in one of two
 -- forms (docs/windows.md):
 --
--- compact: one string, "<u>:<r>:<len>:<holder>" or "<u>:<r>:<len>:<holder>:<back>",
+-- compact: one string, "<u>:<r>:<len>:<holder>", "<u>:<r>:<len>:<holder>:<back>"
+--   or "<u>:<r>:<len>:<holder>:<back>:<given>" (back may be empty there),
 --   what a window is while one holder (an edge's table entry) alone has
---   reserved in it and nothing else has touched it: u units used, all of
---   them the holder's; r the reset and len the length, in whole seconds
---   (the start is r - len); back, when the window replaced one that had
---   ended, how many seconds before the start its earliest accepted event
---   start lies (without it: grace less one second). The holder is
+--   reserved in it and only its producer's events have changed it: u units
+--   used, all of them held by the holder's producer; r the reset and len
+--   the length, in whole seconds (the start is r - len); back, when the
+--   window replaced one that had ended, how many seconds before the start
+--   its earliest accepted event start lies (without it: grace less one
+--   second); given, every unit ever reserved for the holder, when that is
+--   not u (the producer gave some back, or charged more). The holder is
 --   <producer>.<n> with n of [A-Za-z0-9_-]. An edge opens a window in this
---   form with one SET ... NX PXAT (no script; redisstore's batch.go), and
+--   form with one SET ... NX PXAT (no script; redisstore's batch.go),
 --   take.lua opens one where no window is live and keeps it so while only
---   its holder reserves; any other change expands it (expand) into the
---   full form first.
+--   its holder reserves, and apply.lua keeps it so for the holder's
+--   producer's charges, refunds and releases; any other change expands it
+--   (expand) into the full form first.
 --
 -- full: one Redis hash:
 --   u   units used in the window, units reserved by edges included
@@ -45,8 +49,8 @@
 --       for this window numbered from < seq <= to are counted in it by that
 --       reseed's re-assertion; apply.lua takes them as applied
 --
--- A compact window is the full one with u, s, r, p, g:<holder> = u and
--- c:<producer> = u. Either expires at r + grace; expiry is garbage
+-- A compact window is the full one with u, s, r, p, g:<holder> = given
+-- (u when not written) and c:<producer> = u. Either expires at r + grace; expiry is garbage
 -- collection only, every read compares r with the caller's clock.
 
 -- A window resets at most its length and this much (ms) after a request
@@ -132,11 +136,12 @@ local function load(key, grace)
 end
 
 -- held_by returns what producer holds in w, the window stored at key
--- (c:<producer>): a compact window's holder's producer holds all of it.
+-- (c:<producer>): a compact window's holder's producer holds all of it, as
+-- read (w.held).
 local function held_by(key, w, producer)
   if w.holder ~= nil then
     if w.producer == producer then
-      return w.u
+      return w.held
     end
     return 0
   end
@@ -144,16 +149,17 @@ local function held_by(key, w, producer)
 end
 
 -- expand writes the compact window w, stored at key, in the full form (the
--- same window: u, s, r, p, and what its holder reserved and its producer
--- holds, w.mine as read), expiring at r + grace, for a change the compact
--- form cannot hold. w is full afterwards. Nothing to do for a full window.
+-- same window: u, s, r, p, what its holder was given, w.mine, and what its
+-- producer holds, all of u as read, w.held), expiring at r + grace, for a
+-- change the compact form cannot hold. w is full afterwards. Nothing to do
+-- for a full window.
 local function expand(key, w, grace)
   if w == nil or w.holder == nil then
     return
   end
   redis.call("DEL", key)
   redis.call("HSET", key, "u", num(w.u), "s", num(w.s), "r", num(w.r), "p", num(w.p), "g:" .. w.holder, num(w.mine),
-    "c:" .. w.producer, num(w.mine))
+    "c:" .. w.producer, num(w.held))
   redis.call("PEXPIREAT", key, num(w.r + grace))
   w.holder, w.producer = nil, nil
 end

@@ -7,9 +7,10 @@ import (
 )
 
 // CompactWindow is a window in its compact form (lua/window.lua,
-// docs/windows.md): one string "<used>:<reset s>:<length s>:<holder>", and
-// ":<back s>" when the window replaced one that had ended. Every unit of
-// it is its one holder's.
+// docs/windows.md): one string "<used>:<reset s>:<length s>:<holder>", then
+// ":<back s>" when the window replaced one that had ended, and
+// ":<back s>:<given>" (back may be empty) when what the holder was given
+// is not the count. Every unit of it is held by its one holder's producer.
 type CompactWindow struct {
 	Used     int64
 	Start    time.Time

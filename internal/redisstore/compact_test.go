@@ -135,6 +135,28 @@ func TestCompactWindowAcrossHolders(t *testing.T) {
 	v := e.primary.Client().Get(ctx, k.String()).Val()
 	back := (a.Start.UnixMilli() - b.ResetAt.UnixMilli()) / 1000
 	require.Equal(t, fmt.Sprintf("1:%d:60:edge-a.1:%d", a.ResetAt.Unix(), back), v)
+
+	// Its holder's release keeps it compact, with where it accepts events
+	// from and what the holder was given.
+	rs := e.apply(t, release("edge-a", 1, k, a.ResetAt, 1))
+	require.EqualValues(t, 1, rs[0].Amount)
+	require.Equal(t, fmt.Sprintf("0:%d:60:edge-a.1:%d:1", a.ResetAt.Unix(), back), e.primary.Client().Get(ctx, k.String()).Val())
+	a = e.takeAs(t, "edge-a", k, 5, 1, 5)
+	require.EqualValues(t, 5, a.Granted)
+	require.EqualValues(t, 6, a.Mine)
+	require.Equal(t, fmt.Sprintf("5:%d:60:edge-a.1:%d:6", a.ResetAt.Unix(), back), e.primary.Client().Get(ctx, k.String()).Val())
+	// Another holder's take expands it: the event starts it accepts kept.
+	b = e.takeAs(t, "edge-b", k, 5, 1, 1)
+	require.Zero(t, b.Granted)
+	rs = e.apply(t, release("edge-a", 2, k, a.ResetAt, 2))
+	require.EqualValues(t, 3, rs[0].Used)
+	b = e.takeAs(t, "edge-b", k, 5, 1, 1)
+	require.EqualValues(t, 1, b.Granted)
+	f = e.primary.Client().HGetAll(ctx, k.String()).Val()
+	require.Equal(t, strconv.FormatInt(a.Start.UnixMilli()-back*1000, 10), f["p"])
+	require.Equal(t, "6", f["g:edge-a.1"])
+	require.Equal(t, "3", f["c:edge-a"])
+	require.Equal(t, "4", f["u"])
 }
 
 // Every script reads a compact window, and each change it cannot hold
@@ -147,21 +169,87 @@ func TestCompactWindowEverywhere(t *testing.T) {
 	kind := func(k limiter.Key) string { return e.primary.Client().Type(ctx, k.String()).Val() }
 	e.take(t, e.keys.Key("core", "warm"), 100, 1, 1) // the shard's format read
 
-	t.Run("a release and a refund give back only what their producer holds", func(t *testing.T) {
+	t.Run("its producer's releases, refunds and charges keep it compact; another's expand it", func(t *testing.T) {
 		k := e.keys.Key("core", "releases")
+		val := func() string { return e.primary.Client().Get(ctx, k.String()).Val() }
 		g := e.takeAs(t, "edge-a", k, 10, 1, 4)
+		r := g.ResetAt.Unix()
 		rs := e.apply(t, release("billing", 1, k, g.ResetAt, 3))
 		require.Equal(t, limiter.Applied, rs[0].Outcome)
 		require.Zero(t, rs[0].Amount, "billing holds nothing in the window")
+		require.Equal(t, fmt.Sprintf("4:%d:60:edge-a.1", r), val(), "nothing given back, nothing changed")
+
 		rs = e.apply(t, release("edge-a", 1, k, g.ResetAt, 3))
 		require.Equal(t, limiter.Applied, rs[0].Outcome)
 		require.EqualValues(t, 3, rs[0].Amount)
 		require.EqualValues(t, 1, rs[0].Used)
+		require.Equal(t, fmt.Sprintf("1:%d:60:edge-a.1::4", r), val(), "the count, and what edge-a.1 was given")
+		exp := e.primary.Client().PExpireTime(ctx, k.String()).Val()
+		require.Equal(t, g.ResetAt.Add(60*time.Second).UnixMilli(), exp.Milliseconds(), "the expiry kept")
+		require.EqualValues(t, 1, e.used(t, k))
+		require.Equal(t, limiter.Window{Live: true, Used: 1, ResetAt: g.ResetAt, Start: g.Start}, e.checkReplica(t, k))
+
+		// The holder's next reservations, by take.lua and by own.lua: what
+		// it was given keeps counting from 4.
+		g = e.takeAs(t, "edge-a", k, 10, 1, 2)
+		require.EqualValues(t, 2, g.Granted)
+		require.EqualValues(t, 3, g.Used)
+		require.EqualValues(t, 6, g.Mine)
+		require.True(t, g.Own)
+		require.Equal(t, fmt.Sprintf("3:%d:60:edge-a.1::6", r), val())
+		require.NoError(t, e.store.LoadScripts(ctx, 0))
+		made, _ := e.store.ShortTakes()
+		g, err := e.store.Take(ctx, k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 10, Need: 1, Want: 1,
+			Producer: "edge-a", Holder: "edge-a.1", Own: true})
+		require.NoError(t, err)
+		madeNow, _ := e.store.ShortTakes()
+		require.Equal(t, made+1, madeNow, "own.lua made it")
+		require.EqualValues(t, 1, g.Granted)
+		require.EqualValues(t, 4, g.Used)
+		require.EqualValues(t, 7, g.Mine)
+		require.True(t, g.Own)
+		require.Equal(t, fmt.Sprintf("4:%d:60:edge-a.1::7", r), val())
+
+		// A refund of a reservation, then a charge, both edge-a's.
+		rs = e.apply(t, refund("edge-a", 2, k, g.ResetAt, g.Start, 9, "", 0))
+		require.EqualValues(t, 4, rs[0].Amount, "at most what edge-a holds")
+		require.Equal(t, fmt.Sprintf("0:%d:60:edge-a.1::7", r), val())
+		rs = e.apply(t, charge("edge-a", 3, k, g.ResetAt, g.Start, 3))
+		require.EqualValues(t, 3, rs[0].Used)
+		require.Equal(t, fmt.Sprintf("3:%d:60:edge-a.1::7", r), val())
+
+		// billing's charge: the full form, with what each holds and what
+		// edge-a.1 was given.
+		rs = e.apply(t, charge("billing", 10, k, g.ResetAt, g.Start, 2))
+		require.EqualValues(t, 5, rs[0].Used)
 		require.Equal(t, "hash", kind(k))
 		f := e.primary.Client().HGetAll(ctx, k.String()).Val()
-		require.Equal(t, "1", f["c:edge-a"], "what edge-a still holds")
-		require.Equal(t, "4", f["g:edge-a.1"], "what edge-a.1 was given")
-		require.EqualValues(t, 1, e.used(t, k))
+		require.Equal(t, "5", f["u"])
+		require.Equal(t, "3", f["c:edge-a"])
+		require.Equal(t, "2", f["c:billing"])
+		require.Equal(t, "7", f["g:edge-a.1"])
+		rs = e.apply(t, release("edge-a", 4, k, g.ResetAt, 9))
+		require.EqualValues(t, 3, rs[0].Amount, "edge-a gives back only its own")
+		require.EqualValues(t, 2, rs[0].Used)
+		g = e.takeAs(t, "edge-a", k, 10, 1, 1)
+		require.EqualValues(t, 8, g.Mine)
+		require.False(t, g.Own)
+	})
+	t.Run("a charge and a release in one call", func(t *testing.T) {
+		k := e.keys.Key("core", "both")
+		g := e.takeAs(t, "edge-a", k, 10, 1, 2)
+		rs := e.apply(t, charge("edge-a", 5, k, g.ResetAt, g.Start, 3), release("edge-a", 6, k, g.ResetAt, 4))
+		require.EqualValues(t, 5, rs[0].Used)
+		require.EqualValues(t, 4, rs[1].Amount)
+		require.EqualValues(t, 1, rs[1].Used)
+		require.Equal(t, fmt.Sprintf("1:%d:60:edge-a.1::2", g.ResetAt.Unix()), e.primary.Client().Get(ctx, k.String()).Val())
+		rs = e.apply(t, charge("billing", 11, k, g.ResetAt, g.Start, 1), release("edge-a", 7, k, g.ResetAt, 1))
+		require.EqualValues(t, 1, rs[1].Amount)
+		f := e.primary.Client().HGetAll(ctx, k.String()).Val()
+		require.Equal(t, "1", f["u"])
+		require.Equal(t, "0", f["c:edge-a"])
+		require.Equal(t, "1", f["c:billing"])
+		require.Equal(t, "2", f["g:edge-a.1"])
 	})
 	t.Run("a charge", func(t *testing.T) {
 		k := e.keys.Key("core", "charges")
@@ -207,6 +295,20 @@ func TestCompactWindowEverywhere(t *testing.T) {
 		require.Equal(t, "8", f["g:edge-a.1"])
 		require.True(t, strings.HasPrefix(f["z:edge-a.1"], "5:"), f["z:edge-a.1"])
 	})
+	t.Run("a frozen share after a release", func(t *testing.T) {
+		k := e.keys.Key("core", "frozen-after-release")
+		g := e.takeAs(t, "edge-a", k, 10, 1, 8)
+		e.apply(t, release("edge-a", 20, k, g.ResetAt, 3))
+		require.Equal(t, fmt.Sprintf("5:%d:60:edge-a.1::8", g.ResetAt.Unix()), e.primary.Client().Get(ctx, k.String()).Val())
+		res, err := e.store.Hold(ctx, 0, []limiter.Hold{{Key: k, ResetAt: g.ResetAt, Holder: "edge-a.1", Producer: "edge-a",
+			Frozen: 2, Expiry: t0.Add(time.Second)}})
+		require.NoError(t, err)
+		require.Equal(t, limiter.Held, res[0].Outcome)
+		f := e.primary.Client().HGetAll(ctx, k.String()).Val()
+		require.Equal(t, "5", f["u"])
+		require.Equal(t, "8", f["g:edge-a.1"], "what it was given")
+		require.Equal(t, "5", f["c:edge-a"], "what its producer holds")
+	})
 	t.Run("a value that is no window fails the call and is left alone", func(t *testing.T) {
 		k := e.keys.Key("core", "garbage")
 		require.NoError(t, e.primary.Client().Set(ctx, k.String(), "hello", 0).Err())
@@ -219,7 +321,9 @@ func TestCompactWindowEverywhere(t *testing.T) {
 		// (no "<producer>.<n>"), live or ended: no window either, on the
 		// cold path and on a replica's read.
 		now := e.clock.Now().Unix()
-		for _, v := range []string{fmt.Sprintf("1:%d:60:intruder", now+30), fmt.Sprintf("1:%d:60:intruder", now-30)} {
+		for _, v := range []string{fmt.Sprintf("1:%d:60:intruder", now+30), fmt.Sprintf("1:%d:60:intruder", now-30),
+			fmt.Sprintf("1:%d:60:edge-b.1:", now+30), fmt.Sprintf("1:%d:60:edge-b.1:3:", now+30),
+			fmt.Sprintf("1:%d:60:edge-b.1::1234567890123456", now+30), fmt.Sprintf("1:%d:60:edge-b.1:3:4:5", now+30)} {
 			require.NoError(t, e.primary.Client().Set(ctx, k.String(), v, 0).Err())
 			_, err := e.store.Take(ctx, k, e.clock.Now(), limiter.TakeArgs{Window: minute, Limit: 5, Need: 2, Want: 2,
 				Producer: "edge-b", Holder: "edge-b.1"})

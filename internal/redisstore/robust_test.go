@@ -80,6 +80,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 		// their expiries and the rest of the database exactly as they were.
 		e.take(t, k, 100, 3, 3)
 		e.apply(t, charge("edge-a", 1, k, reset, t0, 1))
+		e.takeAs(t, "edge-b", k, 100, 1, 1) // another holder's: the full form
 		pk := e.keys.ProducerKey("edge-a")
 		now := fmt.Sprint(t0.UnixMilli())
 		r := fmt.Sprint(reset.UnixMilli())

@@ -359,6 +359,7 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 		}
 		p("")
 	}
+	r.historyMarkdown(p)
 }
 
 // keyTargets writes the targets over many keys, against envoyproxy/ratelimit
@@ -370,26 +371,14 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 // those are measured).
 func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
 	for _, pair := range [][3]string{{"tally mode: auto", referenceName, "decision API"}, {tallyGRPC, referenceGRPC, "gRPC rate-limit service"}} {
-		mine, peer := map[int]keyCountResult{}, map[int]keyCountResult{}
-		for _, k := range r.KeyCounts {
-			switch k.Target {
-			case pair[0]:
-				mine[k.Keys] = k
-			case pair[1]:
-				peer[k.Keys] = k
-			}
-		}
+		mine, peer := r.keyPair(pair[0], pair[1])
 		for _, n := range []int{1, 100, 10_000, 1_000_000} {
 			t, ok1 := mine[n]
 			ref, ok2 := peer[n]
 			if !ok1 || !ok2 || ref.Median == 0 {
 				continue
 			}
-			ratios := make([]float64, 0, len(t.Runs))
-			for i := range min(len(t.Runs), len(ref.Runs)) {
-				ratios = append(ratios, t.Runs[i]/ref.Runs[i])
-			}
-			lo, hi := minMax(ratios)
+			lo, hi := roundRatios(t, ref)
 			want := map[int]float64{1: 2.3, 100: 2.3, 10_000: 2, 1_000_000: 1.5}[n]
 			if pair[0] == tallyGRPC && n != 1_000_000 { // over gRPC the targets are a million keys'
 				p("| %s over %d keys against %s's decisions per second: measured (no target) | %.2f× (%.0f against %.0f req/s; rounds %.2f – %.2f) | measured |",
@@ -403,15 +392,7 @@ func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
 					pair[2], n, pair[1], t.CPU, ref.CPU, t.CPU/ref.CPU, check(t.CPU <= 0.8*ref.CPU))
 			}
 		}
-		var tally, other *openKeysResult
-		for i := range r.OpenKeys {
-			switch r.OpenKeys[i].Target {
-			case pair[0]:
-				tally = &r.OpenKeys[i]
-			case pair[1]:
-				other = &r.OpenKeys[i]
-			}
-		}
+		tally, other := r.openPair(pair[0], pair[1])
 		if tally == nil {
 			continue
 		}
@@ -425,6 +406,87 @@ func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
 		p("| %s, %.0f req/s over %d keys: CPU per decision ≤ 0.8× %s's (service and Redis) | %.0f µs against %.0f µs (%.2f×) | %s |", pair[2],
 			tally.Offered, tally.Keys, pair[1], tally.CPU, other.CPU, tally.CPU/other.CPU, check(tally.CPU <= 0.8*other.CPU))
 	}
+}
+
+// keyPair is the key-count results of two targets, by key count.
+func (r *report) keyPair(a, b string) (map[int]keyCountResult, map[int]keyCountResult) {
+	ra, rb := map[int]keyCountResult{}, map[int]keyCountResult{}
+	for _, k := range r.KeyCounts {
+		switch k.Target {
+		case a:
+			ra[k.Keys] = k
+		case b:
+			rb[k.Keys] = k
+		}
+	}
+	return ra, rb
+}
+
+// openPair is the open-loop results of two targets over many keys (nil
+// when not measured).
+func (r *report) openPair(a, b string) (ra, rb *openKeysResult) {
+	for i := range r.OpenKeys {
+		switch r.OpenKeys[i].Target {
+		case a:
+			ra = &r.OpenKeys[i]
+		case b:
+			rb = &r.OpenKeys[i]
+		}
+	}
+	return ra, rb
+}
+
+// roundRatios are the lowest and highest of t's runs against ref's, round
+// by round (the runs are interleaved).
+func roundRatios(t, ref keyCountResult) (lo, hi float64) {
+	ratios := make([]float64, 0, len(t.Runs))
+	for i := range min(len(t.Runs), len(ref.Runs)) {
+		ratios = append(ratios, t.Runs[i]/ref.Runs[i])
+	}
+	return minMax(ratios)
+}
+
+// firstMeasured is the decision API against envoyproxy/ratelimit's /json as
+// first measured side by side, on 2026-11-25 (3 interleaved rounds, closed
+// loop, 32 connections; medians and the rounds' range), per key count: what
+// the key-count figures of each run are set beside.
+var firstMeasured = map[int]struct{ ratio, lo, hi, cpu float64 }{
+	1:         {2.39, 2.13, 2.51, 0.32},
+	100:       {2.59, 2.00, 2.74, 0.30},
+	10_000:    {1.20, 0.95, 1.49, 0.87},
+	1_000_000: {0.77, 0.71, 0.91, 1.44},
+}
+
+// historyMarkdown sets this run's decision API against envoyproxy/ratelimit
+// beside the first such measurement (firstMeasured), when the run measured
+// the reference.
+func (r *report) historyMarkdown(p func(string, ...any)) {
+	mine, peer := r.keyPair("tally mode: auto", referenceName)
+	if len(peer) == 0 {
+		return
+	}
+	p("The decision API against %s's `/json` in this run, beside the first time the two were measured side by", referenceName)
+	p("side (2026-11-25, 3 rounds; the same generator and reference build, envoyproxy/ratelimit f2fb157):")
+	p("")
+	p("| keys | Tally / reference, 2026-11-25 | Tally / reference, this run | CPU per decision, Tally / reference, 2026-11-25 | this run |")
+	p("|---|---|---|---|---|")
+	for _, n := range []int{1, 100, 10_000, 1_000_000} {
+		t, ok1 := mine[n]
+		ref, ok2 := peer[n]
+		then, ok3 := firstMeasured[n]
+		if !ok1 || !ok2 || !ok3 || ref.Median == 0 || ref.CPU == 0 {
+			continue
+		}
+		lo, hi := roundRatios(t, ref)
+		p("| %d | %.2f× [%.2f – %.2f] | %.2f× [%.2f – %.2f] | %.2f× | %.2f× |", n, then.ratio, then.lo, then.hi, t.Median/ref.Median, lo, hi,
+			then.cpu, t.CPU/ref.CPU)
+	}
+	tally, other := r.openPair("tally mode: auto", referenceName)
+	if tally != nil && other != nil && other.P99 > 0 && other.CPU > 0 {
+		p("| open loop, %.0f/s over %d keys | p99 9.5 against 3.3 ms | p99 %.2f against %.2f ms | 1.37× (327 against 219 µs) | %.2f× (%.0f against %.0f µs) |",
+			tally.Offered, tally.Keys, tally.P99, other.P99, tally.CPU/other.CPU, tally.CPU, other.CPU)
+	}
+	p("")
 }
 
 // byCommand lists Redis commands per decision by name, most first.

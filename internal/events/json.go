@@ -80,9 +80,32 @@ func appendUintField(b []byte, name string, v uint64) []byte {
 	return strconv.AppendUint(appendField(b, name), v, 10)
 }
 
+// timeLayout is the events' times: RFC 3339 with microseconds, UTC.
+const timeLayout = "2006-01-02T15:04:05.000000Z07:00"
+
 // appendTimeField appends a time in RFC 3339 with microseconds, UTC.
 func appendTimeField(b []byte, name string, t time.Time) []byte {
-	b = append(appendField(b, name), '"')
-	b = t.UTC().AppendFormat(b, "2006-01-02T15:04:05.000000Z07:00")
-	return append(b, '"')
+	return append(appendTime(append(appendField(b, name), '"'), t), '"')
+}
+
+// appendTime appends t as timeLayout does, without reading the layout:
+// every decision's event carries two or three times, and AppendFormat's
+// layout walk was 4% of the edge's CPU on one key (the edge's profile in
+// make bench). Years outside 0000–9999 take AppendFormat's way.
+func appendTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(b, timeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	us := t.Nanosecond() / 1000
+	b = append(b, byte('0'+year/1000), byte('0'+year/100%10), byte('0'+year/10%10), byte('0'+year%10), '-')
+	b = append(b, byte('0'+int(month)/10), byte('0'+int(month)%10), '-', byte('0'+day/10), byte('0'+day%10), 'T')
+	b = append(b, byte('0'+hour/10), byte('0'+hour%10), ':', byte('0'+minute/10), byte('0'+minute%10), ':')
+	b = append(b, byte('0'+sec/10), byte('0'+sec%10), '.')
+	for d := 100000; d > 0; d /= 10 {
+		b = append(b, byte('0'+us/d%10))
+	}
+	return append(b, 'Z')
 }

@@ -331,6 +331,8 @@ func TestCompactWindowEverywhere(t *testing.T) {
 			require.Equal(t, v, e.primary.Client().Get(ctx, k.String()).Val())
 			require.ErrorContains(t, e.primary.Client().EvalRO(ctx, lua.Check, []string{k.String()}, e.clock.Now().UnixMilli()).Err(),
 				"unreadable window", v)
+			_, err = e.store.Inspect(ctx, k, e.clock.Now())
+			require.ErrorContains(t, err, "is no window", v)
 		}
 	})
 }

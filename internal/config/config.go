@@ -383,6 +383,9 @@ type Policy struct {
 	Limit  int64         `yaml:"limit"`
 	Window time.Duration `yaml:"window"`
 	Cost   int64         `yaml:"cost"`
+	// Algorithm is how the policy counts: fixed_window (the default,
+	// limiter.FixedWindow), the one this version has.
+	Algorithm limiter.Algorithm `yaml:"algorithm"`
 	// Mode is auto (default), exact or async (docs/accuracy.md).
 	Mode limiter.Mode `yaml:"mode"`
 	// Key is what a proxied request's window is keyed by: identity (the
@@ -707,8 +710,8 @@ func (f *File) AddressKeyed() map[string]bool {
 
 // Limiter is the policy as the limiter takes it.
 func (p Policy) Limiter() limiter.Policy {
-	lp := limiter.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode, Shadow: p.Shadow,
-		Align: p.Windows == WindowsClock}
+	lp := limiter.Policy{Name: p.Name, Algorithm: p.Algorithm, Limit: p.Limit, Window: p.Window, Cost: p.Cost, Mode: p.Mode,
+		Shadow: p.Shadow, Align: p.Windows == WindowsClock}
 	if p.Windows == WindowsCalendar {
 		lp.Calendar = limiter.Period(p.Period)
 		lp.Window = lp.Calendar.Longest()

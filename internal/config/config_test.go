@@ -178,6 +178,7 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"route without a policy", "    policy: search\n", "", "routes[0].policy: missing"},
 		{"duplicate cleaned route", "    cost: 2\n", "    cost: 2\n  - path: /search/\n    policy: core\n", "routes[1].path: duplicate route \"/search/\""},
 		{"bad policy key", "    limit: 100", "    limit: 100\n    key: cookie", "line 20: policies[0].key: \"cookie\": want identity or address"},
+		{"algorithm this version lacks", "    limit: 100", "    limit: 100\n    algorithm: sliding_window", "line 20: policies[0].algorithm: \"sliding_window\": want fixed_window"},
 		{"bad policy windows", "    limit: 100", "    limit: 100\n    windows: monthly", "line 20: policies[0].windows: \"monthly\": want first_request, clock or calendar"},
 		{"unknown global policy", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  global_policies: [nope]", "edge.global_policies[0]: unknown policy"},
 		{"client certificate without key", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  tls: {cert_file: /x.pem}", "nats: tls: cert_file and key_file go together"},

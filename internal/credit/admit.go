@@ -57,9 +57,7 @@ func (c *Core) fallback(v Verdict, e *entry, cost int64) (Verdict, error) {
 	// there, so that the charge opens no other window).
 	charge := limiter.Entry{Kind: limiter.Charge, Key: e.key, Policy: v.Policy, Units: cost, Start: v.Now,
 		Time: c.d.Clock.Now(), RequestID: v.RequestID()}
-	if v.Policy.Fixed() {
-		charge.ResetAt = v.Policy.WindowAt(v.Now).ResetAt
-	}
+	charge.ResetAt, _ = algorithmOf(v.Policy.Algorithm).blind(v.Policy, v.Now)
 	if seq := c.d.Ledger.Record(e.at(), charge); seq != 0 {
 		v.ChargeSeq = seq
 	}
@@ -74,7 +72,7 @@ func (c *Core) allow(v Verdict, e *entry, path Path) Verdict {
 	v.N = e.served
 	e.served++
 	c.counted(e, path, 1)
-	v.Decision = decision(v, e, true, e.used+e.debtUnits()-e.credit)
+	v.Decision = e.alg().tell(v, e, true, e.used+e.debtUnits()-e.credit)
 	return v
 }
 
@@ -84,15 +82,8 @@ func (c *Core) deny(v Verdict, e *entry, path Path) Verdict {
 	c.counted(e, path, 0)
 	// Denied: room < cost, so Remaining is below the cost and never the
 	// limit.
-	v.Decision = decision(v, e, false, e.used+e.debtUnits()-e.credit)
+	v.Decision = e.alg().tell(v, e, false, e.used+e.debtUnits()-e.credit)
 	return v
-}
-
-func decision(v Verdict, e *entry, allowed bool, used int64) limiter.Decision {
-	d := limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
-		Used: max(0, used), Window: v.Policy.Ending(e.reset.Time()).Length(), ResetAt: e.reset.Time(), Now: v.Now}
-	d.Remaining = max(0, d.Limit-d.Used)
-	return d
 }
 
 // counted counts a decision of e's key by its path and its policy.

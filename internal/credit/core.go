@@ -280,7 +280,8 @@ func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, no
 		if c.suspected(e.at(), now) {
 			return c.lookFailed(v, e)
 		}
-		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: c.d.Producer, Holder: e.holder, Opens: p.WindowAt(now)}
+		args := algorithmOf(p.Algorithm).terms(p, now)
+		args.Producer, args.Holder = c.d.Producer, e.holder
 		e.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RedisBudget)
 		g, err := c.d.Reserver.Take(rctx, e.key, now, args)
@@ -346,8 +347,9 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 		}
 		defer c.probing[e.at()].Store(false)
 	}
-	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: cost, Want: cost, Producer: c.d.Producer,
-		Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Own: e.own, Opens: e.policy.WindowAt(now)}
+	args := e.alg().terms(e.policy, now)
+	args.Need, args.Want, args.Producer, args.Holder = cost, cost, c.d.Producer, e.holder
+	args.Owed, args.Fresh, args.Own = e.owed(), c.fresh(e), e.own
 	g, full, err := c.takeWaiting(ctx, e, args, now, deadline)
 	if err != nil {
 		return c.fallback(v, e, cost)
@@ -393,8 +395,9 @@ func (c *Core) takeWaiting(ctx context.Context, e *entry, args limiter.TakeArgs,
 // closed when its result is in. Callers hold e.mu.
 func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	need := max(1, cost-e.free())
-	args := limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit, Need: need, Want: c.want(e, need),
-		Producer: c.d.Producer, Holder: e.holder, Owed: e.owed(), Fresh: c.fresh(e), Own: e.own, Opens: e.policy.WindowAt(now)}
+	args := e.alg().terms(e.policy, now)
+	args.Need, args.Want, args.Producer, args.Holder = need, c.want(e, need), c.d.Producer, e.holder
+	args.Owed, args.Fresh, args.Own = e.owed(), c.fresh(e), e.own
 	c.asked(e)
 	c.freezeIn(e, &args, now)
 	ch := make(chan struct{})
@@ -595,8 +598,9 @@ func (c *Core) resolveLost(ctx context.Context, lost []*entry, now time.Time, bu
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, budget)
-		g, err := c.d.Reserver.Take(rctx, e.key, now, limiter.TakeArgs{Window: e.policy.Window, Limit: e.policy.Limit,
-			Producer: c.d.Producer, Holder: e.holder, Opens: e.policy.WindowAt(now)})
+		args := e.alg().terms(e.policy, now)
+		args.Producer, args.Holder = c.d.Producer, e.holder
+		g, err := c.d.Reserver.Take(rctx, e.key, now, args)
 		cancel()
 		c.stats.rechecks.Add(1)
 		if err != nil {

@@ -8,7 +8,10 @@
 // the core decides the whole request — every limit of it, an operator's
 // temporary limits and blocks and progressive backoff (the Healer port),
 // and which limit denied it, with the reason (the verdict's Path).
-// docs/accuracy.md argues why the decisions are exact.
+// docs/accuracy.md argues why the decisions are exact. A policy's
+// algorithm (algorithm.go) says what a reservation asks, what a decision
+// tells the client and where its spans lie; the loop that decides is one
+// for every algorithm.
 //
 // # The model
 //

@@ -225,7 +225,8 @@ func (e *entry) debtUnits() int64 {
 // room is what e knows is left in its window for requests of this edge:
 // the limit, less every unit the count shows and what the edge owes, plus
 // the credit the edge holds and may spend (counted in used, but this
-// edge's to spend; frozen credit is not, until a report lowers it).
+// edge's to spend; frozen credit is not, until a report lowers it). The
+// same for every algorithm (algorithm.go).
 func (e *entry) room() int64 { return e.policy.Limit - e.used - e.debtUnits() + e.credit - e.frozen }
 
 // free is the credit e may spend now.

@@ -26,7 +26,7 @@ func (c *Core) Heard(n Notice) {
 			// A window another edge opened: it started its length (its
 			// calendar period) before its reset. What this edge reserves
 			// there later goes back with that start (an event needs one).
-			e.reset, e.start = instantOf(n.ResetAt), instantOf(e.policy.Ending(n.ResetAt).Start)
+			e.reset, e.start = instantOf(n.ResetAt), instantOf(e.alg().ending(e.policy, n.ResetAt).Start)
 		}
 		e.full = true
 		e.used = max(e.used, n.Used)
@@ -167,8 +167,8 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 		e.expire()
 	}
 	if !e.live(now) && !c.suspected(e.at(), now) {
-		args := limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: 1, Want: min(cost, p.Limit), Producer: c.d.Producer,
-			Holder: e.holder, Owed: e.owed(), Opens: p.WindowAt(now)}
+		args := e.alg().terms(p, now)
+		args.Need, args.Want, args.Producer, args.Holder, args.Owed = 1, min(cost, p.Limit), c.d.Producer, e.holder, e.owed()
 		if _, full, err := c.takeWaiting(ctx, e, args, now, time.Now().Add(c.cfg.RedisBudget)); err == nil {
 			if full {
 				c.publishFull(e)

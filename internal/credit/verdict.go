@@ -110,8 +110,6 @@ func (v Verdict) Expires() time.Time {
 	if v.Decided {
 		return v.Reset
 	}
-	if v.Policy.Fixed() {
-		return v.Policy.WindowAt(v.Now).ResetAt
-	}
-	return v.Now.Add(v.Policy.Window + time.Second)
+	_, latest := algorithmOf(v.Policy.Algorithm).blind(v.Policy, v.Now)
+	return latest
 }

@@ -14,6 +14,10 @@ func TestPolicyValidate(t *testing.T) {
 	ok := limiter.Policy{Name: "core", Limit: 100, Window: time.Minute}
 	require.NoError(t, ok.Validate())
 	require.EqualValues(t, 1, ok.CostOrDefault())
+	named := ok
+	named.Algorithm = limiter.FixedWindow
+	require.NoError(t, named.Validate())
+	require.Equal(t, limiter.FixedWindow, ok.Algorithm.OrDefault())
 	bad := map[string]func(p *limiter.Policy){
 		"empty name":        func(p *limiter.Policy) { p.Name = "" },
 		"name with quote":   func(p *limiter.Policy) { p.Name = `a"b` },
@@ -26,6 +30,7 @@ func TestPolicyValidate(t *testing.T) {
 		"cost over limit":   func(p *limiter.Policy) { p.Cost = 101 },
 		"negative cost":     func(p *limiter.Policy) { p.Cost = -1 },
 		"unknown mode":      func(p *limiter.Policy) { p.Mode = "fast" },
+		"unknown algorithm": func(p *limiter.Policy) { p.Algorithm = "sliding_window" },
 	}
 	for name, mutate := range bad {
 		t.Run(name, func(t *testing.T) {

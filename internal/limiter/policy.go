@@ -61,8 +61,40 @@ func (m Mode) OrDefault() Mode {
 	return m
 }
 
+// Algorithm names how a policy counts (docs/architecture.md, "The seam
+// an algorithm plugs into"). The decision core holds one unit per
+// algorithm (credit.algorithm); FixedWindow is the only one built.
+type Algorithm string
+
+const (
+	// FixedWindow counts Limit units per window: a window opens at a
+	// client's first request, at a multiple of its length (Align) or at a
+	// calendar boundary (Calendar), and resets at its end. The default.
+	FixedWindow Algorithm = "fixed_window"
+)
+
+// Validate reports whether a is an algorithm this version has; "" means
+// FixedWindow.
+func (a Algorithm) Validate() error {
+	switch a {
+	case "", FixedWindow:
+		return nil
+	}
+	return fmt.Errorf("%w: algorithm %q: want fixed_window, the one this version has", ErrInvalidPolicy, a)
+}
+
+// OrDefault is a, or FixedWindow when a is empty.
+func (a Algorithm) OrDefault() Algorithm {
+	if a == "" {
+		return FixedWindow
+	}
+	return a
+}
+
 // Policy is one rate limit: Limit units per Window, Cost units a request.
 type Policy struct {
+	// Algorithm is how the policy counts; "" means FixedWindow.
+	Algorithm Algorithm
 	// Name names the limit in X-RateLimit-Resource and RateLimit-Policy, and
 	// is part of every key: 1 to 64 of [a-z0-9_.-], starting with a letter or
 	// digit.
@@ -224,6 +256,8 @@ func (p Policy) Validate() error {
 		return bad("cost", "%d: want 1 to the limit, %d (policy %s)", p.Cost, p.Limit, p.Name)
 	case p.Mode.Validate() != nil:
 		return bad("mode", "%q: want auto, exact or async (policy %s)", p.Mode, p.Name)
+	case p.Algorithm.Validate() != nil:
+		return bad("algorithm", "%q: want fixed_window, the one this version has (policy %s)", p.Algorithm, p.Name)
 	}
 	return nil
 }

@@ -47,7 +47,7 @@
 -- ARGV[8 .. 7+P] -> the producer ids of KEYS[1..P] (keys.go's ValidProducer):
 --            what a producer charges and gives back is counted in each
 --            window's c:<producer> (window.lua)
--- ARGV[8+P ..] -> events, 10 arguments each (a producer's usually in order):
+-- ARGV[8+P ..] -> events, 11 arguments each (a producer's usually in order):
 --   1 producer    index into KEYS (1 .. P)
 --   2 seq         the producer's sequence number (1 .. 999999999999999)
 --   3 kind        "c" charge units; "r" refund units of an earlier charge;
@@ -70,6 +70,12 @@
 --                 charges), or 0 when the charge was a reservation
 --  10 ref seq     refunds with a ref: the charge's sequence, below the
 --                 refund's own; otherwise 0
+--  11 linger      ms (0 .. 366 days): 0 for a window, which ends at its
+--                 reset; for a sub-window of a sliding window (named by
+--                 reset_at, never by start), how long after its reset it
+--                 still counts in a span: the event applies to it until
+--                 then, and a window the event opens expires that much
+--                 later (reset_at + grace + linger)
 --
 -- Rules:
 --   charge   by reset_at: added to that window while it is live; opens it
@@ -128,7 +134,7 @@ for i = 1, np do
   names[i] = ARGV[7 + i]
   if not valid_producer(names[i]) then return redis.error_reply("ERR tally: invalid producer id " .. i) end
 end
-local FIELDS = 10
+local FIELDS = 11
 local first = 7 + np
 local nev = (#ARGV - first) / FIELDS
 if nev < 0 or nev ~= math.floor(nev) then return redis.error_reply("ERR tally: invalid event count") end
@@ -142,6 +148,7 @@ for i = 1, nev do
     win = arg_int(b + 4, np + 1, lastWin), reset = arg_int(b + 5, 0, MAX_MS), start = arg_int(b + 6, 0, MAX_MS),
     len = arg_int(b + 7, 1000, 1000000000000), units = arg_int(b + 8, 1, MAX_UNITS),
     ref = arg_int(b + 9, 0, np), refseq = arg_int(b + 10, 0, 999999999999999),
+    linger = arg_int(b + 11, 0, 31622400000),
   }
   local bad = nil
   if e.prod == nil then bad = "producer"
@@ -158,6 +165,7 @@ for i = 1, nev do
   elseif e.ref ~= 0 and (e.ref ~= e.prod or e.refseq >= e.seq) then bad = "ref"
   elseif e.kind ~= "c" and e.ref == 0 and e.reset == 0 then bad = "reset_at"
   elseif e.reset > 0 and (e.start >= e.reset or e.reset > e.start + e.len + MAX_RESET_AHEAD) then bad = "reset_at"
+  elseif e.linger == nil or (e.linger > 0 and e.reset == 0) then bad = "linger"
   end
   if bad ~= nil then
     return redis.error_reply("ERR tally: invalid " .. bad .. " of event " .. i)
@@ -272,6 +280,9 @@ local function mark(p, seq)
 end
 
 local touched = {}
+-- lingers: how long after its reset each window touched still counts
+-- (its events' linger): its expiry when this call writes it whole.
+local lingers = {}
 -- held is what producer prod holds in window i (c:<producer>), read once,
 -- with the events of the producer a reseed's re-assertion covers there
 -- (v:<producer>, reseed.lua: from < seq <= to). opened marks the windows
@@ -306,10 +317,11 @@ local function window(i)
   return wins[i] or nil
 end
 
--- live reports whether the stored window w is the event's window and live.
+-- live reports whether the stored window w is the event's window and live
+-- (a sliding window's sub-window: still in a span).
 local function live(w, e)
   if e.reset > 0 then
-    return w ~= nil and w.r == e.reset and w.r > now
+    return w ~= nil and w.r == e.reset and w.r + e.linger > now
   end
   return place(w, e.start, now, e.len, tol, grace) == "live"
 end
@@ -327,7 +339,7 @@ local function charge(e, p)
     if e.reset > 0 then
       -- The window the response showed is not stored (the primary lost it,
       -- or it was collected): open it, unless it is over or replaced.
-      if e.reset <= now or e.reset - e.len > now + tol or (w ~= nil and w.r > now) then
+      if e.reset + e.linger <= now or e.reset - e.len > now + tol or (w ~= nil and w.r > now) then
         return 3, 0, 0, 0
       end
       local prev = now - grace
@@ -348,6 +360,7 @@ local function charge(e, p)
   local h = holding(e.win, e.prod)
   h.n, h.dirty = h.n + e.units, true
   touched[e.win] = true
+  lingers[e.win] = math.max(lingers[e.win] or 0, e.linger)
   return 1, w.u, w.r, e.units
 end
 
@@ -373,6 +386,7 @@ local function giveback(e)
   w.u = w.u - amount
   h.n, h.dirty = h.n - amount, true
   touched[e.win] = true
+  lingers[e.win] = math.max(lingers[e.win] or 0, e.linger)
   return 1, w.u, w.r, amount
 end
 
@@ -380,7 +394,7 @@ end
 -- counted the event already (reseed.lua): it took effect then.
 local function covered(e)
   local w = window(e.win)
-  if e.reset == 0 or w == nil or w.r ~= e.reset or w.r <= now then
+  if e.reset == 0 or w == nil or w.r ~= e.reset or w.r + e.linger <= now then
     return false
   end
   local h = holding(e.win, e.prod)
@@ -434,8 +448,8 @@ for i in pairs(touched) do
     -- was (w.mine), what its producer holds is the count.
     redis.call("SET", KEYS[i], encode(w.u, w.s, w.r, w.holder, w.p, grace, w.mine), "KEEPTTL")
   else
-    expand(KEYS[i], w, grace)
-    save(KEYS[i], w, grace)
+    expand(KEYS[i], w, grace + (lingers[i] or 0))
+    save(KEYS[i], w, grace + (lingers[i] or 0))
     for prod, h in pairs(held[i] or {}) do
       if h.dirty then
         redis.call("HSET", KEYS[i], "c:" .. names[prod], num(h.n))

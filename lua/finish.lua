@@ -45,6 +45,10 @@
 --             else 0. A charge not yet applied nets to zero whole (outcome
 --             5) whenever back is above 0: the caller charges again what
 --             the request kept
+-- ARGV[14] -> linger, ms (0 .. 366 days; "" or absent: 0), as in apply.lua:
+--             for a sub-window of a sliding window (reset_at set), how long
+--             after its reset it still counts in a span; the request is
+--             finished in it until then
 --
 -- Returns: {outcome, used, reset_at, amount}
 --   1 finished          recorded; amount units given back (at most back, at
@@ -87,6 +91,11 @@ local ttl = arg_int(12, 1000, 1000000000000)
 if ttl == nil then return redis.error_reply("ERR tally: invalid producer lifetime") end
 local back = arg_int(13, 0, units)
 if back == nil then return redis.error_reply("ERR tally: invalid back") end
+local linger = 0
+if (ARGV[14] or "") ~= "" then
+  linger = arg_int(14, 0, 31622400000)
+  if linger == nil or (linger > 0 and reset == 0) then return redis.error_reply("ERR tally: invalid linger") end
+end
 
 if reseeding(KEYS[4]) then
   return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
@@ -106,7 +115,7 @@ end
 -- The window the request counts in, live.
 local live
 if reset > 0 then
-  live = w ~= nil and w.r == reset and w.r > now
+  live = w ~= nil and w.r == reset and w.r + linger > now
 else
   live = place(w, start, now, len, tol, grace) == "live"
 end
@@ -132,7 +141,7 @@ end
 -- Record the finish.
 if reset > 0 then
   redis.call("SETBIT", KEYS[2], n, 1)
-  redis.call("PEXPIREAT", KEYS[2], num(reset + grace))
+  redis.call("PEXPIREAT", KEYS[2], num(reset + grace + linger))
 else
   redis.call("HSET", KEYS[3], "f:" .. num(seq), "1")
   redis.call("PEXPIRE", KEYS[3], num(ttl))
@@ -149,7 +158,7 @@ end
 local field = "c:" .. producer
 local have = held_by(KEYS[1], w, producer)
 local amount = math.min(back, w.u, have)
-expand(KEYS[1], w, grace)
+expand(KEYS[1], w, grace + linger)
 w.u = w.u - amount
 redis.call("HSET", KEYS[1], "u", num(w.u), field, num(have - amount))
 return { 1, w.u, w.r, amount }

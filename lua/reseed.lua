@@ -46,13 +46,18 @@
 -- ARGV[14] -> frozen: the holder's share as it last had it recorded
 --             (0 .. 1e9; 0: none)
 -- ARGV[15] -> the share's expiry, ms
+-- ARGV[16] -> linger, ms (0 .. 366 days; "" or absent: 0): for a sub-window
+--             of a sliding window, how long after its reset it still counts
+--             in a span (apply.lua's linger): it is re-asserted until then,
+--             and a window opened here expires at reset_at + grace + linger
 --
 -- Returns: {outcome, used, added}
 --   outcome 1 opened (the window was not held: opened and seeded)
 --           2 seeded (a window held from before the reseed, or opened by it)
 --           3 conflict: another window of the key is live (opened after
 --             the reseed ended): nothing changed
---           4 late: reset_at has passed: nothing changed
+--           4 late: reset_at (and the linger after it) has passed: nothing
+--             changed
 --   used    the window's count after the call (0 for 4)
 --   added   units added to the count
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
@@ -93,22 +98,27 @@ if from == nil or to == nil or to < from then return redis.error_reply("ERR tall
 local frozen = arg_int(14, 0, MAX_UNITS)
 local expiry = arg_int(15, 0, MAX_MS)
 if frozen == nil or expiry == nil then return redis.error_reply("ERR tally: invalid frozen") end
+local linger = 0
+if (ARGV[16] or "") ~= "" then
+  linger = arg_int(16, 0, 31622400000)
+  if linger == nil then return redis.error_reply("ERR tally: invalid linger") end
+end
 
-if reset <= now then
+if reset + linger <= now then
   return { 4, 0, 0 }
 end
 local gf, cf, zf, tf, vf = "g:" .. holder, "c:" .. producer, "z:" .. holder, "t:" .. holder, "v:" .. producer
 local cw, form = read(KEYS[1], grace)
 if form == "compact" then
-  if cw.r > now then
-    expand(KEYS[1], cw, grace)
+  if cw.r + linger > now then
+    expand(KEYS[1], cw, grace + linger)
   else
     redis.call("DEL", KEYS[1])
   end
 end
 local f = redis.call("HMGET", KEYS[1], "u", "s", "r", "h", gf, cf, zf, tf, vf)
 local w = nil
-if tonumber(f[3]) ~= nil and tonumber(f[2]) ~= nil and tonumber(f[3]) > now then
+if tonumber(f[3]) ~= nil and tonumber(f[2]) ~= nil and tonumber(f[3]) + linger > now then
   w = { u = tonumber(f[1]) or 0, r = tonumber(f[3]) }
 end
 local outcome = 2
@@ -118,7 +128,7 @@ if w == nil then
   -- would have accepted (window.lua's p).
   redis.call("DEL", KEYS[1])
   redis.call("HSET", KEYS[1], "u", "0", "s", num(start), "r", num(reset), "p", num(math.min(start, now - grace)), "h", epoch)
-  redis.call("PEXPIREAT", KEYS[1], num(reset + grace))
+  redis.call("PEXPIREAT", KEYS[1], num(reset + grace + linger))
   w = { u = 0, r = reset }
   f = { false, false, false, epoch, false, false, false, false, false }
   outcome = 1

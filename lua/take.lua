@@ -74,6 +74,24 @@
 --            opening). A live window is never moved: its stored reset holds
 --            until it passes, whatever a take names
 --
+-- ARGV[18] -> slices: "" (or absent): a window. 2 .. 60: the window is one
+--            sub-window of a sliding window of that many sub-windows of
+--            ARGV[2], aligned (ARGV[15] "1"), the one ARGV[16] and ARGV[17]
+--            name; KEYS[4 .. 2 + slices] are the slices - 1 sub-windows
+--            before it, nearest first, and KEYS[3 + slices .. 1 + 2 *
+--            slices] the slices - 1 after it, nearest first (keys.go's
+--            SliceKey: each under its own key, named by its reset). A
+--            reservation leaves every span of slices consecutive
+--            sub-windows that holds this one within the limit, those after
+--            it included (an edge whose clock runs behind reserves in a
+--            sub-window another has moved past), and "used" in the reply is
+--            the fullest of those spans. A sub-window counts in the spans
+--            of the slices - 1 after it, so its key expires at reset_at +
+--            grace + (slices - 1) * ARGV[2]; it is never compact. While
+--            the key moves (ARGV[10]), a sub-window opens on this shard
+--            when any sub-window of its spans here holds units, and the
+--            key is marked moved only when none does.
+--
 -- Compact windows (window.lua): with ARGV[14] "1", a take that owes
 -- nothing, moves nothing and freezes nothing, in a window of whole
 -- seconds, for a holder <producer>.<n>, opens a window compact (one SET
@@ -154,13 +172,26 @@ if (ARGV[16] or "") ~= "" or (ARGV[17] or "") ~= "" then
 else
   opens = opening(now, len, align)
 end
+-- A sliding window (ARGV[18]): its sub-windows, and how long one counts
+-- after its reset.
+local slices = 0
+if (ARGV[18] or "") ~= "" then
+  slices = arg_int(18, 2, 60)
+  if slices == nil or (ARGV[16] or "") == "" or not align or #KEYS ~= 1 + 2 * slices then
+    return redis.error_reply("ERR tally: invalid slices")
+  end
+end
+local linger = 0
+if slices > 0 then
+  linger = (slices - 1) * len
+end
 
 -- The cold path: a take the compact form can hold (the shard's windows may
 -- be compact; it owes nothing, moves nothing, freezes nothing; whole
 -- seconds; a holder <producer>.<n>) on a key that holds no live window or
 -- the holder's own compact one. One GET and one SET; the reseed marker is
 -- not read (the header above).
-local simple = compact_form and ARGV[14] == "1" and ARGV[9] == "" and (ARGV[10] or "") == "" and (ARGV[11] or "") == ""
+local simple = slices == 0 and compact_form and ARGV[14] == "1" and ARGV[9] == "" and (ARGV[10] or "") == "" and (ARGV[11] or "") == ""
   and need > 0 and len % 1000 == 0
 
 -- open_compact opens a window at now, compact, replacing whatever the key
@@ -247,6 +278,51 @@ if #owedPairs > 0 then
 end
 -- One read: the window, and what it holds for the holder and the producer.
 local w, form, f = read(KEYS[1], grace, { mine_field, held_field, "m" })
+-- A sliding window: extra is the most that a span holding this sub-window
+-- counts besides it (what every reservation here adds to each of them).
+local extra = 0
+if slices > 0 then
+  local r0 = opens + len
+  -- counted is the count of the sub-window stored at key when it is the
+  -- one that resets at r: one HMGET (sub-windows are hashes), a string
+  -- read as any window.
+  local function counted(key, r)
+    local f = redis.pcall("HMGET", key, "u", "r")
+    if type(f) == "table" and f.err == nil then
+      if tonumber(f[2]) == r then
+        return tonumber(f[1]) or 0
+      end
+      return 0
+    end
+    local sw = load(key, grace)
+    if sw ~= nil and sw.r == r then
+      return sw.u
+    end
+    return 0
+  end
+  -- Sub-windows after this one exist only when an edge's clock is ahead:
+  -- one EXISTS says whether any is there to read.
+  local after = {}
+  for i = 1, slices - 1 do
+    after[i] = KEYS[2 + slices + i]
+  end
+  local ahead = redis.call("EXISTS", unpack(after)) > 0
+  local us = { [0] = 0 }
+  for i = 1, slices - 1 do
+    us[-i] = counted(KEYS[3 + i], r0 - i * len)
+    us[i] = 0
+    if ahead then
+      us[i] = counted(KEYS[2 + slices + i], r0 + i * len)
+    end
+  end
+  for t = 0, slices - 1 do
+    local sum = 0
+    for m = t - slices + 1, t do
+      sum = sum + us[m]
+    end
+    extra = math.max(extra, sum)
+  end
+end
 -- Every write here waits for a reseed in progress (the cold path above
 -- touched only what is the holder's alone).
 if need > 0 and reseeding(KEYS[3]) then
@@ -264,12 +340,13 @@ elseif form == "full" then
   mine, held_now, moved = tonumber(f[5]) or 0, tonumber(f[6]) or 0, f[7]
 end
 local opened = 0
-if w == nil or w.r <= now then
-  -- No live window: a key that moved opens its windows on its new owner.
+if w == nil or w.r <= now or (slices > 0 and w.r ~= opens + len) then
+  -- No live window (for a sub-window, none of its own reset): a key that
+  -- moved opens its windows on its new owner.
   if moved then
     return redis.error_reply("TALLYMOVED " .. moved)
   end
-  if moving ~= "" then
+  if moving ~= "" and extra == 0 then
     if need > 0 then
       redis.call("DEL", KEYS[1])
       redis.call("HSET", KEYS[1], "m", moving)
@@ -298,17 +375,17 @@ if w == nil or w.r <= now then
   opened, owed, mine, held_now = 1, 0, 0, 0
 end
 if need == 0 then
-  return { 0, w.u, w.r, w.s, 0, applied, mine, -1, 0 }
+  return { 0, w.u + extra, w.r, w.s, 0, applied, mine, -1, 0 }
 end
 if form == "compact" then
-  if limit - w.u - owed < need then
+  if limit - w.u - extra - owed < need then
     -- No room, and none to take back: a compact window holds no frozen share.
-    return { 0, w.u, w.r, w.s, 0, applied, mine, -1, 0 }
+    return { 0, w.u + extra, w.r, w.s, 0, applied, mine, -1, 0 }
   end
-  expand(KEYS[1], w, grace)
+  expand(KEYS[1], w, grace + linger)
 end
 local granted = 0
-local room = limit - w.u - owed
+local room = limit - w.u - extra - owed
 if room < need and opened == 0 then
   -- Short of room: the frozen shares of edges that stopped reporting
   -- (hold.lua) come back first. An edge never spends a share once it has
@@ -334,7 +411,7 @@ if room < need and opened == 0 then
   if back > 0 then
     w.u = math.max(0, w.u - back)
     redis.call("HSET", KEYS[1], "u", num(w.u))
-    room = limit - w.u - owed
+    room = limit - w.u - extra - owed
   end
 end
 if room >= need then
@@ -347,7 +424,7 @@ mine, held_now = mine + granted, held_now + granted
 if opened == 1 then
   redis.call("HSET", KEYS[1], "u", num(w.u), "s", num(w.s), "r", num(w.r), "p", num(w.p), mine_field, num(mine),
     held_field, num(held_now))
-  redis.call("PEXPIREAT", KEYS[1], num(w.r + grace))
+  redis.call("PEXPIREAT", KEYS[1], num(w.r + grace + linger))
 elseif granted > 0 then
   redis.call("HSET", KEYS[1], "u", num(w.u), mine_field, num(mine), held_field, num(held_now))
 end
@@ -367,4 +444,4 @@ if keep ~= nil and granted > 0 then
     end
   end
 end
-return { granted, w.u, w.r, w.s, opened, applied, mine, frozen, 0 }
+return { granted, w.u + extra, w.r, w.s, opened, applied, mine, frozen, 0 }

@@ -91,6 +91,7 @@ func policies() []config.Policy {
 		{Name: "hot", Limit: 500, Window: 5 * time.Second},
 		{Name: "hot-async", Limit: 500, Window: 5 * time.Second, Mode: limiter.ModeAsync},
 		{Name: "refunds", Limit: limiter.MaxLimit, Window: time.Hour, Mode: limiter.ModeExact},
+		{Name: "far-sliding", Limit: limiter.MaxLimit, Window: time.Hour, Algorithm: limiter.SlidingWindow, Slices: 10},
 	}
 }
 

@@ -73,6 +73,7 @@ const (
 // edge and envoyproxy/ratelimit's own port.
 const (
 	tallyGRPC     = "tally: Envoy's rate-limit service (gRPC)"
+	tallySliding  = "tally: sliding window"
 	referenceGRPC = referenceName + " (gRPC)"
 )
 
@@ -120,8 +121,15 @@ func (b *bench) keyCounts(ctx context.Context) error {
 	if b.reference != nil {
 		targets = append(targets, keyTarget{target{referenceGRPC, b.referenceGRPC, "", nil, b.reference.procs}, true})
 	}
+	// A sliding window far from its limit beside the fixed window, on one
+	// key (from memory) and over a million (a reservation a decision).
+	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[0], "far-sliding", b.edges[0], nil}}
 	for _, n := range counts {
-		rs, err := b.keyCount(ctx, targets, n)
+		ts := targets
+		if n == 1 || n == 1_000_000 {
+			ts = append(append([]keyTarget(nil), targets...), sliding)
+		}
+		rs, err := b.keyCount(ctx, ts, n)
 		if err != nil {
 			return err
 		}
@@ -370,6 +378,17 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 // over HTTP, over 10k keys 2× and over 1 and 100 keys 2.3× (over gRPC
 // those are measured).
 func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
+	slide, fixed := r.keyPair(tallySliding, "tally mode: auto")
+	for _, n := range []int{1, 1_000_000} {
+		t, ok1 := slide[n]
+		f, ok2 := fixed[n]
+		if !ok1 || !ok2 || f.Median == 0 {
+			continue
+		}
+		lo, hi := roundRatios(t, f)
+		p("| sliding window over %d keys ≥ 0.9× the fixed window's decisions per second (decision API, far from the limits) | %.2f× (%.0f against %.0f req/s; rounds %.2f – %.2f) | %s |",
+			n, t.Median/f.Median, t.Median, f.Median, lo, hi, check(t.Median >= 0.9*f.Median))
+	}
 	for _, pair := range [][3]string{{"tally mode: auto", referenceName, "decision API"}, {tallyGRPC, referenceGRPC, "gRPC rate-limit service"}} {
 		mine, peer := r.keyPair(pair[0], pair[1])
 		for _, n := range []int{1, 100, 10_000, 1_000_000} {

@@ -144,6 +144,12 @@ func (w *worker) convert(it *item) error {
 			case !ok || p.Window != window:
 				return fmt.Errorf("%w: event %d: policy %q with a window of %ds is not configured", events.ErrInvalidEvent,
 					k+1, e.Policy, e.WindowSeconds)
+			case p.Slices != e.Slices:
+				// A sliding window's events name its sub-windows, under keys
+				// of their own: an event that disagrees would count where
+				// no reservation looks.
+				return fmt.Errorf("%w: event %d: policy %q is configured with %d sub-windows, not %d", events.ErrInvalidEvent,
+					k+1, e.Policy, p.Slices, e.Slices)
 			}
 		}
 		op, ok, err := e.Op(w.a.keys)

@@ -80,7 +80,7 @@ in the new window (docs/operations.md). The reset is recorded on the decisions s
 				if _, err := c.jetstream(); err != nil { // before anything changes: the reset is told and recorded
 					return err
 				}
-				if _, err := c.store.Reset(ctx, k); err != nil {
+				if _, err := c.store.Reset(ctx, k, p, now); err != nil {
 					return err
 				}
 				notice := events.NewNotices(c.keys.Derive(events.NoticeKeyLabel)).Append(nil,
@@ -116,7 +116,7 @@ func (c *call) window(ctx context.Context, who client) (limiter.Policy, limiter.
 	if err != nil {
 		return p, k, redisstore.WindowDetail{}, err
 	}
-	w, err := st.Inspect(ctx, k, c.env.Now())
+	w, err := st.Inspect(ctx, k, p, c.env.Now())
 	return p, k, w, err
 }
 

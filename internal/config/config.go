@@ -384,8 +384,13 @@ type Policy struct {
 	Window time.Duration `yaml:"window"`
 	Cost   int64         `yaml:"cost"`
 	// Algorithm is how the policy counts: fixed_window (the default,
-	// limiter.FixedWindow), the one this version has.
+	// limiter.FixedWindow) or sliding_window (limiter.SlidingWindow: at most
+	// Limit in any Window, measured in Slices sub-windows aligned to the
+	// clock).
 	Algorithm limiter.Algorithm `yaml:"algorithm"`
+	// Slices is a sliding window's number of sub-windows, 2 to 60 (default
+	// 10); Window must be that many whole seconds.
+	Slices int `yaml:"slices"`
 	// Mode is auto (default), exact or async (docs/accuracy.md).
 	Mode limiter.Mode `yaml:"mode"`
 	// Key is what a proxied request's window is keyed by: identity (the
@@ -428,6 +433,18 @@ type Tiers struct {
 type Override struct {
 	Identity string `yaml:"identity"`
 	Limit    int64  `yaml:"limit"`
+}
+
+// DefaultSlices is a sliding window's number of sub-windows when its policy
+// names none.
+const DefaultSlices = 10
+
+// slices is p's number of sub-windows: Slices, or DefaultSlices.
+func (p Policy) slices() int {
+	if p.Slices == 0 {
+		return DefaultSlices
+	}
+	return p.Slices
 }
 
 // When a policy's windows open.
@@ -716,6 +733,12 @@ func (p Policy) Limiter() limiter.Policy {
 		lp.Calendar = limiter.Period(p.Period)
 		lp.Window = lp.Calendar.Longest()
 		lp.Location, _ = limiter.LoadZone(p.TimeZone) // Check reports a zone that cannot be loaded
+	}
+	if p.Algorithm == limiter.SlidingWindow {
+		// The limiter's window is the sub-window; Check reports a window
+		// that does not divide into whole seconds.
+		lp.Slices = p.slices()
+		lp.Window, lp.Align = p.Window/time.Duration(lp.Slices), true
 	}
 	return lp
 }

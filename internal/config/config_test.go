@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/limiter"
 )
 
 const good = `
@@ -178,7 +180,11 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"route without a policy", "    policy: search\n", "", "routes[0].policy: missing"},
 		{"duplicate cleaned route", "    cost: 2\n", "    cost: 2\n  - path: /search/\n    policy: core\n", "routes[1].path: duplicate route \"/search/\""},
 		{"bad policy key", "    limit: 100", "    limit: 100\n    key: cookie", "line 20: policies[0].key: \"cookie\": want identity or address"},
-		{"algorithm this version lacks", "    limit: 100", "    limit: 100\n    algorithm: sliding_window", "line 20: policies[0].algorithm: \"sliding_window\": want fixed_window"},
+		{"unknown algorithm", "    limit: 100", "    limit: 100\n    algorithm: token_bucket", "line 20: policies[0].algorithm: \"token_bucket\": want fixed_window or sliding_window"},
+		{"sliding window not cut in whole seconds", "    limit: 100", "    limit: 100\n    algorithm: sliding_window\n    slices: 7", "policies[0].window: 1m0s: a sliding window of 7 slices lasts a multiple of 7s"},
+		{"slices of a fixed window", "    limit: 100", "    limit: 100\n    slices: 6", "line 20: policies[0].slices: 6: slices are a sliding window's"},
+		{"too many slices", "    limit: 100", "    limit: 100\n    algorithm: sliding_window\n    slices: 61", "policies[0].slices: 61: want 2 to 60"},
+		{"sliding window on the calendar", "    limit: 100", "    limit: 100\n    algorithm: sliding_window\n    windows: clock", "policies[0].windows: \"clock\": a sliding window's sub-windows are aligned to the clock"},
 		{"bad policy windows", "    limit: 100", "    limit: 100\n    windows: monthly", "line 20: policies[0].windows: \"monthly\": want first_request, clock or calendar"},
 		{"unknown global policy", "  listen: 127.0.0.1:8080", "  listen: 127.0.0.1:8080\n  global_policies: [nope]", "edge.global_policies[0]: unknown policy"},
 		{"client certificate without key", "  url: nats://127.0.0.1:4222", "  url: nats://127.0.0.1:4222\n  tls: {cert_file: /x.pem}", "nats: tls: cert_file and key_file go together"},
@@ -292,4 +298,21 @@ func TestRoutesTiersAndOverrides(t *testing.T) {
 	two := strings.Replace(src, "routes:\n", "routes:\n  - path: /search\n    policy: core\n", 1)
 	_, err = Parse([]byte(two), withSecret)
 	require.NoError(t, err)
+}
+
+// A sliding window's policy reaches the limiter as its sub-windows: the
+// window divided by slices (10 when unset), aligned to the clock.
+func TestSlidingWindowPolicy(t *testing.T) {
+	src := strings.Replace(good, "    limit: 100\n    window: 1m", "    limit: 100\n    window: 1m\n    algorithm: sliding_window", 1)
+	f, err := Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	p := f.PolicyMap()["core"]
+	require.Equal(t, limiter.Policy{Name: "core", Algorithm: limiter.SlidingWindow, Limit: 100, Window: 6 * time.Second, Slices: 10,
+		Align: true}, p)
+	require.Equal(t, time.Minute, p.Span())
+	src = strings.Replace(src, "algorithm: sliding_window", "algorithm: sliding_window\n    slices: 4", 1)
+	f, err = Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	require.Equal(t, 15*time.Second, f.PolicyMap()["core"].Window)
+	require.Equal(t, "1m0s, sliding in 4 sub-windows of 15s", f.PolicyMap()["core"].Per())
 }

@@ -213,10 +213,11 @@ func (f *File) validatePolicies(ps *problems) {
 	for i, p := range f.Policies {
 		path := fmt.Sprintf("policies[%d]", i)
 		lp := p.Limiter()
-		calendarOK := p.validateWindows(ps, path)
+		calendarOK := p.validateWindows(ps, path) && p.validateSliding(ps, path)
 		if !calendarOK {
 			// Its other terms are judged as those of a valid calendar.
 			lp.Calendar, lp.Window, lp.Location = limiter.Day, limiter.Day.Longest(), nil
+			lp.Algorithm, lp.Slices, lp.Align = "", 0, false
 		}
 		err := lp.Validate()
 		ps.in(path, err)
@@ -380,6 +381,32 @@ func (p Policy) validateWindows(ps *problems, path string) bool {
 		ok = false
 	}
 	return ok
+}
+
+// validateSliding checks a sliding window's window and slices, and reports
+// false when its sub-windows cannot be made (its other terms are then
+// judged as a valid window's).
+func (p Policy) validateSliding(ps *problems, path string) bool {
+	if p.Algorithm != limiter.SlidingWindow {
+		if p.Slices != 0 {
+			ps.field(path+".slices", "%d: slices are a sliding window's (algorithm: sliding_window)", p.Slices)
+		}
+		return true
+	}
+	if p.Windows != "" {
+		ps.field(path+".windows", "%q: a sliding window's sub-windows are aligned to the clock; leave windows out", p.Windows)
+		return false
+	}
+	n := p.slices()
+	if n < 2 || n > limiter.MaxSlices {
+		ps.field(path+".slices", "%d: want 2 to %d", p.Slices, limiter.MaxSlices)
+		return false
+	}
+	if p.Window <= 0 || p.Window%(time.Duration(n)*time.Second) != 0 {
+		ps.field(path+".window", "%v: a sliding window of %d slices lasts a multiple of %ds (whole-second sub-windows)", p.Window, n, n)
+		return false
+	}
+	return true
 }
 
 func (p Policy) windowsOrDefault() string {

@@ -46,12 +46,14 @@ type algorithm interface {
 	blind(p limiter.Policy, now time.Time) (reset, latest time.Time)
 }
 
-// algorithmOf is the unit of algorithm a. Policies are validated, and the fixed
-// window ("" or limiter.FixedWindow) is the one this version has: a second
-// algorithm adds its case here. The choice is made on the request path, so
-// it stays one the compiler resolves (the fixed window's arithmetic is
-// inlined where the core calls it).
-func algorithmOf(limiter.Algorithm) algorithm { return fixed }
+// algorithmOf is the unit of algorithm a. Policies are validated: anything
+// but limiter.SlidingWindow is the fixed window, as "" is.
+func algorithmOf(a limiter.Algorithm) algorithm {
+	if a == limiter.SlidingWindow {
+		return sliding
+	}
+	return fixed
+}
 
 // alg is e's policy's algorithm. Callers hold e.mu.
 func (e *entry) alg() algorithm { return algorithmOf(e.policy.Algorithm) }
@@ -68,9 +70,14 @@ func (fixedWindow) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
 }
 
 func (fixedWindow) tell(v Verdict, e *entry, allowed bool, used int64) limiter.Decision {
-	reset := e.reset.Time()
+	return told(v, allowed, used, v.Policy.Ending(e.reset.Time()).Length(), e.reset.Time())
+}
+
+// told is a decision of v with used units counted, of a window of length
+// window that resets at reset.
+func told(v Verdict, allowed bool, used int64, window time.Duration, reset time.Time) limiter.Decision {
 	d := limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
-		Used: max(0, used), Window: v.Policy.Ending(reset).Length(), ResetAt: reset, Now: v.Now}
+		Used: max(0, used), Window: window, ResetAt: reset, Now: v.Now}
 	d.Remaining = max(0, d.Limit-d.Used)
 	return d
 }
@@ -83,4 +90,37 @@ func (fixedWindow) blind(p limiter.Policy, now time.Time) (reset, latest time.Ti
 		return r, r
 	}
 	return time.Time{}, now.Add(p.Window + time.Second)
+}
+
+// sliding is the sliding window: at most Limit units in any Slices
+// consecutive sub-windows of Window, aligned to the clock. Each sub-window
+// is a window of the fixed kind under its own key, whose script counts the
+// other sub-windows of its spans (Grant.Used is the fullest span): an
+// entry's window is its sub-window, its credit good until that ends, and
+// what is left from memory is the same arithmetic as a fixed window's. A
+// sub-window goes on counting in the spans after it: the credit an edge
+// holds when it ends goes back by an event, and what the edge reserved and
+// sent for it is re-asserted in a reseed until it leaves the last span
+// (Core.windowEnded).
+var sliding slidingWindow
+
+type slidingWindow struct{}
+
+func (slidingWindow) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
+	return limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Opens: p.WindowAt(now), Align: true, Slices: p.Slices}
+}
+
+// tell: the window a client is told of is the span; its reset is when the
+// sub-window ends, the next time room can come back.
+func (slidingWindow) tell(v Verdict, e *entry, allowed bool, used int64) limiter.Decision {
+	return told(v, allowed, used, v.Policy.Span(), e.reset.Time())
+}
+
+func (slidingWindow) ending(p limiter.Policy, reset time.Time) limiter.Span {
+	return limiter.Span{Start: reset.Add(-p.Window), ResetAt: reset}
+}
+
+func (slidingWindow) blind(p limiter.Policy, now time.Time) (reset, latest time.Time) {
+	r := p.WindowAt(now).ResetAt
+	return r, r
 }

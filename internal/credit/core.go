@@ -158,7 +158,7 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	unfroze := false
 	for {
 		if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
-			e.expire()
+			c.windowEnded(e, now)
 		}
 		if !unfroze && e.frozen > 0 && e.credit >= cost && e.free() < cost && e.live(now) && !e.holding {
 			// Credit frozen for a dead edge's sake: a report lowers it
@@ -273,7 +273,7 @@ func (c *Core) Look(ctx context.Context, p limiter.Policy, dg limiter.Digest, no
 	e.lastUseNano.Store(now.UnixNano())
 	e.adopt(p)
 	if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
-		e.expire()
+		c.windowEnded(e, now)
 	}
 	path := PathCredit
 	if !e.live(now) {
@@ -428,6 +428,25 @@ func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	})
 }
 
+// windowEnded forgets e's window, which has reset at now. A sliding
+// window's sub-window goes on counting in the spans after it: the credit e
+// holds there goes back by an event, for those spans to use, and what e
+// reserved and sent there is kept for a reseed until it leaves the last
+// span (entry.keepPast). Callers hold e.mu.
+func (c *Core) windowEnded(e *entry, now time.Time) {
+	if e.policy.Linger() > 0 && !e.start.IsZero() {
+		if units := e.free(); units > 0 {
+			ev := limiter.Entry{Kind: limiter.Release, Key: e.key, Policy: e.policy, Units: units, ResetAt: e.reset.Time(),
+				Start: e.start.Time(), Time: now}
+			if c.record(e, ev) != 0 {
+				c.stats.released.Add(uint64(units))
+			}
+		}
+		e.keepPast(now)
+	}
+	e.expire()
+}
+
 // fresh reports whether no window of e's key can be known to this edge: e
 // never reserved, and the key was not seen lately (seen). Callers hold e.mu.
 func (c *Core) fresh(e *entry) bool { return !e.asked && !c.seen.has(e.key.Digest()) }
@@ -474,7 +493,11 @@ func (c *Core) grant(e *entry, g limiter.Grant, now time.Time) bool {
 	}
 	if !e.reset.Equal(g.ResetAt) || e.start.IsZero() { // a new window, or one another edge opened
 		if !e.reset.Equal(g.ResetAt) {
-			e.expire()
+			if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
+				c.windowEnded(e, now)
+			} else {
+				e.expire()
+			}
 		}
 		e.reset, e.start = instantOf(g.ResetAt), instantOf(g.Start)
 	}

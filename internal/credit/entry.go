@@ -87,6 +87,10 @@ type entry struct {
 	// sentFrom < seq <= sentTo, and by the finishes of its requests.
 	charged, givenBack int64
 	sentFrom, sentTo   uint64
+	// past, for a sliding window's entry, is the same for the sub-windows
+	// before its window that are still in a span (claims.go); nil for other
+	// policies.
+	past *[]pastWindow
 
 	counts *[2]atomic.Uint64 // the policy's decisions, by [allowed] (Core.byPolicy)
 
@@ -184,8 +188,17 @@ func (e *entry) exact() bool { return e.policy.Mode.OrDefault() == limiter.ModeE
 // adopt takes p's terms (a limit reloaded with another limit, window or
 // mode): the window and the credit held in it stay, and what is left is
 // judged by the new limit from now on. Callers hold e.mu.
+//
+// Another algorithm, or a sliding window cut into other sub-windows,
+// counts in other windows: what e knew is forgotten (the credit it held
+// stays counted where it was reserved until that window resets).
 func (e *entry) adopt(p limiter.Policy) {
 	if e.policy != p {
+		if e.policy.Algorithm.OrDefault() != p.Algorithm.OrDefault() || e.policy.Slices != p.Slices ||
+			(p.Slices > 0 && e.policy.Window != p.Window) {
+			e.expire()
+			e.past = nil
+		}
 		e.policy = p
 	}
 }

@@ -42,7 +42,7 @@ func (e *entry) allowance() int64 {
 func (c *Core) freezeIn(e *entry, a *limiter.TakeArgs, now time.Time) {
 	// A report in flight may change the share first: the freeze then
 	// does not happen (its answer says so), and the next sweep reports.
-	if e.exact() {
+	if e.exact() || e.policy.Linger() > 0 {
 		return
 	}
 	keep := max(0, e.allowance()-e.free())
@@ -61,7 +61,7 @@ type pendingHold struct {
 // report is due; idle, e reports nothing frozen, so that its credit can go
 // back. Callers hold e.mu.
 func (c *Core) holdTarget(e *entry, idle bool, now time.Time) (int64, bool) {
-	if e.holding || e.exact() || !e.live(now) || e.start.IsZero() {
+	if e.holding || e.exact() || !e.live(now) || e.start.IsZero() || e.policy.Linger() > 0 {
 		return 0, false
 	}
 	target := max(0, e.credit-e.allowance())

@@ -119,9 +119,11 @@ func (c *Core) TrueUp(ctx context.Context, v Verdict, status int, actual int64, 
 
 func (c *Core) finish(ctx context.Context, v Verdict, status int, back int64, now time.Time) (limiter.FinishResult, error) {
 	a := limiter.FinishArgs{Start: v.Now, Window: v.Policy.Window, Producer: v.Producer, Holder: v.Holder(),
-		N: v.N, Units: v.Cost, ChargeSeq: v.ChargeSeq, Status: status, Back: back}
+		N: v.N, Units: v.Cost, ChargeSeq: v.ChargeSeq, Status: status, Back: back, Slices: v.Policy.Slices}
 	if v.Decided {
 		a.ResetAt = v.Reset
+	} else if v.Policy.Slices > 0 {
+		a.ResetAt, _ = algorithmOf(v.Policy.Algorithm).blind(v.Policy, v.Now)
 	}
 	res, err := c.d.Reserver.Finish(ctx, v.Key, now, a)
 	if err == nil && res.Outcome == limiter.Finished && res.Amount > 0 {
@@ -164,7 +166,7 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 	e.lastUseNano.Store(now.UnixNano())
 	e.adopt(p)
 	if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
-		e.expire()
+		c.windowEnded(e, now)
 	}
 	if !e.live(now) && !c.suspected(e.at(), now) {
 		args := e.alg().terms(p, now)

@@ -64,7 +64,7 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 		defer e.mu.Unlock()
 		last := e.lastUseNano.Load()
 		if !e.reset.IsZero() && !now.Before(e.reset.Time()) {
-			e.expire()
+			c.windowEnded(e, now)
 		}
 		// Credit unused for idle_release, or for three of the key's own
 		// intervals between requests if that is longer (a key that comes
@@ -83,7 +83,10 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 			lost = append(lost, e)
 		}
 		switch {
-		case !e.full:
+		case !e.full || e.policy.Linger() > 0:
+			// A sliding window's sub-window is short, and the next
+			// reservation after it ends reads the spans anew: it is not
+			// read again while it is full.
 			e.verified, e.recheck = 0, 0
 		case e.verified.IsZero(): // full since the last sweep: read it a Recheck from now
 			e.verified, e.recheck = instantOf(now), c.cfg.Recheck

@@ -104,11 +104,12 @@ func HolderOf(producer string, num uint64) string {
 }
 
 // Expires is when the request can no longer be finished: its window's
-// reset, or, for a request admitted without knowing its window, the latest
-// that window can reset.
+// reset (a sliding window's sub-window: when it leaves the last span), or,
+// for a request admitted without knowing its window, the latest that
+// window can reset.
 func (v Verdict) Expires() time.Time {
 	if v.Decided {
-		return v.Reset
+		return v.Reset.Add(v.Policy.Linger())
 	}
 	_, latest := algorithmOf(v.Policy.Algorithm).blind(v.Policy, v.Now)
 	return latest

@@ -109,6 +109,11 @@ type Accounting struct {
 	Policy        string
 	Limit         int64
 	WindowSeconds int64
+	// Slices, above 0, says the policy is a sliding window of that many
+	// sub-windows of WindowSeconds (limiter.Policy.Slices): the event
+	// belongs to the sub-window ResetAt names, or, without ResetAt, the one
+	// StartedAt falls in (sub-windows are aligned to the clock).
+	Slices int
 	// Units is what the event charges, refunds or releases.
 	Units int64
 	// ResetAt is the window as the response showed it; zero places the
@@ -178,6 +183,10 @@ func (e *Accounting) Validate() error {
 		return bad("limit %d", e.Limit)
 	case e.WindowSeconds < 1 || e.WindowSeconds > int64(limiter.MaxSpan/time.Second):
 		return bad("window_s %d", e.WindowSeconds)
+	case e.Slices != 0 && (e.Slices < 2 || e.Slices > limiter.MaxSlices || int64(e.Slices)*e.WindowSeconds > int64(limiter.MaxWindow/time.Second)):
+		return bad("slices %d: want 2 to %d sub-windows of window_s, spanning at most %v", e.Slices, limiter.MaxSlices, limiter.MaxWindow)
+	case e.Slices != 0 && !e.ResetAt.IsZero() && e.ResetAt.Unix()%e.WindowSeconds != 0:
+		return bad("reset_at: a sliding window's sub-windows end at multiples of window_s")
 	case e.Units < 1 || e.Units > limiter.MaxLimit:
 		// Not bounded by the limit: a charge may take a window past it (an
 		// overdraft), and a release gives back what was reserved under the
@@ -269,6 +278,9 @@ func AppendAccounting(b []byte, shard string, e *Accounting) []byte {
 	b = appendStringField(b, "policy", e.Policy)
 	b = appendIntField(b, "limit", e.Limit)
 	b = appendIntField(b, "window_s", e.WindowSeconds)
+	if e.Slices > 0 {
+		b = appendIntField(b, "slices", int64(e.Slices))
+	}
 	b = appendIntField(b, "units", e.Units)
 	b = appendTimeField(b, "started_at", e.StartedAt)
 	if !e.ResetAt.IsZero() {
@@ -333,7 +345,7 @@ func AccountingOf(e limiter.Entry, producer string, seq uint64, source, keyID st
 	reset, window := e.Placed()
 	a := Accounting{Producer: producer, Seq: seq, KeyID: keyID, Source: source, Time: e.Time, TraceParent: e.TraceParent,
 		Key: e.Key.Digest().String(), Policy: e.Policy.Name, Limit: e.Policy.Limit,
-		WindowSeconds: int64(window / time.Second), Units: e.Units, ResetAt: reset, StartedAt: e.Start,
+		WindowSeconds: int64(window / time.Second), Slices: e.Policy.Slices, Units: e.Units, ResetAt: reset, StartedAt: e.Start,
 		RequestID: e.RequestID}
 	switch e.Kind {
 	case limiter.Charge:
@@ -357,7 +369,11 @@ func (e *Accounting) Op(keys *limiter.KeySpace) (op limiter.Event, ok bool, err 
 		return op, false, fmt.Errorf("%w: %v", ErrInvalidEvent, err)
 	}
 	op = limiter.Event{Producer: e.Producer, Seq: e.Seq, Key: k, ResetAt: e.ResetAt, Start: e.StartedAt,
-		Window: time.Duration(e.WindowSeconds) * time.Second, Units: e.Units}
+		Window: time.Duration(e.WindowSeconds) * time.Second, Units: e.Units, Slices: e.Slices}
+	if e.Slices > 0 && e.ResetAt.IsZero() {
+		// The sub-window the start falls in: they are aligned to the clock.
+		op.ResetAt = limiter.Policy{Window: op.Window, Align: true}.WindowAt(e.StartedAt).ResetAt
+	}
 	switch {
 	case e.Kind == Started:
 		op.Kind = limiter.Charge

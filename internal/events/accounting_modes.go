@@ -34,6 +34,7 @@ type wireEvent struct {
 		Policy    string    `json:"policy"`
 		Limit     int64     `json:"limit"`
 		Window    int64     `json:"window_s"`
+		Slices    int       `json:"slices"`
 		Units     int64     `json:"units"`
 		StartedAt time.Time `json:"started_at"`
 		ResetAt   time.Time `json:"reset_at"`
@@ -100,7 +101,7 @@ func DecodeAccounting(shard, producer string, h nats.Header, body []byte) ([]Acc
 		}
 		*e = Accounting{Kind: kindOf(w.Type), Producer: w.Producer, Seq: w.Seq, KeyID: w.KeyID, Source: w.Source, Time: w.Time,
 			TraceParent: w.TraceParent, Key: w.Data.Key, Policy: w.Data.Policy, Limit: w.Data.Limit,
-			WindowSeconds: w.Data.Window, Units: w.Data.Units, ResetAt: w.Data.ResetAt, StartedAt: w.Data.StartedAt,
+			WindowSeconds: w.Data.Window, Slices: w.Data.Slices, Units: w.Data.Units, ResetAt: w.Data.ResetAt, StartedAt: w.Data.StartedAt,
 			RequestID: w.Data.RequestID, Status: w.Data.Status}
 		if c := w.Data.Charge; c != nil {
 			e.ChargeProducer, e.ChargeSeq = c.Producer, c.Seq

@@ -174,7 +174,7 @@ func (r *lossRun) verify(t *testing.T) []*jetstream.RawStreamMsg {
 	// What an edge froze of its credit and could not unfreeze as it stopped
 	// (a report that failed) stays counted until another edge takes it
 	// back (docs/operations.md, Credit held by an edge that dies).
-	detail, err := c.store.Inspect(context.Background(), r.hot.key, time.Now())
+	detail, err := c.store.Inspect(context.Background(), r.hot.key, limiter.Policy{Window: time.Minute}, time.Now())
 	require.NoError(t, err)
 	var frozen int64
 	for _, f := range detail.Frozen {

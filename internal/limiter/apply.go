@@ -56,6 +56,11 @@ type Event struct {
 	// applied; ResetAt must then be set. Other kinds leave them empty.
 	RefProducer string
 	RefSeq      uint64
+	// Slices, above 0, names a sub-window of a sliding window of that many
+	// sub-windows of Window (Policy.Slices): its own key (Key.SliceKey),
+	// named by ResetAt, which must be set; the event applies to it while
+	// it is in a span, until Linger after its reset.
+	Slices int
 }
 
 // MaxResetAhead is how long after a request started its window may reset
@@ -144,6 +149,13 @@ func (e *Event) Validate() error {
 		return bad("bad charge reference")
 	case e.Kind != Charge && e.RefProducer == "" && e.ResetAt.IsZero():
 		return bad("a %s of a reservation needs reset_at", e.Kind)
+	case e.Slices > 0 && e.ResetAt.IsZero():
+		return bad("a sub-window of a sliding window is named by reset_at")
+	case e.Slices > 0 && e.ResetAt.Unix()%int64(max(time.Second, e.Window)/time.Second) != 0:
+		return bad("reset_at %v: a sliding window's sub-windows end at multiples of %v", e.ResetAt, e.Window)
+	}
+	if err := validSlices(e.Window, e.Slices); err != nil {
+		return bad("%v", err)
 	}
 	return validWindow(e.Window)
 }

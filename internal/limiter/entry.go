@@ -33,7 +33,7 @@ type Entry struct {
 func (e Entry) Event(producer string, seq uint64) Event {
 	reset, window := e.Placed()
 	ev := Event{Producer: producer, Seq: seq, Kind: e.Kind, Key: e.Key, ResetAt: reset, Start: e.Start,
-		Window: window, Units: e.Units}
+		Window: window, Units: e.Units, Slices: e.Policy.Slices}
 	if e.Kind == Refund && e.ChargeSeq != 0 {
 		ev.RefProducer, ev.RefSeq = producer, e.ChargeSeq
 	}
@@ -46,6 +46,11 @@ func (e Entry) Event(producer string, seq uint64) Event {
 // start, the reset of the period its start falls in (a calendar window is
 // known from the clock: its event opens no window of another length).
 func (e Entry) Placed() (resetAt time.Time, window time.Duration) {
+	if e.Policy.Slices > 0 && e.ResetAt.IsZero() {
+		// A sliding window's sub-windows are aligned to the clock: the one
+		// the start falls in.
+		return e.Policy.WindowAt(e.Start).ResetAt, e.Policy.Window
+	}
 	if e.Policy.Calendar == "" {
 		return e.ResetAt, e.Policy.Window
 	}

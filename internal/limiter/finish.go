@@ -30,6 +30,11 @@ type FinishArgs struct {
 	// event not yet applied nets whole whenever Back is above 0
 	// (FinishPending): the caller charges again what the request keeps.
 	Back int64
+	// Slices, above 0, says the window is a sub-window of a sliding window
+	// of that many (Policy.Slices), named by ResetAt, which must be set: a
+	// finish applies to it while it is in a span, until Linger after its
+	// reset.
+	Slices int
 }
 
 // FinishOutcome is what finishing did.
@@ -102,6 +107,11 @@ func (a FinishArgs) Validate(k Key) error {
 	case !a.ResetAt.IsZero() && (a.ResetAt.UnixMilli()%1000 != 0 || !a.Start.Before(a.ResetAt) ||
 		a.ResetAt.Sub(a.Start) > a.Window+MaxResetAhead):
 		return bad("reset_at %v for a start at %v", a.ResetAt, a.Start)
+	case a.Slices > 0 && a.ResetAt.IsZero():
+		return bad("a sub-window of a sliding window is named by reset_at")
+	}
+	if err := validSlices(a.Window, a.Slices); err != nil {
+		return bad("%v", err)
 	}
 	return validWindow(a.Window)
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // This file is the only place that builds Redis keys.
@@ -196,6 +197,28 @@ func (ks *KeySpace) KeyFromDigest(s string) (Key, error) {
 
 // Digest is the key's identity-free name: safe to put in events and logs.
 func (k Key) Digest() Digest { return k.digest }
+
+// SliceKey is the Redis key of one sub-window of k's sliding window
+// (Policy.Slices): the window key, a colon and the sub-window's reset in
+// whole seconds since the Unix epoch. It has k's hash tag, so it is on k's
+// shard, and every sub-window of a span is under one tag.
+func (k Key) SliceKey(reset time.Time) string {
+	b := make([]byte, 0, len(k.redis)+12)
+	b = append(b, k.redis...)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, reset.Unix(), 10)
+	return string(b)
+}
+
+// WindowKey is the Redis key of k's window that resets at reset: k's own
+// key, or for a sliding window of slices sub-windows (slices > 0) the
+// sub-window's (SliceKey).
+func (k Key) WindowKey(reset time.Time, slices int) string {
+	if slices > 0 {
+		return k.SliceKey(reset)
+	}
+	return k.redis
+}
 
 // String is the Redis key.
 func (k Key) String() string { return k.redis }

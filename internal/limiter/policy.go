@@ -3,6 +3,7 @@ package limiter
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/tallyhq/tally/internal/setting"
@@ -63,7 +64,7 @@ func (m Mode) OrDefault() Mode {
 
 // Algorithm names how a policy counts (docs/architecture.md, "The seam
 // an algorithm plugs into"). The decision core holds one unit per
-// algorithm (credit.algorithm); FixedWindow is the only one built.
+// algorithm (credit.algorithm).
 type Algorithm string
 
 const (
@@ -71,16 +72,25 @@ const (
 	// client's first request, at a multiple of its length (Align) or at a
 	// calendar boundary (Calendar), and resets at its end. The default.
 	FixedWindow Algorithm = "fixed_window"
+	// SlidingWindow admits at most Limit units in any Slices consecutive
+	// sub-windows of Window, aligned to the clock (docs/windows.md,
+	// "Sliding windows"). Each sub-window is stored as a window of its own
+	// (Key.SliceKey); a reservation in one counts the others of its span.
+	SlidingWindow Algorithm = "sliding_window"
 )
+
+// MaxSlices bounds Policy.Slices: a reservation reads 2 × Slices − 1
+// sub-windows.
+const MaxSlices = 60
 
 // Validate reports whether a is an algorithm this version has; "" means
 // FixedWindow.
 func (a Algorithm) Validate() error {
 	switch a {
-	case "", FixedWindow:
+	case "", FixedWindow, SlidingWindow:
 		return nil
 	}
-	return fmt.Errorf("%w: algorithm %q: want fixed_window, the one this version has", ErrInvalidPolicy, a)
+	return fmt.Errorf("%w: algorithm %q: want fixed_window or sliding_window", ErrInvalidPolicy, a)
 }
 
 // OrDefault is a, or FixedWindow when a is empty.
@@ -95,6 +105,12 @@ func (a Algorithm) OrDefault() Algorithm {
 type Policy struct {
 	// Algorithm is how the policy counts; "" means FixedWindow.
 	Algorithm Algorithm
+	// Slices, for a SlidingWindow, is how many sub-windows of Window its
+	// span holds (2 to MaxSlices): at most Limit units are admitted in any
+	// Slices consecutive sub-windows. A sliding policy's Window is its
+	// sub-window's length and its windows are aligned to the clock (Align).
+	// 0 for other algorithms.
+	Slices int
 	// Name names the limit in X-RateLimit-Resource and RateLimit-Policy, and
 	// is part of every key: 1 to 64 of [a-z0-9_.-], starting with a letter or
 	// digit.
@@ -198,9 +214,37 @@ func (p Policy) Ending(reset time.Time) Span {
 	return Span{Start: reset.Add(-p.Window), ResetAt: reset}
 }
 
-// Per says how long p's windows last, for people: "1h0m0s", or "calendar
-// month (Europe/Berlin)".
+// Span is how long the stretch p counts Limit over lasts: a sliding
+// window's Slices sub-windows, else its window (for a calendar policy, its
+// longest).
+func (p Policy) Span() time.Duration {
+	if p.Slices > 0 {
+		return time.Duration(p.Slices) * p.Window
+	}
+	return p.Window
+}
+
+// Linger is how long after its reset a window of p still counts: a
+// sliding window's sub-window is in the spans of the Slices − 1 after it;
+// 0 for other policies.
+func (p Policy) Linger() time.Duration { return Linger(p.Window, p.Slices) }
+
+// Linger is how long after its reset a sub-window of length window, of a
+// sliding window of slices of them, still counts (0 for slices 0: a
+// window that ends at its reset).
+func Linger(window time.Duration, slices int) time.Duration {
+	if slices < 2 {
+		return 0
+	}
+	return time.Duration(slices-1) * window
+}
+
+// Per says how long p's windows last, for people: "1h0m0s", "calendar
+// month (Europe/Berlin)", or "1m0s, sliding in 6 sub-windows of 10s".
 func (p Policy) Per() string {
+	if p.Slices > 0 {
+		return p.Span().String() + ", sliding in " + strconv.Itoa(p.Slices) + " sub-windows of " + p.Window.String()
+	}
 	if p.Calendar == "" {
 		return p.Window.String()
 	}
@@ -257,7 +301,15 @@ func (p Policy) Validate() error {
 	case p.Mode.Validate() != nil:
 		return bad("mode", "%q: want auto, exact or async (policy %s)", p.Mode, p.Name)
 	case p.Algorithm.Validate() != nil:
-		return bad("algorithm", "%q: want fixed_window, the one this version has (policy %s)", p.Algorithm, p.Name)
+		return bad("algorithm", "%q: want fixed_window or sliding_window (policy %s)", p.Algorithm, p.Name)
+	case p.Algorithm == SlidingWindow && (p.Slices < 2 || p.Slices > MaxSlices):
+		return bad("slices", "%d: want 2 to %d (policy %s)", p.Slices, MaxSlices, p.Name)
+	case p.Algorithm == SlidingWindow && (!p.Align || p.Calendar != ""):
+		return bad("windows", "a sliding window's sub-windows are aligned to the clock (policy %s)", p.Name)
+	case p.Algorithm == SlidingWindow && p.Span() > MaxWindow:
+		return bad("window", "%v: a sliding window spans at most %v (policy %s)", p.Span(), MaxWindow, p.Name)
+	case p.Algorithm != SlidingWindow && p.Slices != 0:
+		return bad("slices", "%d: sub-windows are a sliding window's (policy %s)", p.Slices, p.Name)
 	}
 	return nil
 }

@@ -57,6 +57,13 @@ type TakeArgs struct {
 	// policy's windows differ in length). Zero: WindowAt of a policy of
 	// Window and Align.
 	Opens Span
+	// Slices, when above 0, makes the take one in a sliding window of
+	// that many sub-windows of Window (Policy.Slices): it reserves in the
+	// sub-window Opens names (Key.SliceKey), at most what leaves every
+	// span of Slices sub-windows that holds it within Limit, and
+	// Grant.Used is the fullest of those spans. Fresh, Own and Freeze do
+	// not apply.
+	Slices int
 }
 
 // Owed is one charge an edge sent as an accounting event: its sequence and
@@ -128,6 +135,12 @@ func (a TakeArgs) Validate(k Key) error {
 			return fmt.Errorf("%w: take: owed %d units of event %d", ErrInvalidArgument, o.Units, o.Seq)
 		}
 	}
+	if err := validSlices(a.Window, a.Slices); err != nil {
+		return fmt.Errorf("take: %w", err)
+	}
+	if a.Slices > 0 && (a.Opens.IsZero() || a.Opens.Length() != a.Window || !a.Align) {
+		return fmt.Errorf("%w: take: a sliding window's take names its sub-window, aligned, %v long", ErrInvalidArgument, a.Window)
+	}
 	if !a.Opens.IsZero() {
 		if err := a.Opens.validate(); err != nil {
 			return fmt.Errorf("take: %w", err)
@@ -148,6 +161,20 @@ func (a TakeArgs) OpensAt(now time.Time) (Span, error) {
 		return Span{}, fmt.Errorf("%w: take: window %v to %v does not hold now, %v", ErrInvalidArgument, s.Start, s.ResetAt, now)
 	}
 	return s, nil
+}
+
+// validSlices refuses a sliding window the scripts would refuse: 0 (none),
+// or 2 to MaxSlices sub-windows of whole seconds spanning at most
+// MaxWindow.
+func validSlices(window time.Duration, slices int) error {
+	if slices == 0 {
+		return nil
+	}
+	if slices < 2 || slices > MaxSlices || window%time.Second != 0 || time.Duration(slices)*window > MaxWindow {
+		return fmt.Errorf("%w: %d sub-windows of %v: want 2 to %d, whole seconds, spanning at most %v", ErrInvalidArgument,
+			slices, window, MaxSlices, MaxWindow)
+	}
+	return nil
 }
 
 // validate refuses a window the scripts would refuse: whole seconds, from
@@ -219,6 +246,10 @@ type Claim struct {
 	// until FrozenExpiry.
 	Frozen       int64
 	FrozenExpiry time.Time
+	// Slices, above 0, makes the window a sub-window of a sliding window
+	// of that many (TakeArgs.Slices): it is claimed under its own key
+	// (Key.SliceKey) while it is in a span, until Linger after its reset.
+	Slices int
 }
 
 // Validate refuses a claim reseed.lua would refuse.
@@ -239,6 +270,9 @@ func (c Claim) Validate() error {
 		return fmt.Errorf("%w: claim: events %d to %d", ErrInvalidArgument, c.From, c.To)
 	case c.Frozen < 0 || c.Frozen > MaxLimit || (c.Frozen > 0 && c.FrozenExpiry.Before(time.UnixMilli(0))):
 		return fmt.Errorf("%w: claim: frozen %d", ErrInvalidArgument, c.Frozen)
+	}
+	if err := validSlices(c.Window, c.Slices); err != nil {
+		return fmt.Errorf("claim: %w", err)
 	}
 	return validWindow(c.Window)
 }

@@ -94,7 +94,7 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, re
 		return nil
 	}
 	np := len(keys)
-	args := make([]any, 0, 7+np+10*len(valid))
+	args := make([]any, 0, 7+np+11*len(valid))
 	args = append(args, ms(now), np, s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(), s.opts.ProducerTTL.Milliseconds(),
 		call, limiter.ReplyLifetime.Milliseconds())
 	for _, id := range names {
@@ -110,8 +110,8 @@ func (s *Store) apply(ctx context.Context, i int, now time.Time, call uint64, re
 		if e.RefProducer != "" {
 			ref = idx[s.producerKey(e.Producer)] // the same producer
 		}
-		args = append(args, idx[s.producerKey(e.Producer)], e.Seq, kindArg[e.Kind], index(e.Key.String()),
-			reset, ms(e.Start), e.Window.Milliseconds(), e.Units, ref, e.RefSeq)
+		args = append(args, idx[s.producerKey(e.Producer)], e.Seq, kindArg[e.Kind], index(e.Key.WindowKey(e.ResetAt, e.Slices)),
+			reset, ms(e.Start), e.Window.Milliseconds(), e.Units, ref, e.RefSeq, limiter.Linger(e.Window, e.Slices).Milliseconds())
 	}
 	if reply != "" {
 		keys = append(keys, reply)

@@ -266,7 +266,7 @@ func TestCompactWindowEverywhere(t *testing.T) {
 		g := e.takeAs(t, "edge-a", k, 10, 1, 6)
 		w := e.checkReplica(t, k)
 		require.Equal(t, limiter.Window{Live: true, Used: 6, ResetAt: g.ResetAt, Start: g.Start}, w)
-		d, err := e.store.Inspect(ctx, k, e.clock.Now())
+		d, err := e.store.Inspect(ctx, k, limiter.Policy{Window: minute}, e.clock.Now())
 		require.NoError(t, err)
 		require.True(t, d.Live)
 		require.EqualValues(t, 6, d.Used)
@@ -331,7 +331,7 @@ func TestCompactWindowEverywhere(t *testing.T) {
 			require.Equal(t, v, e.primary.Client().Get(ctx, k.String()).Val())
 			require.ErrorContains(t, e.primary.Client().EvalRO(ctx, lua.Check, []string{k.String()}, e.clock.Now().UnixMilli()).Err(),
 				"unreadable window", v)
-			_, err = e.store.Inspect(ctx, k, e.clock.Now())
+			_, err = e.store.Inspect(ctx, k, limiter.Policy{Window: minute}, e.clock.Now())
 			require.ErrorContains(t, err, "is no window", v)
 		}
 	})

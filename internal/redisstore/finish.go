@@ -43,10 +43,11 @@ func (s *Store) Finish(ctx context.Context, k limiter.Key, now time.Time, a limi
 	if err := s.gate(ctx, i); err != nil {
 		return limiter.FinishResult{}, err
 	}
-	keys := []string{k.String(), s.keys.FinishKey(k.Digest(), a.Holder, reset), s.producerKey(a.Producer), s.keys.ReseedKey()}
+	keys := []string{k.WindowKey(a.ResetAt, a.Slices), s.keys.FinishKey(k.Digest(), a.Holder, reset), s.producerKey(a.Producer),
+		s.keys.ReseedKey()}
 	v, err := s.run(ctx, n.primary, finishScript, false, keys, ms(now), reset, a.N, a.Status, a.Units, a.Producer,
 		a.ChargeSeq, ms(a.Start), a.Window.Milliseconds(), s.opts.Grace.Milliseconds(), s.opts.SkewTolerance.Milliseconds(),
-		s.opts.ProducerTTL.Milliseconds(), a.Back).Int64Slice()
+		s.opts.ProducerTTL.Milliseconds(), a.Back, limiter.Linger(a.Window, a.Slices).Milliseconds()).Int64Slice()
 	if err != nil {
 		return limiter.FinishResult{}, fmt.Errorf("limiter: finish on shard %s: %w", n.name, scriptErr(err))
 	}

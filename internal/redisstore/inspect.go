@@ -43,20 +43,68 @@ type Holding struct {
 	Until time.Time
 }
 
-// Inspect reads k's window on its primary (not a replica: an operator
-// wants what decides), at now.
-func (s *Store) Inspect(ctx context.Context, k limiter.Key, now time.Time) (WindowDetail, error) {
+// Inspect reads k's window under policy p on its primary (not a replica:
+// an operator wants what decides), at now. For a sliding window it is the
+// span that ends with the sub-window of now: Used sums the sub-windows of
+// the span, Holders what each producer holds in them, Start is the span's
+// and ResetAt the sub-window's end.
+func (s *Store) Inspect(ctx context.Context, k limiter.Key, p limiter.Policy, now time.Time) (WindowDetail, error) {
 	if j, moving := s.previousOwner(k); moving {
-		if w, err := s.inspectOn(ctx, j, k, now); err != nil || w.Live {
+		if w, err := s.inspectOn(ctx, j, k, p, now); err != nil || w.Live {
 			return w, err
 		}
 	}
-	return s.inspectOn(ctx, s.ShardOf(k), k, now)
+	return s.inspectOn(ctx, s.ShardOf(k), k, p, now)
 }
 
-func (s *Store) inspectOn(ctx context.Context, i int, k limiter.Key, now time.Time) (WindowDetail, error) {
+// spanKeys are the Redis keys of every sub-window of p's sliding window of
+// k that a span holding the sub-window of now may count, oldest first, and
+// how many of them end with that sub-window; for other policies, k's key.
+func spanKeys(k limiter.Key, p limiter.Policy, now time.Time) (keys []string, upToNow int) {
+	if p.Slices == 0 {
+		return []string{k.String()}, 1
+	}
+	reset := p.WindowAt(now).ResetAt
+	for i := -(p.Slices - 1); i < p.Slices; i++ {
+		keys = append(keys, k.SliceKey(reset.Add(time.Duration(i)*p.Window)))
+	}
+	return keys, p.Slices
+}
+
+func (s *Store) inspectOn(ctx context.Context, i int, k limiter.Key, p limiter.Policy, now time.Time) (WindowDetail, error) {
+	keys, upToNow := spanKeys(k, p, now)
+	var out WindowDetail
+	held := map[string]int64{}
+	for j, key := range keys[:upToNow] {
+		w, err := s.inspectKey(ctx, i, key, now.Add(-time.Duration(upToNow-1-j)*p.Window))
+		if err != nil || p.Slices == 0 {
+			return w, err
+		}
+		// A sub-window of the span: live at its own time.
+		out.Shard, out.MovedTo = w.Shard, w.MovedTo
+		if !w.Live {
+			continue
+		}
+		if !out.Live {
+			out.Start = w.Start
+		}
+		out.Live, out.Used, out.ResetAt = true, out.Used+w.Used, w.ResetAt
+		for _, h := range w.Holders {
+			held[h.Who] += h.Units
+		}
+	}
+	out.ResetAt = p.WindowAt(now).ResetAt
+	for who, u := range held {
+		out.Holders = append(out.Holders, Holding{Who: who, Units: u})
+	}
+	sort.Slice(out.Holders, func(a, b int) bool { return out.Holders[a].Who < out.Holders[b].Who })
+	return out, nil
+}
+
+// inspectKey reads the window stored at key on shard i, live at now.
+func (s *Store) inspectKey(ctx context.Context, i int, key string, now time.Time) (WindowDetail, error) {
 	n := s.shards[i]
-	if v, err := n.primary.Get(ctx, k.String()).Result(); err == nil {
+	if v, err := n.primary.Get(ctx, key).Result(); err == nil {
 		// A compact window: one holder's (lua/window.lua).
 		c, ok := limiter.ParseCompact(v)
 		if !ok {
@@ -71,7 +119,7 @@ func (s *Store) inspectOn(ctx context.Context, i int, k limiter.Key, now time.Ti
 	} else if !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "WRONGTYPE") {
 		return WindowDetail{}, fmt.Errorf("limiter: inspect on shard %s primary: %w", n.name, err)
 	}
-	fields, err := n.primary.HGetAll(ctx, k.String()).Result()
+	fields, err := n.primary.HGetAll(ctx, key).Result()
 	if err != nil {
 		return WindowDetail{}, fmt.Errorf("limiter: inspect on shard %s primary: %w", n.name, err)
 	}
@@ -105,12 +153,15 @@ func (s *Store) inspectOn(ctx context.Context, i int, k limiter.Key, now time.Ti
 	return w, nil
 }
 
-// Reset deletes k's window on every shard that may hold it (its owner,
-// and its previous owner while keys move): the client starts a new window
-// at its next request. It reports whether there was one. Edges that hold
-// credit of the deleted window keep it until they hear the window has room
-// (the caller's notice) — see docs/operations.md for the bound.
-func (s *Store) Reset(ctx context.Context, k limiter.Key) (bool, error) {
+// Reset deletes k's window under policy p on every shard that may hold it
+// (its owner, and its previous owner while keys move): the client starts a
+// new window at its next request. For a sliding window it deletes every
+// sub-window a span holding the sub-window of now may count. It reports
+// whether there was one. Edges that hold credit of the deleted window keep
+// it until they hear the window has room (the caller's notice) — see
+// docs/operations.md for the bound.
+func (s *Store) Reset(ctx context.Context, k limiter.Key, p limiter.Policy, now time.Time) (bool, error) {
+	keys, _ := spanKeys(k, p, now)
 	shards := []int{s.ShardOf(k)}
 	if j, moving := s.previousOwner(k); moving {
 		shards = append(shards, j)
@@ -121,7 +172,7 @@ func (s *Store) Reset(ctx context.Context, k limiter.Key) (bool, error) {
 		if err := s.gate(ctx, i); err != nil {
 			return existed, err
 		}
-		deleted, err := n.primary.Del(ctx, k.String()).Result()
+		deleted, err := n.primary.Del(ctx, keys...).Result()
 		if err != nil {
 			return existed, fmt.Errorf("limiter: reset on shard %s primary: %w", n.name, err)
 		}

@@ -403,9 +403,10 @@ func (s *Store) sendClaims(ctx context.Context, i int, epoch string, claims []li
 			if cl.Frozen > 0 {
 				expiry = ms(cl.FrozenExpiry)
 			}
-			cmds[j] = pipe.EvalSha(c, reseedScript.Hash(), []string{cl.Key.String()}, now, epoch, ms(cl.ResetAt), ms(cl.Start),
-				cl.Window.Milliseconds(), s.opts.Grace.Milliseconds(), cl.Holder, cl.Producer, cl.Reserved, cl.Charged,
-				cl.GivenBack, cl.From, cl.To, cl.Frozen, expiry)
+			cmds[j] = pipe.EvalSha(c, reseedScript.Hash(), []string{cl.Key.WindowKey(cl.ResetAt, cl.Slices)}, now, epoch,
+				ms(cl.ResetAt), ms(cl.Start), cl.Window.Milliseconds(), s.opts.Grace.Milliseconds(), cl.Holder, cl.Producer,
+				cl.Reserved, cl.Charged, cl.GivenBack, cl.From, cl.To, cl.Frozen, expiry,
+				limiter.Linger(cl.Window, cl.Slices).Milliseconds())
 		}
 		_, _ = pipe.Exec(c)
 		cancel()

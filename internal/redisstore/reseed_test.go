@@ -75,7 +75,7 @@ func (r *recorder) Claims(_ int, now time.Time) []limiter.Claim {
 	defer r.mu.Unlock()
 	var out []limiter.Claim
 	for _, c := range r.claims {
-		if c.ResetAt.After(now) {
+		if c.ResetAt.Add(limiter.Linger(c.Window, c.Slices)).After(now) {
 			out = append(out, c)
 		}
 	}

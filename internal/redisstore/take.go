@@ -107,7 +107,12 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 	if err := s.gate(ctx, r.i); err != nil {
 		return nil, err
 	}
-	c := &takeCall{ctx: ctx, key: r.k.String(), req: r, compact: s.shards[r.i].compact.Load()}
+	c := &takeCall{ctx: ctx, key: r.k.WindowKey(r.opens.ResetAt, a.Slices), req: r, compact: s.shards[r.i].compact.Load()}
+	if a.Slices > 0 {
+		// A sliding window's sub-windows are never compact: every take is
+		// the script, which counts the others of its spans.
+		c.compact = false
+	}
 	if c.compact {
 		simple := a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && limiter.CompactHolder(r.holder, a.Producer)
 		switch {
@@ -137,7 +142,17 @@ func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
 	if a.Align {
 		args[14] = "1"
 	}
-	return []string{key, s.producerKey(a.Producer), s.keys.ReseedKey()}, args
+	keys := []string{key, s.producerKey(a.Producer), s.keys.ReseedKey()}
+	if a.Slices > 0 {
+		// The sub-windows before this one, nearest first, then those after.
+		args = append(args, a.Slices)
+		for _, dir := range [...]time.Duration{-1, 1} {
+			for i := 1; i < a.Slices; i++ {
+				keys = append(keys, r.k.SliceKey(r.opens.ResetAt.Add(dir*time.Duration(i)*r.opens.Length())))
+			}
+		}
+	}
+	return keys, args
 }
 
 // result reads the reply to r's call: the grant, or an error, or again when

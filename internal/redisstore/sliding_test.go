@@ -1,0 +1,204 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/redisstore"
+)
+
+const slideGrace = 5 * time.Second
+
+// slidingPolicy admits limit units in any 6 consecutive sub-windows of 10 s.
+func slidingPolicy(limit int64) limiter.Policy {
+	return limiter.Policy{Name: "slide", Algorithm: limiter.SlidingWindow, Limit: limit, Window: 10 * time.Second, Slices: 6,
+		Align: true}
+}
+
+// slideArgs are a take of p's sub-window at now for producer's holder 1.
+func slideArgs(p limiter.Policy, now time.Time, producer string, need, want int64) limiter.TakeArgs {
+	return limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Need: need, Want: want, Producer: producer, Holder: producer + ".1",
+		Align: true, Opens: p.WindowAt(now), Slices: p.Slices}
+}
+
+// slide reserves in p's sub-window at at (the caller's clock) on the env's
+// primary.
+func (e *env) slide(t *testing.T, p limiter.Policy, k limiter.Key, at time.Time, producer string, need, want int64) limiter.Grant {
+	t.Helper()
+	g, err := e.store.Take(context.Background(), k, at, slideArgs(p, at, producer, need, want))
+	require.NoError(t, err)
+	return g
+}
+
+// The first sub-window boundary after t0, so that steps of 10 s stay in
+// one sub-window each.
+func slideStart(p limiter.Policy) time.Time { return p.WindowAt(t0).ResetAt.Add(time.Second) }
+
+// A reservation in a sliding window never takes any span of Slices
+// consecutive sub-windows past the limit, counting the sub-windows before
+// it and those after it that an edge ahead of it has opened; a sub-window
+// leaves the count when the span moves past it; used is the fullest span.
+func TestSlidingWindowSpans(t *testing.T) {
+	e := newEnv(t, redisstore.Options{Grace: slideGrace})
+	p := slidingPolicy(10)
+	k := e.keys.Key("slide", "alice")
+	at := slideStart(p)
+	sub := func(i int) time.Time { return at.Add(time.Duration(i) * p.Window) }
+
+	g := e.slide(t, p, k, sub(0), "edge-a", 4, 4)
+	require.EqualValues(t, 4, g.Granted)
+	require.EqualValues(t, 4, g.Used)
+	require.Equal(t, p.WindowAt(sub(0)).ResetAt, g.ResetAt, "credit lives as long as its sub-window")
+	require.False(t, g.Own, "a sub-window is never compact")
+
+	g = e.slide(t, p, k, sub(1), "edge-b", 1, 10)
+	require.EqualValues(t, 6, g.Granted, "4 of the span are in the sub-window before")
+	require.EqualValues(t, 10, g.Used)
+
+	g = e.slide(t, p, k, sub(5), "edge-a", 1, 1)
+	require.Zero(t, g.Granted, "sub-windows 0 to 5 hold 10")
+	require.EqualValues(t, 10, g.Used)
+
+	g = e.slide(t, p, k, sub(6), "edge-a", 1, 10)
+	require.EqualValues(t, 4, g.Granted, "sub-window 0 left the span; 1's 6 still count")
+	require.EqualValues(t, 10, g.Used)
+
+	// An edge whose clock is behind reserves in sub-window 5 after sub-window
+	// 6 has been opened: the spans ending at 6 to 10 hold 5 as well, and the
+	// one ending at 6 holds 10 already.
+	g = e.slide(t, p, k, sub(5), "edge-c", 1, 1)
+	require.Zero(t, g.Granted)
+	require.EqualValues(t, 10, g.Used, "the fullest span, one ending after the caller's sub-window")
+
+	g = e.slide(t, p, k, sub(7), "edge-a", 1, 10)
+	require.EqualValues(t, 6, g.Granted, "1 left the span: 6's 4 remain")
+	require.EqualValues(t, 10, g.Used)
+
+	// A read (need 0) reports the fullest span and writes nothing.
+	g = e.slide(t, p, k, sub(7), "reader", 0, 0)
+	require.True(t, g.Live)
+	require.EqualValues(t, 10, g.Used)
+
+	// Each sub-window is a key of its own, kept until it leaves every span.
+	c := e.primary.Client()
+	for i, want := range map[int]int64{6: 4, 7: 6} {
+		reset := p.WindowAt(sub(i)).ResetAt
+		u, err := c.HGet(context.Background(), k.SliceKey(reset), "u").Int64()
+		require.NoError(t, err, "sub-window %d", i)
+		require.Equal(t, want, u, "sub-window %d", i)
+		exp, err := c.PExpireTime(context.Background(), k.SliceKey(reset)).Result()
+		require.NoError(t, err)
+		require.Equal(t, reset.Add(p.Linger()+slideGrace).UnixMilli(), exp.Milliseconds(),
+			"sub-window %d expires once it is in no span, and grace after", i)
+	}
+	n, err := c.Exists(context.Background(), k.String()).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the window key itself holds nothing of a sliding window")
+}
+
+// Events of a sliding window name their sub-window by its reset and apply
+// to it while it is in a span, after its reset too: a release of credit an
+// edge held when its sub-window ended gives the room back to the spans
+// still holding it; a charge opens a sub-window the primary lost, to be
+// kept as long as it counts; an event for a sub-window no span holds is
+// late.
+func TestSlidingWindowEvents(t *testing.T) {
+	e := newEnv(t, redisstore.Options{Grace: slideGrace})
+	p := slidingPolicy(10)
+	k := e.keys.Key("slide", "bob")
+	at := slideStart(p)
+	sub := func(i int) time.Time { return at.Add(time.Duration(i) * p.Window) }
+	reset := func(i int) time.Time { return p.WindowAt(sub(i)).ResetAt }
+	ev := func(kind limiter.EventKind, seq uint64, i int, units int64) limiter.Event {
+		return limiter.Event{Producer: "edge-a", Seq: seq, Kind: kind, Key: k, ResetAt: reset(i), Start: sub(i), Window: p.Window,
+			Units: units, Slices: p.Slices}
+	}
+
+	require.EqualValues(t, 8, e.slide(t, p, k, sub(0), "edge-a", 8, 8).Granted)
+	e.clock.Set(sub(3))
+	// Sub-window 0 has ended; edge-a gives back 5 it did not use.
+	res := e.apply(t, ev(limiter.Release, 1, 0, 5))
+	require.Equal(t, limiter.Result{Outcome: limiter.Applied, Used: 3, ResetAt: reset(0), Amount: 5}, res[0])
+	require.EqualValues(t, 7, e.slide(t, p, k, sub(3), "edge-b", 1, 10).Granted, "3 of sub-window 0 still count")
+
+	// A charge for sub-window 1, which the primary does not hold, opens it.
+	res = e.apply(t, ev(limiter.Charge, 2, 1, 2))
+	require.Equal(t, limiter.Applied, res[0].Outcome)
+	exp, err := e.primary.Client().PExpireTime(context.Background(), k.SliceKey(reset(1))).Result()
+	require.NoError(t, err)
+	require.Equal(t, reset(1).Add(p.Linger()+slideGrace).UnixMilli(), exp.Milliseconds())
+	g := e.slide(t, p, k, sub(3), "edge-b", 0, 0)
+	require.EqualValues(t, 12, g.Used, "3 + 2 + 7: the charge made the span overdrawn")
+
+	// Past every span of sub-window 0 (6 sub-windows after it): late.
+	e.clock.Set(sub(6))
+	res = e.apply(t, ev(limiter.Release, 3, 0, 1))
+	require.Equal(t, limiter.Late, res[0].Outcome)
+	res = e.apply(t, ev(limiter.Release, 4, 1, 1))
+	require.Equal(t, limiter.Applied, res[0].Outcome, "sub-window 1 is still in the span of 1 to 6")
+
+	// A sub-window event needs its reset, at a boundary of its sub-windows.
+	bad := ev(limiter.Charge, 5, 6, 1)
+	bad.ResetAt = time.Time{}
+	require.ErrorIs(t, bad.Validate(), limiter.ErrInvalidArgument)
+	bad.ResetAt = reset(6).Add(time.Second)
+	require.ErrorIs(t, bad.Validate(), limiter.ErrInvalidArgument)
+}
+
+// A primary that restarts empty is re-seeded with every sub-window still in
+// a span, not only the current one: the claim of a sub-window that ended
+// is re-asserted until it leaves the last span, and counts in the spans
+// that hold it afterwards.
+func TestSlidingWindowReseeded(t *testing.T) {
+	f := newReseedFixture(t, plainShard)
+	p := limiter.Policy{Name: "slide", Algorithm: limiter.SlidingWindow, Limit: 10, Window: 2 * time.Second, Slices: 5, Align: true}
+	k := f.keys.Key("slide", "carol")
+	past := p.WindowAt(time.Now()).Start // the reset of the sub-window before the current one
+	f.rec.mu.Lock()
+	f.rec.claims["past"] = limiter.Claim{Key: k, Window: p.Window, ResetAt: past, Start: past.Add(-p.Window), Holder: "edge-a.1",
+		Producer: "edge-a", Reserved: 4, Slices: p.Slices}
+	f.rec.mu.Unlock()
+
+	f.reserve(t, f.keys.Key("core", "warm"), "edge-a", "edge-a.2", 1) // the shard's epoch is set
+
+	f.primary.Restart()
+	f.untilReseeded(t)
+	st := f.store.ReseedStats()
+	require.EqualValues(t, 2, st.Opened, "the warm key's window, and the sub-window that ended, re-opened under its own key")
+	require.Zero(t, st.Late)
+	now := time.Now()
+	g := eventually(t, func() (limiter.Grant, error) {
+		return f.store.Take(context.Background(), k, now, slideArgs(p, now, "edge-b", 1, 10))
+	})
+	require.EqualValues(t, 6, g.Granted, "the re-asserted 4 count in the span")
+}
+
+// An operator inspects a sliding window as its span (every sub-window of
+// it summed, who holds what in them), and a reset empties the whole span:
+// the client's next reservation finds its limit whole.
+func TestSlidingWindowInspectAndReset(t *testing.T) {
+	e := newEnv(t, redisstore.Options{Grace: slideGrace})
+	p := slidingPolicy(10)
+	k := e.keys.Key("slide", "dave")
+	at := slideStart(p)
+	next := at.Add(p.Window)
+	e.slide(t, p, k, at, "edge-a", 4, 4)
+	e.slide(t, p, k, next, "edge-b", 6, 6)
+	ctx := context.Background()
+	d, err := e.store.Inspect(ctx, k, p, next)
+	require.NoError(t, err)
+	require.True(t, d.Live)
+	require.EqualValues(t, 10, d.Used)
+	require.Equal(t, p.WindowAt(at).Start, d.Start, "the span's oldest sub-window with units")
+	require.Equal(t, p.WindowAt(next).ResetAt, d.ResetAt)
+	require.Equal(t, []redisstore.Holding{{Who: "edge-a", Units: 4}, {Who: "edge-b", Units: 6}}, d.Holders)
+
+	existed, err := e.store.Reset(ctx, k, p, next)
+	require.NoError(t, err)
+	require.True(t, existed)
+	require.EqualValues(t, 10, e.slide(t, p, k, next, "edge-c", 1, 10).Granted)
+}

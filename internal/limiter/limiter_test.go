@@ -84,3 +84,38 @@ func TestNamedIdentity(t *testing.T) {
 		require.Error(t, err, "%q", bad)
 	}
 }
+
+// A sliding window's policy: its Window is the sub-window, aligned to the
+// clock; its span and linger follow from its slices; it is told as its
+// span; its sub-windows are keys of their own under the window key's tag.
+func TestSlidingPolicy(t *testing.T) {
+	p := limiter.Policy{Name: "s", Algorithm: limiter.SlidingWindow, Limit: 10, Window: 6 * time.Second, Slices: 10, Align: true}
+	require.NoError(t, p.Validate())
+	require.Equal(t, time.Minute, p.Span())
+	require.Equal(t, 54*time.Second, p.Linger())
+	require.Equal(t, time.Minute, p.LengthAt(time.Now()), "a client is told the span")
+	require.Equal(t, "1m0s, sliding in 10 sub-windows of 6s", p.Per())
+	at := time.Unix(1_800_000_003, 0)
+	require.Equal(t, limiter.Span{Start: time.Unix(1_800_000_000, 0), ResetAt: time.Unix(1_800_000_006, 0)}, p.WindowAt(at))
+	require.Zero(t, limiter.Policy{Window: time.Minute}.Linger(), "a fixed window ends at its reset")
+	for name, mutate := range map[string]func(p *limiter.Policy){
+		"one slice":                func(p *limiter.Policy) { p.Slices = 1 },
+		"too many slices":          func(p *limiter.Policy) { p.Slices = limiter.MaxSlices + 1 },
+		"not aligned":              func(p *limiter.Policy) { p.Align = false },
+		"on the calendar":          func(p *limiter.Policy) { p.Calendar, p.Window = limiter.Day, limiter.Day.Longest() },
+		"spanning over a year":     func(p *limiter.Policy) { p.Window = limiter.MaxWindow / 5 },
+		"slices of a fixed window": func(p *limiter.Policy) { p.Algorithm = limiter.FixedWindow },
+	} {
+		t.Run(name, func(t *testing.T) {
+			q := p
+			mutate(&q)
+			require.ErrorIs(t, q.Validate(), limiter.ErrInvalidPolicy)
+		})
+	}
+	ks, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
+	require.NoError(t, err)
+	k := ks.Key("s", "alice")
+	require.Equal(t, k.String()+":1800000006", k.SliceKey(time.Unix(1_800_000_006, 0)))
+	require.Equal(t, k.SliceKey(time.Unix(1_800_000_006, 0)), k.WindowKey(time.Unix(1_800_000_006, 0), 10))
+	require.Equal(t, k.String(), k.WindowKey(time.Unix(1_800_000_006, 0), 0))
+}

@@ -195,10 +195,14 @@ func (p Policy) AlignedWindow(t time.Time) (start, reset time.Time) {
 	return s.Start, s.ResetAt
 }
 
-// LengthAt is how long p's window at t lasts: Window, or for a calendar
-// policy the length of the period t falls in.
+// LengthAt is how long p's window at t lasts, as a client is told: Window,
+// a sliding window's span, or for a calendar policy the length of the
+// period t falls in.
 func (p Policy) LengthAt(t time.Time) time.Duration {
-	if p.Calendar == "" {
+	switch {
+	case p.Slices > 0:
+		return p.Span()
+	case p.Calendar == "":
 		return p.Window
 	}
 	return p.WindowAt(t).Length()

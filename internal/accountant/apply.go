@@ -137,7 +137,7 @@ func (w *worker) convert(it *item) error {
 				reset, window := limiter.Entry{Policy: p, ResetAt: e.ResetAt, Start: e.StartedAt}.Placed()
 				e.ResetAt, e.WindowSeconds = reset, int64(window/time.Second)
 			case !ok && strings.HasPrefix(e.Policy, descriptors.PolicyPrefix):
-				if !descriptors.RuleWindow(window) {
+				if !descriptors.RuleWindow(window, e.Slices) {
 					return fmt.Errorf("%w: event %d: policy %q of a rate-limit rule with a window of %ds, which no rule has",
 						events.ErrInvalidEvent, k+1, e.Policy, e.WindowSeconds)
 				}

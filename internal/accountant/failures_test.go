@@ -350,4 +350,23 @@ func TestRuleEventsAreTakenBesidePolicies(t *testing.T) {
 	n, err := f.primary.Client().Exists(context.Background(), keys[4].String()).Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "a window no rule has is not opened")
+
+	// A sliding rule's events name its sub-windows: ten of six seconds make
+	// a minute, a rule's unit; ten of seven seconds make none.
+	sub := limiter.Policy{Window: 6 * time.Second, Align: true}.WindowAt(time.Now())
+	slide := func(seq uint64, window int64, k limiter.Key) events.Accounting {
+		ev := started("edge-1", seq, k, sub.ResetAt, 2)
+		ev.Policy, ev.WindowSeconds, ev.Slices, ev.StartedAt = policy, window, 10, sub.Start
+		return ev
+	}
+	k, bad := f.keys.Key(policy, "sliding"), f.keys.Key(policy, "sliding-bad")
+	f.publish([]events.Accounting{slide(6, 6, k)})
+	odd := slide(7, 7, bad)
+	odd.ResetAt = limiter.Policy{Window: 7 * time.Second, Align: true}.WindowAt(time.Now()).ResetAt
+	odd.StartedAt = odd.ResetAt.Add(-7 * time.Second)
+	f.publish([]events.Accounting{odd})
+	testutil.WaitFor(t, "the sub-window's event applied, the other dead-lettered", func() bool {
+		u, _ := f.primary.Client().HGet(context.Background(), k.SliceKey(sub.ResetAt), "u").Int64()
+		return u == 2 && a.Stats().DeadLettered == 2
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,14 +52,23 @@ const PolicyPrefix = "rls."
 // day, week, month or year in some time zone. What an accountant that
 // does not load the rules (they may come by xDS) accepts of a rule's
 // events.
-func RuleWindow(d time.Duration) bool {
+// A sliding rule's events name its sub-windows: slices of them make a
+// unit's length (slices 0: a window).
+func RuleWindow(d time.Duration, slices int) bool {
+	if slices > 0 {
+		d *= time.Duration(slices)
+	}
 	for u, l := range unitLength {
-		if d == l || (u.Period() != "" && u.Period().Fits(d)) {
+		if d == l || (slices == 0 && u.Period() != "" && u.Period().Fits(d)) {
 			return true
 		}
 	}
 	return false
 }
+
+// DefaultSlices is a sliding rule's number of sub-windows when it names
+// none (sliding: {}).
+const DefaultSlices = 10
 
 // Duration is the unit's length; 0 for an unknown unit.
 func (u Unit) Duration() time.Duration { return unitLength[u] }
@@ -92,6 +102,11 @@ type Rule struct {
 	// Calendar is false.
 	Calendar bool
 	Location *time.Location
+	// Slices, above 0, is Tally's extension rate_limit.sliding: the rule
+	// admits requests_per_unit in any Slices consecutive sub-windows of
+	// its unit, aligned to the clock (limiter.SlidingWindow); 0 for a
+	// fixed window.
+	Slices int
 	// File and Line say where the rule is written.
 	File string
 	Line int
@@ -274,6 +289,23 @@ func (c *Config) add(file, domain string, n *node, parent string, ds []yDescript
 				}
 				r.Calendar, r.Location = true, loc
 			}
+			if sl := rl.sliding; sl != nil {
+				n := int(sl.slices)
+				if sl.slices == 0 {
+					n = DefaultSlices
+				}
+				switch {
+				case rl.unlimited:
+					return invalid(file, sl.line, "sliding: an unlimited rule has no windows")
+				case rl.calendar != nil:
+					return invalid(file, sl.line, "sliding: a sliding window is aligned to the clock, not to a calendar")
+				case n < 2 || n > limiter.MaxSlices:
+					return invalid(file, sl.line, "sliding.slices %d: want 2 to %d", n, limiter.MaxSlices)
+				case u.Duration()%(time.Duration(n)*time.Second) != 0:
+					return invalid(file, sl.line, "sliding.slices %d: a %s does not divide into %d whole seconds", n, strings.ToLower(rl.unit), n)
+				}
+				r.Slices = n
+			}
 			for _, name := range rl.replaces {
 				if name == "" {
 					return invalid(file, rl.line, "should not have an empty replaces entry")
@@ -373,6 +405,9 @@ func (r *Rule) terms() string {
 	}
 	if r.Calendar {
 		s += " calendar=" + r.Location.String()
+	}
+	if r.Slices > 0 {
+		s += " sliding=" + strconv.Itoa(r.Slices)
 	}
 	return s
 }

@@ -461,3 +461,45 @@ func requireRefused(t *testing.T, cases []refusal) {
 		})
 	}
 }
+
+// Tally's extension rate_limit.sliding: a rule counts in a sliding window
+// of its unit, in slices sub-windows (10 by default). What it accepts, and
+// what it refuses with the file and line; elsewhere its keys are unknown.
+func TestSlidingRules(t *testing.T) {
+	for _, tc := range []struct {
+		name, rateLimit string
+		slices          int
+	}{
+		{"default slices", "{unit: minute, requests_per_unit: 100, sliding: {}}", DefaultSlices},
+		{"six slices of an hour", "{unit: hour, requests_per_unit: 100, sliding: {slices: 6}}", 6},
+		{"block style", "\n      unit: day\n      requests_per_unit: 5\n      sliding:\n        slices: 24\n", 24},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: "+tc.rateLimit+"\n").Match("d", entries("k", "v")).Rule
+			require.NotNil(t, r)
+			assert.Equal(t, tc.slices, r.Slices)
+			assert.False(t, r.Calendar)
+			assert.True(t, RuleWindow(r.Window()/time.Duration(r.Slices), r.Slices), "its events' sub-windows are a rule's")
+		})
+	}
+	assert.False(t, RuleWindow(7*time.Second, 10), "seventy seconds is no unit")
+	rule := func(rl string) string { return "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n" + rl }
+	requireRefused(t, []refusal{
+		{"a second", rule("      unit: second\n      requests_per_unit: 1\n      sliding: {}\n"),
+			"f0.yaml:7: sliding.slices 10: a second does not divide into 10 whole seconds"},
+		{"a minute in 7", rule("      unit: minute\n      requests_per_unit: 1\n      sliding: {slices: 7}\n"),
+			"f0.yaml:7: sliding.slices 7: a minute does not divide"},
+		{"one slice", rule("      unit: minute\n      requests_per_unit: 1\n      sliding: {slices: 1}\n"), "f0.yaml:7: sliding.slices 1: want 2 to 60"},
+		{"unlimited", rule("      unlimited: true\n      sliding: {}\n"), "f0.yaml:6: sliding: an unlimited rule has no windows"},
+		{"and a calendar", rule("      unit: day\n      requests_per_unit: 1\n      calendar: {}\n      sliding: {}\n"),
+			"f0.yaml:8: sliding: a sliding window is aligned to the clock"},
+		{"not a map", rule("      unit: minute\n      requests_per_unit: 1\n      sliding: true\n"), "f0.yaml:7: sliding: want a map"},
+		{"unknown key in sliding", rule("      unit: minute\n      requests_per_unit: 1\n      sliding: {slices: 6, precision: 1}\n"),
+			"f0.yaml:7: config error, unknown key 'precision'"},
+		{"slices in rate_limit", rule("      unit: minute\n      requests_per_unit: 1\n      slices: 6\n"),
+			"f0.yaml:7: config error, unknown key 'slices'"},
+	})
+	a := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	b := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, sliding: {}}\n")
+	assert.Len(t, Diff(a, b), 1, "a rule that becomes sliding is a changed rule")
+}

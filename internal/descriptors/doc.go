@@ -30,7 +30,7 @@
 // shadow_mode, quota_mode, share_threshold, detailed_metric,
 // value_to_metric, metadata. docs/envoy.md says what Tally does with each.
 // Anything else is refused with its file and line, as the reference refuses
-// it — but for one extension of Tally's:
+// it — but for two extensions of Tally's:
 //
 // # Calendar rules (a Tally extension)
 //
@@ -47,6 +47,22 @@
 // calendar; with another unit, with unlimited, or with a zone that does not
 // load (or Local) the file is refused with its line. The rule carries it as
 // Rule.Calendar and Rule.Location.
+//
+// # Sliding rules (a Tally extension)
+//
+// rate_limit.sliding makes a rule admit requests_per_unit in any slices
+// consecutive sub-windows of its unit, aligned to the clock, rather than
+// per fixed window:
+//
+//	rate_limit:
+//	  unit: minute
+//	  requests_per_unit: 100
+//	  sliding: {slices: 6}   # sub-windows of ten seconds; sliding: {} is 10
+//
+// sliding is accepted only under rate_limit, and slices only under
+// sliding; a unit that does not divide into slices whole seconds, slices
+// out of 2 to 60, unlimited or calendar beside it are refused with the
+// line. The rule carries it as Rule.Slices.
 //
 // # Matching
 //

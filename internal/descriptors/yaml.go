@@ -35,6 +35,16 @@ type yRateLimit struct {
 	// calendar is Tally's extension (calendar: {time_zone: ...}); nil when
 	// the rule has none.
 	calendar *yCalendar
+	// sliding is Tally's extension (sliding: {slices: ...}); nil when the
+	// rule has none.
+	sliding *ySliding
+}
+
+// ySliding is rate_limit.sliding, Tally's extension of the reference's
+// format: the rule counts in a sliding window of its unit.
+type ySliding struct {
+	slices int64 // 0: left out (the default)
+	line   int
 }
 
 // yCalendar is rate_limit.calendar, Tally's extension of the reference's
@@ -55,9 +65,9 @@ var validKeys = map[string]bool{
 
 // extensionKeys are the keys of Tally's extensions, each accepted only
 // under the key that holds it (anywhere else it is unknown, as the
-// reference's checks would find it): rate_limit's calendar, and calendar's
-// time_zone.
-var extensionKeys = map[string]string{"calendar": "rate_limit", "time_zone": "calendar"}
+// reference's checks would find it): rate_limit's calendar and sliding,
+// calendar's time_zone and sliding's slices.
+var extensionKeys = map[string]string{"calendar": "rate_limit", "time_zone": "calendar", "sliding": "rate_limit", "slices": "sliding"}
 
 // parse reads one file: its keys checked as envoyproxy/ratelimit checks
 // them, its values typed.
@@ -120,7 +130,7 @@ func (p *parser) checkKeys(n *yaml.Node, parent string) error {
 			if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
 				return invalid(p.file, k.Line, "config error, key is not of type string: %v", k.Value)
 			}
-			known := validKeys[k.Value] && parent != "calendar"
+			known := validKeys[k.Value] && parent != "calendar" && parent != "sliding"
 			if holder, ok := extensionKeys[k.Value]; ok {
 				known = parent == holder
 			}
@@ -247,6 +257,8 @@ func (p *parser) rateLimit(n *yaml.Node) (*yRateLimit, error) {
 			rl.replaces, err = p.replaces(v)
 		case "calendar":
 			rl.calendar, err = p.calendar(v)
+		case "sliding":
+			rl.sliding, err = p.sliding(v)
 		default:
 			p.ignored(k, v, "rate_limit")
 		}
@@ -273,6 +285,22 @@ func (p *parser) calendar(n *yaml.Node) (*yCalendar, error) {
 		return err
 	})
 	return c, err
+}
+
+// sliding reads rate_limit.sliding: a map, {} for the default slices or
+// {slices: n}.
+func (p *parser) sliding(n *yaml.Node) (*ySliding, error) {
+	if n.Kind != yaml.MappingNode {
+		return nil, invalid(p.file, n.Line, "sliding: want a map: {} (10 slices) or {slices: 6}")
+	}
+	s := &ySliding{line: n.Line}
+	err := p.fields(n, "sliding", func(k string, v *yaml.Node) error {
+		// checkKeys let only slices through.
+		var err error
+		s.slices, err = p.uint32(v)
+		return err
+	})
+	return s, err
 }
 
 func (p *parser) replaces(n *yaml.Node) ([]string, error) {

@@ -105,6 +105,11 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 		p.Calendar, p.Location, p.Align = rule.Unit.Period(), rule.Location, false
 		p.Window = p.Calendar.Longest()
 	}
+	if rule.Slices > 0 {
+		// Sub-windows of the unit, aligned to the clock.
+		p.Algorithm, p.Slices, p.Align = limiter.SlidingWindow, rule.Slices, true
+		p.Window = rule.Window() / time.Duration(rule.Slices)
+	}
 	if p.Limit == 0 {
 		return p, nil
 	}
@@ -116,6 +121,11 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 // unit, or a calendar rule's next period's first midnight — and the most
 // its duration_until_reset can be (the unit, or the longest period).
 func ruleWindow(rule *descriptors.Rule, now time.Time) (*durationpb.Duration, time.Duration) {
+	if rule.Slices > 0 {
+		// The end of the sub-window a request at now falls in.
+		p := limiter.Policy{Window: rule.Window() / time.Duration(rule.Slices), Align: true}
+		return untilReset(p.WindowAt(now).ResetAt, now, rule.Window()), rule.Window()
+	}
 	if !rule.Calendar {
 		return durationpb.New(rule.Window()), rule.Window()
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/edge"
@@ -45,4 +46,44 @@ func TestSlidingWindowFourEdgesNeverOver(t *testing.T) {
 	clock.Set(sub(6))
 	require.EqualValues(t, 200, hammer(t, edges, "slide", 8, 12), "sub-window 0 left the span")
 	require.EqualValues(t, 200, span(sub(6)), "the fullest span holding sub-window 6")
+}
+
+// Envoy's rate-limit service with a rule in Tally's extension
+// rate_limit.sliding: two edges hold a client to its requests_per_unit in
+// any six consecutive sub-windows of ten seconds; the status says the
+// reference's unit, and the time to the end of the sub-window as the reset.
+func TestRLSSlidingAcrossEdges(t *testing.T) {
+	pl := newPipeline(t)
+	const file = `
+domain: api
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      sliding: {slices: 6}
+`
+	sub := 10 * time.Second
+	start := time.Now().Truncate(sub).Add(sub + time.Second)
+	clock := limiter.NewManualClock(start)
+	opts := func(o *edge.Options) { o.Clock = clock }
+	_, a := rlsEdge(t, pl, opts, file)
+	_, b := rlsEdge(t, pl, opts, file)
+	allowedIn := func(i int) int {
+		clock.Set(start.Add(time.Duration(i) * sub))
+		allowed := 0
+		for j := range 8 {
+			resp := ask(t, []rlsv3.RateLimitServiceClient{a, b}[j%2], "api", desc("api_key", "k1"))
+			st := resp.Statuses[0]
+			require.Equal(t, rlsv3.RateLimitResponse_RateLimit_MINUTE, st.CurrentLimit.Unit)
+			require.Equal(t, 9*time.Second, st.DurationUntilReset.AsDuration(), "to the end of the sub-window")
+			if resp.OverallCode == ok {
+				allowed++
+			}
+		}
+		return allowed
+	}
+	require.Equal(t, 5, allowedIn(0), "exactly the limit, from two edges")
+	require.Zero(t, allowedIn(3), "sub-window 3 is in the span of 0")
+	require.Equal(t, 5, allowedIn(6), "sub-window 0 left the span")
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tallyhq/tally/internal/edge"
 	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/testutil"
 )
 
 // Four edges race on a hot key under a sliding window of six sub-windows:
@@ -86,4 +87,55 @@ descriptors:
 	require.Equal(t, 5, allowedIn(0), "exactly the limit, from two edges")
 	require.Zero(t, allowedIn(3), "sub-window 3 is in the span of 0")
 	require.Equal(t, 5, allowedIn(6), "sub-window 0 left the span")
+}
+
+// Through the proxy, a sliding window: a 304 is given back to its
+// sub-window; an edge that restarts gives back the credit it held, and the
+// edge that serves the client next is held to what the span has left; the
+// answers say the span (RateLimit-Policy's w) and the time to the
+// sub-window's end (RateLimit's t).
+func TestSlidingWindowRefundAndEdgeRestart(t *testing.T) {
+	pl := newPipeline(t)
+	p := limiter.Policy{Name: "core", Algorithm: limiter.SlidingWindow, Limit: 4, Window: 10 * time.Second, Slices: 6, Align: true}
+	pl.policies["core"] = p
+	start := p.WindowAt(time.Now()).ResetAt.Add(time.Second)
+	clock := limiter.NewManualClock(start)
+	withClock := func(o *edge.Options) { patient(o); o.Clock = clock }
+	k := pl.keys.Key("core", "h:token-a")
+	span := func(at time.Time) int64 {
+		t.Helper()
+		g, err := pl.store.Take(context.Background(), k, at, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: "reader",
+			Align: true, Opens: p.WindowAt(at), Slices: p.Slices})
+		require.NoError(t, err)
+		return g.Used
+	}
+
+	a := pl.edge(withClock)
+	r := get(t, a.proxy.URL, "token-a")
+	require.Equal(t, 200, r.StatusCode)
+	require.Equal(t, "3", r.Header.Get("X-RateLimit-Remaining"))
+	require.Equal(t, `"core";q=4;w=60`, r.Header.Get("RateLimit-Policy"), "the window a client is told is the span")
+	require.Equal(t, `"core";r=3;t=9`, r.Header.Get("RateLimit"), "room comes back when the sub-window ends")
+	r = get(t, a.proxy.URL, "token-a", "If-None-Match", `"v1"`)
+	require.Equal(t, 304, r.StatusCode)
+	require.Equal(t, "2", get(t, a.proxy.URL, "token-a").Header.Get("X-RateLimit-Remaining"), "the 304 was given back")
+
+	// The next sub-window: the span still holds the two charges.
+	clock.Set(start.Add(p.Window))
+	require.Equal(t, 200, get(t, a.proxy.URL, "token-a").StatusCode)
+	a.close(t) // its credit goes back
+	testutil.WaitFor(t, "the restarted edge's credit given back", func() bool { return span(clock.Now()) == 3 })
+
+	b := pl.edge(withClock)
+	allowed := 0
+	for range 4 {
+		if get(t, b.proxy.URL, "token-a").StatusCode == 200 {
+			allowed++
+		}
+	}
+	require.Equal(t, 1, allowed, "three of four in the span")
+	clock.Set(start.Add(6 * p.Window))
+	require.Equal(t, 200, get(t, b.proxy.URL, "token-a").StatusCode, "sub-window 0 left the span: its two went with it")
+	require.Equal(t, 200, get(t, b.proxy.URL, "token-a").StatusCode)
+	require.Equal(t, 429, get(t, b.proxy.URL, "token-a").StatusCode, "sub-windows 1 and 6 hold four")
 }

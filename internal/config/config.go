@@ -435,14 +435,10 @@ type Override struct {
 	Limit    int64  `yaml:"limit"`
 }
 
-// DefaultSlices is a sliding window's number of sub-windows when its policy
-// names none.
-const DefaultSlices = 10
-
-// slices is p's number of sub-windows: Slices, or DefaultSlices.
+// slices is p's number of sub-windows: Slices, or limiter.DefaultSlices.
 func (p Policy) slices() int {
 	if p.Slices == 0 {
-		return DefaultSlices
+		return limiter.DefaultSlices
 	}
 	return p.Slices
 }

@@ -66,10 +66,6 @@ func RuleWindow(d time.Duration, slices int) bool {
 	return false
 }
 
-// DefaultSlices is a sliding rule's number of sub-windows when it names
-// none (sliding: {}).
-const DefaultSlices = 10
-
 // Duration is the unit's length; 0 for an unknown unit.
 func (u Unit) Duration() time.Duration { return unitLength[u] }
 
@@ -292,7 +288,7 @@ func (c *Config) add(file, domain string, n *node, parent string, ds []yDescript
 			if sl := rl.sliding; sl != nil {
 				n := int(sl.slices)
 				if sl.slices == 0 {
-					n = DefaultSlices
+					n = limiter.DefaultSlices
 				}
 				switch {
 				case rl.unlimited:

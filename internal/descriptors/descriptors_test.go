@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/limiter"
 )
 
 func load(t *testing.T, files ...string) *Config {
@@ -470,7 +472,7 @@ func TestSlidingRules(t *testing.T) {
 		name, rateLimit string
 		slices          int
 	}{
-		{"default slices", "{unit: minute, requests_per_unit: 100, sliding: {}}", DefaultSlices},
+		{"default slices", "{unit: minute, requests_per_unit: 100, sliding: {}}", limiter.DefaultSlices},
 		{"six slices of an hour", "{unit: hour, requests_per_unit: 100, sliding: {slices: 6}}", 6},
 		{"block style", "\n      unit: day\n      requests_per_unit: 5\n      sliding:\n        slices: 24\n", 24},
 	} {

@@ -13,6 +13,16 @@ import (
 	"github.com/tallyhq/tally/internal/testutil"
 )
 
+// span reads the fullest span of k's sliding window under p that holds the
+// sub-window of at, on the primary.
+func (pl *pipeline) span(p limiter.Policy, k limiter.Key, at time.Time) int64 {
+	pl.t.Helper()
+	g, err := pl.store.Take(context.Background(), k, at, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: "reader",
+		Align: true, Opens: p.WindowAt(at), Slices: p.Slices})
+	require.NoError(pl.t, err)
+	return g.Used
+}
+
 // Four edges race on a hot key under a sliding window of six sub-windows:
 // the span never holds more than the limit, so a sub-window inside the span
 // of a full one admits nothing, and the limit comes back whole once the
@@ -30,13 +40,7 @@ func TestSlidingWindowFourEdgesNeverOver(t *testing.T) {
 		edges = append(edges, pl.edge(func(o *edge.Options) { patient(o); o.Clock = clock }))
 	}
 	k := pl.keys.Key("core", "h:slide")
-	span := func(at time.Time) int64 {
-		t.Helper()
-		g, err := pl.store.Take(context.Background(), k, at, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: "reader",
-			Align: true, Opens: p.WindowAt(at), Slices: p.Slices})
-		require.NoError(t, err)
-		return g.Used
-	}
+	span := func(at time.Time) int64 { return pl.span(p, k, at) }
 
 	require.EqualValues(t, 200, hammer(t, edges, "slide", 8, 12), "sub-window 0: exactly the limit")
 	require.EqualValues(t, 200, span(sub(0)))
@@ -102,13 +106,7 @@ func TestSlidingWindowRefundAndEdgeRestart(t *testing.T) {
 	clock := limiter.NewManualClock(start)
 	withClock := func(o *edge.Options) { patient(o); o.Clock = clock }
 	k := pl.keys.Key("core", "h:token-a")
-	span := func(at time.Time) int64 {
-		t.Helper()
-		g, err := pl.store.Take(context.Background(), k, at, limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Producer: "reader",
-			Align: true, Opens: p.WindowAt(at), Slices: p.Slices})
-		require.NoError(t, err)
-		return g.Used
-	}
+	span := func(at time.Time) int64 { return pl.span(p, k, at) }
 
 	a := pl.edge(withClock)
 	r := get(t, a.proxy.URL, "token-a")

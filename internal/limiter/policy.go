@@ -80,8 +80,12 @@ const (
 )
 
 // MaxSlices bounds Policy.Slices: a reservation reads 2 × Slices − 1
-// sub-windows.
-const MaxSlices = 60
+// sub-windows. DefaultSlices is the number a configuration that names
+// none gets (a policy's, an Envoy rule's).
+const (
+	MaxSlices     = 60
+	DefaultSlices = 10
+)
 
 // Validate reports whether a is an algorithm this version has; "" means
 // FixedWindow.

@@ -72,15 +72,18 @@ func spanKeys(k limiter.Key, p limiter.Policy, now time.Time) (keys []string, up
 }
 
 func (s *Store) inspectOn(ctx context.Context, i int, k limiter.Key, p limiter.Policy, now time.Time) (WindowDetail, error) {
+	if p.Slices == 0 {
+		return s.inspectKey(ctx, i, k.String(), now)
+	}
 	keys, upToNow := spanKeys(k, p, now)
 	var out WindowDetail
 	held := map[string]int64{}
 	for j, key := range keys[:upToNow] {
+		// A sub-window of the span: live at its own time.
 		w, err := s.inspectKey(ctx, i, key, now.Add(-time.Duration(upToNow-1-j)*p.Window))
-		if err != nil || p.Slices == 0 {
+		if err != nil {
 			return w, err
 		}
-		// A sub-window of the span: live at its own time.
 		out.Shard, out.MovedTo = w.Shard, w.MovedTo
 		if !w.Live {
 			continue
@@ -88,7 +91,7 @@ func (s *Store) inspectOn(ctx context.Context, i int, k limiter.Key, p limiter.P
 		if !out.Live {
 			out.Start = w.Start
 		}
-		out.Live, out.Used, out.ResetAt = true, out.Used+w.Used, w.ResetAt
+		out.Live, out.Used = true, out.Used+w.Used
 		for _, h := range w.Holders {
 			held[h.Who] += h.Units
 		}

@@ -38,6 +38,12 @@ func (e *env) slide(t *testing.T, p limiter.Policy, k limiter.Key, at time.Time,
 // one sub-window each.
 func slideStart(p limiter.Policy) time.Time { return p.WindowAt(t0).ResetAt.Add(time.Second) }
 
+// subWindows gives a time in p's i-th sub-window from slideStart.
+func subWindows(p limiter.Policy) func(i int) time.Time {
+	at := slideStart(p)
+	return func(i int) time.Time { return at.Add(time.Duration(i) * p.Window) }
+}
+
 // A reservation in a sliding window never takes any span of Slices
 // consecutive sub-windows past the limit, counting the sub-windows before
 // it and those after it that an edge ahead of it has opened; a sub-window
@@ -46,8 +52,7 @@ func TestSlidingWindowSpans(t *testing.T) {
 	e := newEnv(t, redisstore.Options{Grace: slideGrace})
 	p := slidingPolicy(10)
 	k := e.keys.Key("slide", "alice")
-	at := slideStart(p)
-	sub := func(i int) time.Time { return at.Add(time.Duration(i) * p.Window) }
+	sub := subWindows(p)
 
 	g := e.slide(t, p, k, sub(0), "edge-a", 4, 4)
 	require.EqualValues(t, 4, g.Granted)
@@ -110,8 +115,7 @@ func TestSlidingWindowEvents(t *testing.T) {
 	e := newEnv(t, redisstore.Options{Grace: slideGrace})
 	p := slidingPolicy(10)
 	k := e.keys.Key("slide", "bob")
-	at := slideStart(p)
-	sub := func(i int) time.Time { return at.Add(time.Duration(i) * p.Window) }
+	sub := subWindows(p)
 	reset := func(i int) time.Time { return p.WindowAt(sub(i)).ResetAt }
 	ev := func(kind limiter.EventKind, seq uint64, i int, units int64) limiter.Event {
 		return limiter.Event{Producer: "edge-a", Seq: seq, Kind: kind, Key: k, ResetAt: reset(i), Start: sub(i), Window: p.Window,

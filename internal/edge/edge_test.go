@@ -223,7 +223,10 @@ func TestLostNoticeConverges(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core", Limit: 5, Window: time.Minute}
 	a := pl.edge(nil)
-	b := pl.edge(func(o *edge.Options) { o.Credit.Recheck = 2 * time.Second })
+	// b's reservations may take their time on a busy machine: one that ran
+	// out of budget would be read again (resolveLost), which is not the
+	// recheck under test.
+	b := pl.edge(func(o *edge.Options) { o.Credit.Recheck, o.Credit.RedisBudget = 2*time.Second, 5*time.Second })
 	var tickets []string
 	for range 5 {
 		resp, m := check(t, a, "lost")
@@ -234,6 +237,9 @@ func TestLostNoticeConverges(t *testing.T) {
 	// b stops hearing notices; two 304s finished at a make room, and a's
 	// room notice is lost on b.
 	require.NoError(t, b.nc.Drain())
+	// Drain unsubscribes in the background: a notice published before the
+	// server heard it would still reach b.
+	testutil.WaitFor(t, "b's notices stopped", b.nc.IsClosed)
 	for _, tk := range tickets[:2] {
 		resp, _ := post(t, a.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":304}`, tk))
 		require.Equal(t, 200, resp.StatusCode)

@@ -72,7 +72,7 @@ func (c *Core) allow(v Verdict, e *entry, path Path) Verdict {
 	v.N = e.served
 	e.served++
 	c.counted(e, path, 1)
-	v.Decision = e.alg().tell(v, e, true, e.used+e.debtUnits()-e.credit)
+	c.decision(&v, e, true)
 	return v
 }
 
@@ -82,8 +82,18 @@ func (c *Core) deny(v Verdict, e *entry, path Path) Verdict {
 	c.counted(e, path, 0)
 	// Denied: room < cost, so Remaining is below the cost and never the
 	// limit.
-	v.Decision = e.alg().tell(v, e, false, e.used+e.debtUnits()-e.credit)
+	c.decision(&v, e, false)
 	return v
+}
+
+// decision fills what v tells the client: the units counted (this edge's
+// unspent credit not among them) against the limit, of the window its
+// algorithm names. Callers hold e.mu.
+func (c *Core) decision(v *Verdict, e *entry, allowed bool) {
+	reset := e.reset.Time()
+	used := max(0, e.used+e.debtUnits()-e.credit)
+	v.Decision = limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
+		Used: used, Remaining: max(0, v.Policy.Limit-used), Window: e.alg().told(v.Policy, reset), ResetAt: reset, Now: v.Now}
 }
 
 // counted counts a decision of e's key by its path and its policy.

@@ -33,10 +33,11 @@ type algorithm interface {
 	// limiter.TakeArgs the algorithm answers: the limit, and the span a
 	// reservation made now opens when none is live (Window, Opens).
 	terms(p limiter.Policy, now time.Time) limiter.TakeArgs
-	// tell is what a decision of v tells the client, with used the units
-	// counted (this edge's unspent credit not among them). Callers hold
-	// e.mu.
-	tell(v Verdict, e *entry, allowed bool, used int64) limiter.Decision
+	// told is the window a decision under p tells the client of, when the
+	// entry's window resets at reset (the decision's reset is that one).
+	// It answers a length only: the core builds the decision itself, so
+	// that no verdict is copied through the interface on the request path.
+	told(p limiter.Policy, reset time.Time) time.Duration
 	// ending is p's span that ends at reset: what a notice naming a reset
 	// is about.
 	ending(p limiter.Policy, reset time.Time) limiter.Span
@@ -69,17 +70,8 @@ func (fixedWindow) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
 	return limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Opens: p.WindowAt(now)}
 }
 
-func (fixedWindow) tell(v Verdict, e *entry, allowed bool, used int64) limiter.Decision {
-	return told(v, allowed, used, v.Policy.Ending(e.reset.Time()).Length(), e.reset.Time())
-}
-
-// told is a decision of v with used units counted, of a window of length
-// window that resets at reset.
-func told(v Verdict, allowed bool, used int64, window time.Duration, reset time.Time) limiter.Decision {
-	d := limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
-		Used: max(0, used), Window: window, ResetAt: reset, Now: v.Now}
-	d.Remaining = max(0, d.Limit-d.Used)
-	return d
+func (fixedWindow) told(p limiter.Policy, reset time.Time) time.Duration {
+	return p.Ending(reset).Length()
 }
 
 func (fixedWindow) ending(p limiter.Policy, reset time.Time) limiter.Span { return p.Ending(reset) }
@@ -110,11 +102,9 @@ func (slidingWindow) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
 	return limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Opens: p.WindowAt(now), Align: true, Slices: p.Slices}
 }
 
-// tell: the window a client is told of is the span; its reset is when the
+// told: the window a client is told of is the span; its reset is when the
 // sub-window ends, the next time room can come back.
-func (slidingWindow) tell(v Verdict, e *entry, allowed bool, used int64) limiter.Decision {
-	return told(v, allowed, used, v.Policy.Span(), e.reset.Time())
-}
+func (slidingWindow) told(p limiter.Policy, _ time.Time) time.Duration { return p.Span() }
 
 func (slidingWindow) ending(p limiter.Policy, reset time.Time) limiter.Span {
 	return limiter.Span{Start: reset.Add(-p.Window), ResetAt: reset}

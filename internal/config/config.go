@@ -384,13 +384,19 @@ type Policy struct {
 	Window time.Duration `yaml:"window"`
 	Cost   int64         `yaml:"cost"`
 	// Algorithm is how the policy counts: fixed_window (the default,
-	// limiter.FixedWindow) or sliding_window (limiter.SlidingWindow: at most
+	// limiter.FixedWindow), sliding_window (limiter.SlidingWindow: at most
 	// Limit in any Window, measured in Slices sub-windows aligned to the
-	// clock).
+	// clock) or concurrency (limiter.Concurrency: at most Limit in flight,
+	// each request's units held until its finish or its Lease).
 	Algorithm limiter.Algorithm `yaml:"algorithm"`
 	// Slices is a sliding window's number of sub-windows, 2 to 60 (default
 	// 10); Window must be that many whole seconds.
 	Slices int `yaml:"slices"`
+	// Lease is a concurrency limit's (algorithm: concurrency, at most Limit
+	// requests in flight): how long a request's units are held at least
+	// when its finish never comes; they are given back by 2 × Lease after
+	// its start. Whole seconds; Window is then left out.
+	Lease time.Duration `yaml:"lease"`
 	// Mode is auto (default), exact or async (docs/accuracy.md).
 	Mode limiter.Mode `yaml:"mode"`
 	// Key is what a proxied request's window is keyed by: identity (the
@@ -735,6 +741,11 @@ func (p Policy) Limiter() limiter.Policy {
 		// that does not divide into whole seconds.
 		lp.Slices = p.slices()
 		lp.Window, lp.Align = p.Window/time.Duration(lp.Slices), true
+	}
+	if p.Algorithm == limiter.Concurrency {
+		// Two sub-windows of the lease: a unit counts from its request's
+		// start until its finish, or until its sub-window leaves the span.
+		lp.Slices, lp.Window, lp.Align = 2, p.Lease, true
 	}
 	return lp
 }

@@ -180,7 +180,10 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"route without a policy", "    policy: search\n", "", "routes[0].policy: missing"},
 		{"duplicate cleaned route", "    cost: 2\n", "    cost: 2\n  - path: /search/\n    policy: core\n", "routes[1].path: duplicate route \"/search/\""},
 		{"bad policy key", "    limit: 100", "    limit: 100\n    key: cookie", "line 20: policies[0].key: \"cookie\": want identity or address"},
-		{"unknown algorithm", "    limit: 100", "    limit: 100\n    algorithm: token_bucket", "line 20: policies[0].algorithm: \"token_bucket\": want fixed_window or sliding_window"},
+		{"unknown algorithm", "    limit: 100", "    limit: 100\n    algorithm: token_bucket", "line 20: policies[0].algorithm: \"token_bucket\": want fixed_window, sliding_window or concurrency"},
+		{"concurrency with a window", "    limit: 100", "    limit: 100\n    algorithm: concurrency\n    lease: 30s", "policies[0].window: a concurrency limit has no window"},
+		{"concurrency without a lease", "    limit: 100\n    window: 1m", "    limit: 100\n    algorithm: concurrency", "policies[0].lease: 0s: want whole seconds from 1s to"},
+		{"a lease of a fixed window", "    limit: 100", "    limit: 100\n    lease: 30s", "policies[0].lease: 30s: a lease is a concurrency limit's"},
 		{"sliding window not cut in whole seconds", "    limit: 100", "    limit: 100\n    algorithm: sliding_window\n    slices: 7", "policies[0].window: 1m0s: a sliding window of 7 slices lasts a multiple of 7s"},
 		{"slices of a fixed window", "    limit: 100", "    limit: 100\n    slices: 6", "line 20: policies[0].slices: 6: slices are a sliding window's"},
 		{"too many slices", "    limit: 100", "    limit: 100\n    algorithm: sliding_window\n    slices: 61", "policies[0].slices: 61: want 2 to 60"},
@@ -315,4 +318,16 @@ func TestSlidingWindowPolicy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 15*time.Second, f.PolicyMap()["core"].Window)
 	require.Equal(t, "1m0s, sliding in 4 sub-windows of 15s", f.PolicyMap()["core"].Per())
+}
+
+// A concurrency limit reaches the limiter as two sub-windows of its lease,
+// aligned to the clock.
+func TestConcurrencyPolicy(t *testing.T) {
+	src := strings.Replace(good, "    limit: 100\n    window: 1m", "    limit: 100\n    algorithm: concurrency\n    lease: 30s", 1)
+	f, err := Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	p := f.PolicyMap()["core"]
+	require.Equal(t, limiter.Policy{Name: "core", Algorithm: limiter.Concurrency, Limit: 100, Window: 30 * time.Second, Slices: 2,
+		Align: true}, p)
+	require.Equal(t, "in flight, each request's units held until its finish or a lease of 30s to 1m0s", p.Per())
 }

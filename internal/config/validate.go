@@ -387,6 +387,12 @@ func (p Policy) validateWindows(ps *problems, path string) bool {
 // false when its sub-windows cannot be made (its other terms are then
 // judged as a valid window's).
 func (p Policy) validateSliding(ps *problems, path string) bool {
+	if p.Algorithm != limiter.Concurrency && p.Lease != 0 {
+		ps.field(path+".lease", "%v: a lease is a concurrency limit's (algorithm: concurrency)", p.Lease)
+	}
+	if p.Algorithm == limiter.Concurrency {
+		return p.validateConcurrency(ps, path)
+	}
 	if p.Algorithm != limiter.SlidingWindow {
 		if p.Slices != 0 {
 			ps.field(path+".slices", "%d: slices are a sliding window's (algorithm: sliding_window)", p.Slices)
@@ -407,6 +413,26 @@ func (p Policy) validateSliding(ps *problems, path string) bool {
 		return false
 	}
 	return true
+}
+
+// validateConcurrency checks a concurrency limit's lease, and that it names
+// none of a window's terms.
+func (p Policy) validateConcurrency(ps *problems, path string) bool {
+	ok := true
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"window", p.Window != 0}, {"windows", p.Windows != ""}, {"slices", p.Slices != 0}} {
+		if f.set {
+			ps.field(path+"."+f.name, "a concurrency limit has no window: its requests' units are held for a lease; leave %s out", f.name)
+			ok = false
+		}
+	}
+	if p.Lease < limiter.MinWindow || 2*p.Lease > limiter.MaxWindow || p.Lease%time.Second != 0 {
+		ps.field(path+".lease", "%v: want whole seconds from %v to %v", p.Lease, limiter.MinWindow, limiter.MaxWindow/2)
+		ok = false
+	}
+	return ok
 }
 
 func (p Policy) windowsOrDefault() string {

@@ -47,10 +47,13 @@ type algorithm interface {
 	blind(p limiter.Policy, now time.Time) (reset, latest time.Time)
 }
 
-// algorithmOf is the unit of algorithm a. Policies are validated: anything
-// but limiter.SlidingWindow is the fixed window, as "" is.
+// algorithmOf is the unit of algorithm a. Policies are validated: a
+// concurrency limit is counted as a sliding window of two sub-windows of
+// its lease (what differs, that any finish gives a request's units back, is
+// limiter.Algorithm.GivesBack, asked where a request finishes); anything
+// else is the fixed window, as "" is.
 func algorithmOf(a limiter.Algorithm) algorithm {
-	if a == limiter.SlidingWindow {
+	if a.Sliding() {
 		return sliding
 	}
 	return fixed

@@ -82,13 +82,10 @@ func (c *Core) Learn(shard int, dg limiter.Digest, reset time.Time, used int64) 
 
 // Finish finishes a decision-API request once on its window's primary
 // (the Reserver's Finish): the first finish of its ticket, on any edge,
-// gives a 304's charge back; every later one changes nothing.
+// gives a 304's charge back, and a concurrency limit's units whatever the
+// status (limiter.Algorithm.GivesBack); every later one changes nothing.
 func (c *Core) Finish(ctx context.Context, v Verdict, status int, now time.Time) (limiter.FinishResult, error) {
-	var back int64
-	if status == 304 {
-		back = v.Cost
-	}
-	return c.finish(ctx, v, status, back, now)
+	return c.finish(ctx, v, status, v.Policy.Algorithm.GivesBack(status, v.Cost), now)
 }
 
 // TrueUp finishes a decision-API request whose cost was an estimate, once,
@@ -99,6 +96,11 @@ func (c *Core) Finish(ctx context.Context, v Verdict, status int, now time.Time)
 // event into the request's window. Every later finish changes nothing.
 // charged is what was charged beyond the estimate.
 func (c *Core) TrueUp(ctx context.Context, v Verdict, status int, actual int64, now time.Time) (res limiter.FinishResult, charged int64, err error) {
+	if v.Policy.Algorithm == limiter.Concurrency {
+		// Units held in flight have no actual cost: the finish gives them back.
+		res, err = c.Finish(ctx, v, status, now)
+		return res, 0, err
+	}
 	res, err = c.finish(ctx, v, status, max(0, v.Cost-actual), now)
 	if err != nil {
 		return res, 0, err

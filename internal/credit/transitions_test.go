@@ -674,3 +674,43 @@ func TestEvictedEntryCarriesOn(t *testing.T) {
 		t.Fatal("an entry whose window ended left its holder")
 	}
 }
+
+// A finish gives back what the request's algorithm says: a window a 304's
+// charge only, a concurrency limit the request's units whatever the status,
+// and no reported cost (it holds units, it spends none). The primary's
+// answer is the fake's: what it was asked to give back.
+func TestFinishGivesBackByAlgorithm(t *testing.T) {
+	inflight := limiter.Policy{Name: "api", Algorithm: limiter.Concurrency, Limit: testLimit, Window: 30 * time.Second, Slices: 2,
+		Align: true, Mode: limiter.ModeExact}
+	for _, c := range []struct {
+		policy limiter.Policy
+		status int
+		cost   *int64
+		back   int64
+	}{
+		{policyOf(limiter.ModeExact), 200, nil, 0},
+		{policyOf(limiter.ModeExact), 500, nil, 0},
+		{policyOf(limiter.ModeExact), 304, nil, 2},
+		{inflight, 200, nil, 2},
+		{inflight, 304, nil, 2},
+		{inflight, 503, nil, 2},
+		{inflight, 200, new(int64(7)), 2},
+	} {
+		h := newHarness(t, c.policy, true, fast)
+		h.open(testLimit, 0, true)
+		reset := h.entry().reset.Time()
+		v := Verdict{Policy: c.policy, Cost: 2, Key: h.key, Decided: true, Reset: reset, Now: h.clock.Now(), Producer: "edge.test"}
+		var res limiter.FinishResult
+		var charged int64
+		var err error
+		if c.cost != nil {
+			res, charged, err = h.core.TrueUp(context.Background(), v, c.status, *c.cost, h.clock.Now())
+		} else {
+			res, err = h.core.Finish(context.Background(), v, c.status, h.clock.Now())
+		}
+		if err != nil || res.Amount != c.back || charged != 0 {
+			t.Errorf("%s, status %d: gave back %d (want %d), charged %d: %v", c.policy.Algorithm.OrDefault(), c.status, res.Amount,
+				c.back, charged, err)
+		}
+	}
+}

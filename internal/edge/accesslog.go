@@ -29,10 +29,12 @@ import (
 //     writes to a file only, sent on by `tally ship-access-log`:
 //     "DownstreamStatus" and "request_Tally-Request-Id".
 //
-// Only 304s are acted on (nothing else gives anything back, so other
-// statuses cost no Redis call), each request finished once on its window's
-// primary whatever the log repeats; only datagrams from a configured
-// gateway are read, and request ids are signed tickets nobody can forge.
+// Only what gives something back is acted on — a 304, and any status of a
+// request held to a concurrency limit, whose finish gives its units back
+// (limiter.Algorithm.GivesBack) — so that other entries cost no Redis
+// call; each request is finished once on its window's primary whatever
+// the log repeats; only datagrams from a configured gateway are read, and
+// request ids are signed tickets nobody can forge.
 
 // maxLogDatagram bounds one access-log entry.
 const maxLogDatagram = 64 << 10
@@ -71,7 +73,7 @@ func (s *Server) ServeAccessLog(ctx context.Context, pc net.PacketConn) error {
 		case !ok:
 			s.logEntries[logUnreadable].Add(1)
 			continue
-		case status != http.StatusNotModified || len(ids) == 0:
+		case len(ids) == 0 || (status != http.StatusNotModified && !s.limits.Load().concurrent):
 			s.logEntries[logIgnored].Add(1)
 			continue
 		}
@@ -92,6 +94,8 @@ func (s *Server) ServeAccessLog(ctx context.Context, pc net.PacketConn) error {
 					s.logEntries[logRepeated].Add(1)
 				case outcome == limiter.FinishLate:
 					s.logEntries[logLate].Add(1)
+				case outcome == finishNothing:
+					s.logEntries[logIgnored].Add(1)
 				default:
 					s.logEntries[logRefunded].Add(1)
 				}
@@ -102,10 +106,10 @@ func (s *Server) ServeAccessLog(ctx context.Context, pc net.PacketConn) error {
 
 // Counts of access-log entries, by what was done with them.
 const (
-	logRefunded   = iota // a 304's request finished (its charge given back once)
-	logRepeated          // a 304 of a request finished before: nothing changed
-	logLate              // a 304 of a request whose window has reset: nothing to give back
-	logIgnored           // another status, or no request id
+	logRefunded   = iota // a request finished (a 304's charge, a concurrency limit's units given back once)
+	logRepeated          // a request finished before: nothing changed
+	logLate              // a request whose window has reset: nothing to give back
+	logIgnored           // a status that gives nothing back, or no request id
 	logUnreadable        // neither form
 	logNotGateway        // from an address that is not a gateway's
 	logFailed            // an unknown request id, or the primary did not answer

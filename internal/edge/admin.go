@@ -128,7 +128,7 @@ func (s *Server) registerMetrics(m metric.Meter) error {
 	clientDenials := gauge("tally_edge_client_denials", "The clients denied most in the last whole minute, by policy and window key digest "+
 		"(at most 10, each denied at least 60 times): tally inspect --policy P --digest D shows one.")
 	backedOff := gauge("tally_edge_backoff_clients", "Clients progressive backoff remembers (denied, and not admitted since).")
-	accessLog := counter("tally_edge_access_log_entries", "Gateways' access-log entries: 304s refunded, other statuses ignored, unreadable, not from a gateway, failed.")
+	accessLog := counter("tally_edge_access_log_entries", "Gateways' access-log entries: refunded (a 304, or any status of a concurrency limit's request), repeated, late, ignored, unreadable, not from a gateway, failed.")
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}

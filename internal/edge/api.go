@@ -232,6 +232,10 @@ func (s *Server) apiFinish(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "unknown-request-id", "Bad Request", "request_id: "+err.Error())
 		return
 	}
+	if req.Cost != nil && v.Policy.Algorithm == limiter.Concurrency {
+		s.badRequest(w, "cost: a concurrency limit's finish gives the request's units back; it has no cost to report")
+		return
+	}
 	now := s.o.Clock.Now()
 	if !now.Before(v.Expires()) {
 		s.finishes[finishExpired].Add(1)

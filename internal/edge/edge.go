@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
-	"net/http"
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
@@ -531,14 +530,13 @@ func (s *Server) logDecision(v credit.Verdict, allowed bool, traceparent string)
 	s.o.Log.LogAttrs(context.Background(), s.decisionLevel, "decision", attrs...)
 }
 
-// finish handles a request's end: a 304 gives its charges back.
+// finish handles a request's end: a 304 gives its charges back, and a
+// concurrency limit's units are given back whatever the status.
 func (s *Server) finish(vs []credit.Verdict, status int) {
 	s.finished.Add(1)
-	if status == http.StatusNotModified {
-		for _, v := range vs {
-			if v.Allowed() && s.core.Refund(v) {
-				s.recordRefund(v) // an event's refund is recorded by the accountant
-			}
+	for _, v := range vs {
+		if v.Allowed() && v.Policy.Algorithm.GivesBack(status, v.Cost) > 0 && s.core.Refund(v) {
+			s.recordRefund(v) // an event's refund is recorded by the accountant
 		}
 	}
 }

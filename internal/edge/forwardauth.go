@@ -207,13 +207,20 @@ func gatewayIdentifier(o Options) Identifier {
 	return id
 }
 
+// finishNothing is finishTicket's outcome for a status that gives the
+// ticket's request nothing back: nothing was done.
+const finishNothing limiter.FinishOutcome = 0
+
 // finishTicket finishes a request of one ticket with its response's status
-// (a gateway's access log): a 304 gives its charge back, once. It says what
-// finishing did.
+// (a gateway's access log): a 304 gives its charge back, and any status a
+// concurrency limit's units, once. It says what finishing did.
 func (s *Server) finishTicket(ctx context.Context, id string, status int) (limiter.FinishOutcome, error) {
 	v, err := s.readTicket(id)
 	if err != nil {
 		return 0, err
+	}
+	if v.Policy.Algorithm.GivesBack(status, v.Cost) == 0 {
+		return finishNothing, nil
 	}
 	now := s.o.Clock.Now()
 	if !now.Before(v.Expires()) || (!v.Decided && v.ChargeSeq == 0) {
@@ -222,7 +229,7 @@ func (s *Server) finishTicket(ctx context.Context, id string, status int) (limit
 	ctx, cancel := context.WithTimeout(ctx, finishTimeout)
 	defer cancel()
 	res, err := s.core.Finish(ctx, v, status, now)
-	if err == nil && status == http.StatusNotModified && res.Outcome != limiter.AlreadyFinished && res.Outcome != limiter.FinishLate {
+	if err == nil && res.Outcome != limiter.AlreadyFinished && res.Outcome != limiter.FinishLate {
 		s.recordFinish(v, res, now)
 	}
 	return res.Outcome, err

@@ -110,6 +110,9 @@ type routing struct {
 	overrides map[limiter.Digest]int64 // a window's limit, by its key's digest
 	keyed     map[string]bool          // policies some override names (a lookup needed)
 	backoff   map[string]backoff.Config
+	// concurrent: some policy is a concurrency limit, so a gateway's
+	// access-log entry of any status may finish a request (accesslog.go).
+	concurrent bool
 }
 
 var errNoPolicies = errors.New("no policy")
@@ -133,6 +136,7 @@ func (s *Server) SetLimits(l Limits) error {
 		if err := p.Validate(); err != nil {
 			return err
 		}
+		rt.concurrent = rt.concurrent || p.Algorithm == limiter.Concurrency
 	}
 	resolve := func(names []string, cost int64) ([]limit, error) {
 		out := make([]limit, 0, len(names)+len(l.GlobalPolicies))

@@ -88,6 +88,35 @@ func TestNamedIdentity(t *testing.T) {
 // A sliding window's policy: its Window is the sub-window, aligned to the
 // clock; its span and linger follow from its slices; it is told as its
 // span; its sub-windows are keys of their own under the window key's tag.
+// A concurrency limit is two sub-windows of its lease; any finish gives a
+// request's units back, where a window gives back a 304's only.
+func TestConcurrencyPolicy(t *testing.T) {
+	p := limiter.Policy{Name: "c", Algorithm: limiter.Concurrency, Limit: 10, Window: 30 * time.Second, Slices: 2, Align: true}
+	require.NoError(t, p.Validate())
+	require.Equal(t, time.Minute, p.Span(), "a unit whose finish never comes is held for at most two leases")
+	require.Equal(t, 30*time.Second, p.Linger())
+	require.True(t, p.Algorithm.Sliding())
+	for _, status := range []int{200, 304, 500} {
+		require.EqualValues(t, 3, p.Algorithm.GivesBack(status, 3), "status %d", status)
+	}
+	for _, a := range []limiter.Algorithm{"", limiter.FixedWindow, limiter.SlidingWindow} {
+		require.EqualValues(t, 3, a.GivesBack(304, 3))
+		require.Zero(t, a.GivesBack(200, 3))
+		require.Zero(t, a.GivesBack(500, 3))
+	}
+	for name, mutate := range map[string]func(p *limiter.Policy){
+		"three slices": func(p *limiter.Policy) { p.Slices = 3 },
+		"no slices":    func(p *limiter.Policy) { p.Slices = 0 },
+		"not aligned":  func(p *limiter.Policy) { p.Align = false },
+	} {
+		t.Run(name, func(t *testing.T) {
+			q := p
+			mutate(&q)
+			require.ErrorIs(t, q.Validate(), limiter.ErrInvalidPolicy)
+		})
+	}
+}
+
 func TestSlidingPolicy(t *testing.T) {
 	p := limiter.Policy{Name: "s", Algorithm: limiter.SlidingWindow, Limit: 10, Window: 6 * time.Second, Slices: 10, Align: true}
 	require.NoError(t, p.Validate())

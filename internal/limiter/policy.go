@@ -77,6 +77,13 @@ const (
 	// "Sliding windows"). Each sub-window is stored as a window of its own
 	// (Key.SliceKey); a reservation in one counts the others of its span.
 	SlidingWindow Algorithm = "sliding_window"
+	// Concurrency admits at most Limit units in flight at once: a request
+	// holds its units from its start until its finish, or until its lease
+	// ends — Window to 2 × Window after its start — when no finish comes
+	// (docs/windows.md, "Concurrency limits"). It is counted as a sliding
+	// window of two sub-windows of Window (Slices 2, Align) whose finishes,
+	// whatever their status, give the request's units back.
+	Concurrency Algorithm = "concurrency"
 )
 
 // MaxSlices bounds Policy.Slices: a reservation reads 2 × Slices − 1
@@ -91,10 +98,26 @@ const (
 // FixedWindow.
 func (a Algorithm) Validate() error {
 	switch a {
-	case "", FixedWindow, SlidingWindow:
+	case "", FixedWindow, SlidingWindow, Concurrency:
 		return nil
 	}
-	return fmt.Errorf("%w: algorithm %q: want fixed_window or sliding_window", ErrInvalidPolicy, a)
+	return fmt.Errorf("%w: algorithm %q: want fixed_window, sliding_window or concurrency", ErrInvalidPolicy, a)
+}
+
+// Sliding reports whether a counts in sub-windows aligned to the clock
+// (Policy.Slices): a sliding window, and concurrency's two sub-windows of
+// a lease.
+func (a Algorithm) Sliding() bool { return a == SlidingWindow || a == Concurrency }
+
+// GivesBack is what a request's finish with status gives back of the cost
+// units it was charged: all of them for a 304 (nothing was served) and,
+// under a concurrency limit, for any finish (the request no longer holds
+// its units); nothing otherwise.
+func (a Algorithm) GivesBack(status int, cost int64) int64 {
+	if status == 304 || a == Concurrency {
+		return cost
+	}
+	return 0
 }
 
 // OrDefault is a, or FixedWindow when a is empty.
@@ -113,7 +136,8 @@ type Policy struct {
 	// span holds (2 to MaxSlices): at most Limit units are admitted in any
 	// Slices consecutive sub-windows. A sliding policy's Window is its
 	// sub-window's length and its windows are aligned to the clock (Align).
-	// 0 for other algorithms.
+	// A Concurrency policy's is 2, and its Window the lease. 0 for other
+	// algorithms.
 	Slices int
 	// Name names the limit in X-RateLimit-Resource and RateLimit-Policy, and
 	// is part of every key: 1 to 64 of [a-z0-9_.-], starting with a letter or
@@ -250,6 +274,9 @@ func Linger(window time.Duration, slices int) time.Duration {
 // Per says how long p's windows last, for people: "1h0m0s", "calendar
 // month (Europe/Berlin)", or "1m0s, sliding in 6 sub-windows of 10s".
 func (p Policy) Per() string {
+	if p.Algorithm == Concurrency {
+		return "in flight, each request's units held until its finish or a lease of " + p.Window.String() + " to " + p.Span().String()
+	}
 	if p.Slices > 0 {
 		return p.Span().String() + ", sliding in " + strconv.Itoa(p.Slices) + " sub-windows of " + p.Window.String()
 	}
@@ -309,14 +336,16 @@ func (p Policy) Validate() error {
 	case p.Mode.Validate() != nil:
 		return bad("mode", "%q: want auto, exact or async (policy %s)", p.Mode, p.Name)
 	case p.Algorithm.Validate() != nil:
-		return bad("algorithm", "%q: want fixed_window or sliding_window (policy %s)", p.Algorithm, p.Name)
+		return bad("algorithm", "%q: want fixed_window, sliding_window or concurrency (policy %s)", p.Algorithm, p.Name)
 	case p.Algorithm == SlidingWindow && (p.Slices < 2 || p.Slices > MaxSlices):
 		return bad("slices", "%d: want 2 to %d (policy %s)", p.Slices, MaxSlices, p.Name)
-	case p.Algorithm == SlidingWindow && (!p.Align || p.Calendar != ""):
+	case p.Algorithm == Concurrency && p.Slices != 2:
+		return bad("slices", "%d: a concurrency limit is counted in 2 sub-windows of its lease (policy %s)", p.Slices, p.Name)
+	case p.Algorithm.Sliding() && (!p.Align || p.Calendar != ""):
 		return bad("windows", "a sliding window's sub-windows are aligned to the clock (policy %s)", p.Name)
-	case p.Algorithm == SlidingWindow && p.Span() > MaxWindow:
+	case p.Algorithm.Sliding() && p.Span() > MaxWindow:
 		return bad("window", "%v: a sliding window spans at most %v (policy %s)", p.Span(), MaxWindow, p.Name)
-	case p.Algorithm != SlidingWindow && p.Slices != 0:
+	case !p.Algorithm.Sliding() && p.Slices != 0:
 		return bad("slices", "%d: sub-windows are a sliding window's (policy %s)", p.Slices, p.Name)
 	}
 	return nil

@@ -1,0 +1,202 @@
+package edge_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallyhq/tally/internal/edge"
+	"github.com/tallyhq/tally/internal/limiter"
+	"github.com/tallyhq/tally/internal/testutil"
+)
+
+// inflightPolicy is a concurrency limit of n requests in flight with a
+// lease of lease (as config.Policy.Limiter makes it).
+func inflightPolicy(n int64, lease time.Duration) limiter.Policy {
+	return limiter.Policy{Name: "core", Algorithm: limiter.Concurrency, Limit: n, Window: lease, Slices: 2, Align: true}
+}
+
+// slowUpstream serves each request after hold, counting the requests it
+// serves at once; a path of /fail answers 500.
+type slowUpstream struct {
+	hold          time.Duration
+	now, most     atomic.Int64
+	served, fails atomic.Int64
+	srv           *httptest.Server
+}
+
+func newSlowUpstream(t *testing.T, hold time.Duration) *slowUpstream {
+	u := &slowUpstream{hold: hold}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := u.now.Add(1)
+		for m := u.most.Load(); n > m && !u.most.CompareAndSwap(m, n); m = u.most.Load() {
+		}
+		time.Sleep(u.hold)
+		u.now.Add(-1)
+		u.served.Add(1)
+		if r.URL.Path == "/fail" {
+			u.fails.Add(1)
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("done\n"))
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *slowUpstream) url() *url.URL {
+	v, _ := url.Parse(u.srv.URL)
+	return v
+}
+
+// Four edges in front of an upstream that takes its time, one client
+// sending from 16 connections at once through all of them: the upstream
+// never serves more than the limit of the client's requests at once, every
+// finish gives its unit back (the client is served again and again), and
+// once the edges stop, nothing is left held on the primary.
+func TestConcurrencyFourEdgesNeverOver(t *testing.T) {
+	pl := newPipeline(t)
+	p := inflightPolicy(5, time.Minute)
+	pl.policies["core"] = p
+	up := newSlowUpstream(t, 15*time.Millisecond)
+	var edges []*edgeUnderTest
+	for range 4 {
+		edges = append(edges, pl.edge(func(o *edge.Options) { patient(o); o.Upstream = up.url() }))
+	}
+	var wg sync.WaitGroup
+	var allowed, denied atomic.Int64
+	for c := range 16 {
+		wg.Go(func() {
+			for i := range 12 {
+				path := "/repos"
+				if i%4 == 3 {
+					path = "/fail" // a failed response finishes the request too
+				}
+				switch getPath(t, edges[(c+i)%4].proxy.URL, path, "inflight").StatusCode {
+				case 429:
+					denied.Add(1)
+				default:
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("allowed %d, denied %d, most in flight %d", allowed.Load(), denied.Load(), up.most.Load())
+	require.LessOrEqual(t, up.most.Load(), int64(5), "never more than the limit in flight")
+	require.EqualValues(t, allowed.Load(), up.served.Load())
+	require.Greater(t, up.fails.Load(), int64(0))
+	// 192 requests of 15 ms each, at most 5 at once, from 16 connections:
+	// were the units of finished requests not given back, 5 would pass.
+	require.Greater(t, allowed.Load(), int64(20), "finished requests gave their units back")
+
+	k := pl.keys.Key("core", "h:inflight")
+	for _, e := range edges {
+		e.close(t) // each gives back the credit it holds
+	}
+	testutil.WaitFor(t, "every unit given back", func() bool {
+		now := time.Now()
+		return pl.span(p, k, now) == 0
+	})
+}
+
+// Every door finishes a request, whatever its status: the proxy when its
+// response is written, the decision API's /v1/finish, and a gateway's
+// access-log entry after forward-auth. A limit of one in flight lets a
+// client's requests through one after another, and not two at once.
+func TestConcurrencyFinishAtEveryDoor(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = inflightPolicy(1, time.Minute)
+	up := newSlowUpstream(t, 0)
+
+	e := pl.edge(func(o *edge.Options) { o.Upstream = up.url() })
+	for i := range 4 {
+		path := []string{"/repos", "/fail"}[i%2]
+		require.NotEqual(t, 429, getPath(t, e.proxy.URL, path, "proxied").StatusCode, "request %d: the one before it finished", i)
+	}
+
+	// The decision API: the unit is held from the check to the finish.
+	resp, m := check(t, e, "api-client")
+	require.Equal(t, 200, resp.StatusCode)
+	id := m["request_id"].(string)
+	resp, _ = check(t, e, "api-client")
+	require.Equal(t, 429, resp.StatusCode, "one in flight already")
+	resp, _ = post(t, e.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":200,"cost":3}`, id))
+	require.Equal(t, 400, resp.StatusCode, "a concurrency limit's finish has no cost")
+	resp, _ = post(t, e.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":500}`, id))
+	require.Equal(t, 200, resp.StatusCode)
+	resp, _ = post(t, e.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":500}`, id))
+	require.Equal(t, 409, resp.StatusCode, "finished once")
+	testutil.WaitFor(t, "the finish gave the unit back", func() bool {
+		r, m := check(t, e, "api-client")
+		if r.StatusCode != 200 {
+			return false
+		}
+		resp, _ := post(t, e.api.URL+"/v1/finish", fmt.Sprintf(`{"request_id":%q,"status":200}`, m["request_id"].(string)))
+		return resp.StatusCode == 200
+	})
+
+	// Forward-auth, finished by the gateway's access log (status 200).
+	g, fa, logAddr := gatewayEdge(t, pl, "127.0.0.1/32")
+	r := askGateway(t, fa, "/auth/nginx", "/repos", "gated", "203.0.113.5")
+	require.Equal(t, 200, r.StatusCode)
+	gid := r.Header.Get(edge.RequestIDHeader)
+	require.NotEmpty(t, gid)
+	require.NotEqual(t, 200, askGateway(t, fa, "/auth/nginx", "/repos", "gated", "203.0.113.5").StatusCode, "one in flight already")
+	c, err := net.Dial("udp", logAddr)
+	require.NoError(t, err)
+	_, err = c.Write([]byte("<190>Nov 27 00:00:00 tally: " + gid + " 200"))
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	testutil.WaitFor(t, "the access log's entry finished the request", func() bool {
+		return metric(t, g, `tally_edge_access_log_entries_total{outcome="refunded"}`) == 1
+	})
+	require.Equal(t, 200, askGateway(t, fa, "/auth/nginx", "/repos", "gated", "203.0.113.5").StatusCode)
+}
+
+// An edge that dies holding units — requests it admitted and never
+// finished — holds nobody back for longer than two leases: the units count
+// until the sub-window they were taken in leaves the span, and another
+// edge admits again then, without a word from the dead one.
+func TestConcurrencyDeadEdgeUnitsComeBack(t *testing.T) {
+	pl := newPipeline(t)
+	p := inflightPolicy(2, 10*time.Second)
+	pl.policies["core"] = p
+	start := p.WindowAt(time.Now()).ResetAt.Add(2 * time.Second)
+	clock := limiter.NewManualClock(start)
+	withClock := func(o *edge.Options) { patient(o); o.Clock = clock }
+
+	a := pl.edge(withClock)
+	for range 2 {
+		resp, _ := check(t, a, "stuck")
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	// a dies: nothing it admitted is finished, nothing it holds released.
+	a.proxy.Close()
+	a.api.Close()
+	a.admin.Close()
+	a.nc.Close()
+
+	b := pl.edge(withClock)
+	resp, _ := check(t, b, "stuck")
+	require.Equal(t, 429, resp.StatusCode, "two in flight on the dead edge")
+	clock.Set(start.Add(p.Window)) // the lease: the next sub-window
+	resp, _ = check(t, b, "stuck")
+	require.Equal(t, 429, resp.StatusCode, "within the lease the units still count")
+	clock.Set(start.Add(2 * p.Window)) // the sub-window they were taken in left the span
+	resp, _ = check(t, b, "stuck")
+	require.Equal(t, 200, resp.StatusCode, "the dead edge's units came back")
+	resp, _ = check(t, b, "stuck")
+	require.Equal(t, 200, resp.StatusCode)
+	resp, _ = check(t, b, "stuck")
+	require.Equal(t, 429, resp.StatusCode, "the limit, exactly")
+}

@@ -103,6 +103,11 @@ type Rule struct {
 	// its unit, aligned to the clock (limiter.SlidingWindow); 0 for a
 	// fixed window.
 	Slices int
+	// Concurrency is Tally's extension rate_limit.concurrency: the rule
+	// holds requests_per_unit requests in flight at once, each from its
+	// start until Envoy's call at its stream's end finishes it, or for a
+	// lease of one to two units (limiter.Concurrency).
+	Concurrency bool
 	// File and Line say where the rule is written.
 	File string
 	Line int
@@ -302,6 +307,17 @@ func (c *Config) add(file, domain string, n *node, parent string, ds []yDescript
 				}
 				r.Slices = n
 			}
+			if line := rl.concurrency; line != 0 {
+				switch {
+				case rl.unlimited:
+					return invalid(file, line, "concurrency: an unlimited rule holds nothing")
+				case rl.calendar != nil || rl.sliding != nil:
+					return invalid(file, line, "concurrency: a concurrency rule has no windows: leave calendar and sliding out")
+				case 2*u.Duration() > limiter.MaxWindow:
+					return invalid(file, line, "concurrency: unit '%s': a lease is one unit, at most %d days", rl.unit, limiter.MaxWindow/2/(24*time.Hour))
+				}
+				r.Concurrency = true
+			}
 			for _, name := range rl.replaces {
 				if name == "" {
 					return invalid(file, rl.line, "should not have an empty replaces entry")
@@ -404,6 +420,9 @@ func (r *Rule) terms() string {
 	}
 	if r.Slices > 0 {
 		s += " sliding=" + strconv.Itoa(r.Slices)
+	}
+	if r.Concurrency {
+		s += " concurrency"
 	}
 	return s
 }

@@ -505,3 +505,24 @@ func TestSlidingRules(t *testing.T) {
 	b := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, sliding: {}}\n")
 	assert.Len(t, Diff(a, b), 1, "a rule that becomes sliding is a changed rule")
 }
+
+// rate_limit.concurrency: {} makes a rule hold requests_per_unit requests in
+// flight, each for a lease of one unit; it takes no fields and no windows.
+func TestConcurrencyRules(t *testing.T) {
+	r := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 4, concurrency: {}}\n").
+		Match("d", entries("k", "v")).Rule
+	require.NotNil(t, r)
+	assert.True(t, r.Concurrency)
+	assert.Zero(t, r.Slices)
+	assert.Contains(t, r.terms(), " concurrency", "a rule that becomes one is a changed rule")
+	rule := func(rl string) string { return "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n" + rl }
+	requireRefused(t, []refusal{
+		{"a field", rule("      unit: minute\n      requests_per_unit: 1\n      concurrency: {lease: 1}\n"), "f0.yaml:7: config error, unknown key 'lease'"},
+		{"not a map", rule("      unit: minute\n      requests_per_unit: 1\n      concurrency: true\n"), "f0.yaml:7: concurrency: want {}"},
+		{"unlimited", rule("      unlimited: true\n      concurrency: {}\n"), "f0.yaml:6: concurrency: an unlimited rule holds nothing"},
+		{"and sliding", rule("      unit: minute\n      requests_per_unit: 1\n      sliding: {}\n      concurrency: {}\n"),
+			"f0.yaml:8: concurrency: a concurrency rule has no windows"},
+		{"a lease of a year", rule("      unit: year\n      requests_per_unit: 1\n      concurrency: {}\n"),
+			"f0.yaml:7: concurrency: unit 'year': a lease is one unit, at most 183 days"},
+	})
+}

@@ -64,6 +64,21 @@
 // out of 2 to 60, unlimited or calendar beside it are refused with the
 // line. The rule carries it as Rule.Slices.
 //
+// # Concurrency rules (a Tally extension)
+//
+// rate_limit.concurrency: {} makes a rule hold requests_per_unit requests
+// in flight at once, each until Envoy's call at its stream's end finishes
+// it, or for a lease of one to two units:
+//
+//	rate_limit:
+//	  unit: minute
+//	  requests_per_unit: 8
+//	  concurrency: {}
+//
+// concurrency takes no fields; with unlimited, sliding or calendar, or a
+// unit of a year, it is refused with the line. The rule carries it as
+// Rule.Concurrency.
+//
 // # Matching
 //
 // A request's descriptor is a list of entries (key, value). Entry by entry

@@ -38,6 +38,9 @@ type yRateLimit struct {
 	// sliding is Tally's extension (sliding: {slices: ...}); nil when the
 	// rule has none.
 	sliding *ySliding
+	// concurrency is Tally's extension (concurrency: {}), the line it is
+	// on; 0 when the rule has none.
+	concurrency int
 }
 
 // ySliding is rate_limit.sliding, Tally's extension of the reference's
@@ -65,9 +68,10 @@ var validKeys = map[string]bool{
 
 // extensionKeys are the keys of Tally's extensions, each accepted only
 // under the key that holds it (anywhere else it is unknown, as the
-// reference's checks would find it): rate_limit's calendar and sliding,
-// calendar's time_zone and sliding's slices.
-var extensionKeys = map[string]string{"calendar": "rate_limit", "time_zone": "calendar", "sliding": "rate_limit", "slices": "sliding"}
+// reference's checks would find it): rate_limit's calendar, sliding and
+// concurrency, calendar's time_zone and sliding's slices.
+var extensionKeys = map[string]string{"calendar": "rate_limit", "time_zone": "calendar", "sliding": "rate_limit", "slices": "sliding",
+	"concurrency": "rate_limit"}
 
 // parse reads one file: its keys checked as envoyproxy/ratelimit checks
 // them, its values typed.
@@ -259,6 +263,11 @@ func (p *parser) rateLimit(n *yaml.Node) (*yRateLimit, error) {
 			rl.calendar, err = p.calendar(v)
 		case "sliding":
 			rl.sliding, err = p.sliding(v)
+		case "concurrency":
+			if v.Kind != yaml.MappingNode || len(v.Content) != 0 {
+				return invalid(p.file, v.Line, "concurrency: want {}: the rule holds requests_per_unit requests in flight, each for a lease of one unit")
+			}
+			rl.concurrency = v.Line
 		default:
 			p.ignored(k, v, "rate_limit")
 		}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/edge"
@@ -199,4 +200,73 @@ func TestConcurrencyDeadEdgeUnitsComeBack(t *testing.T) {
 	require.Equal(t, 200, resp.StatusCode)
 	resp, _ = check(t, b, "stuck")
 	require.Equal(t, 429, resp.StatusCode, "the limit, exactly")
+}
+
+// Envoy's rate-limit service with a rule in Tally's extension
+// rate_limit.concurrency: the request path's call holds a unit and answers
+// the request's ticket as dynamic metadata; the call Envoy makes when the
+// stream is done sends it back in a tally_finish descriptor, on any edge,
+// and the unit is free again. A ticket finishes once, and one that is not
+// a ticket changes nothing.
+func TestRLSConcurrencyAcrossEdges(t *testing.T) {
+	pl := newPipeline(t)
+	const file = `
+domain: api
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+      concurrency: {}
+`
+	a, ca := rlsEdge(t, pl, nil, file)
+	_, cb := rlsEdge(t, pl, nil, file)
+	hold := func(c rlsv3.RateLimitServiceClient) (rlsv3.RateLimitResponse_Code, string) {
+		resp := ask(t, c, "api", desc("api_key", "k1"))
+		st := resp.Statuses[0]
+		require.Equal(t, uint32(2), st.CurrentLimit.RequestsPerUnit)
+		require.LessOrEqual(t, st.DurationUntilReset.AsDuration(), time.Minute, "to the end of the lease")
+		if resp.OverallCode != ok {
+			require.Nil(t, resp.DynamicMetadata, "a denied request holds nothing")
+			return resp.OverallCode, ""
+		}
+		return ok, resp.DynamicMetadata.GetFields()[edge.RLSTicketsField].GetStringValue()
+	}
+	code, t1 := hold(ca)
+	require.Equal(t, ok, code)
+	require.NotEmpty(t, t1)
+	code, t2 := hold(cb)
+	require.Equal(t, ok, code)
+	code, _ = hold(ca)
+	require.NotEqual(t, ok, code, "two in flight, from two edges")
+
+	done := func(c rlsv3.RateLimitServiceClient, tickets string) {
+		resp := ask(t, c, "api", desc(edge.RLSFinishKey, tickets))
+		require.Equal(t, ok, resp.OverallCode)
+	}
+	done(cb, t1) // finished on the other edge
+	done(ca, t1) // again: nothing more
+	done(ca, "not-a-ticket")
+	// probe holds a unit on c and gives it back at once.
+	probe := func(c rlsv3.RateLimitServiceClient) bool {
+		code, tk := hold(c)
+		if code == ok {
+			done(c, tk)
+		}
+		return code == ok
+	}
+	testutil.WaitFor(t, "the unit given back, on both edges", func() bool { return probe(ca) && probe(cb) })
+	code, t3 := hold(cb)
+	require.Equal(t, ok, code)
+	code, _ = hold(ca)
+	require.NotEqual(t, ok, code, "the finish gave back one unit, once")
+	done(ca, t2+" "+t3)
+	testutil.WaitFor(t, "both units given back", func() bool { return probe(ca) && probe(cb) })
+	code, _ = hold(ca)
+	require.Equal(t, ok, code)
+	code, _ = hold(cb)
+	require.Equal(t, ok, code)
+	code, _ = hold(ca)
+	require.NotEqual(t, ok, code, "the limit, exactly")
+	require.GreaterOrEqual(t, metric(t, a, "tally_edge_bad_requests_total"), 1.0, "the stray ticket was counted")
 }

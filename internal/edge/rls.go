@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tallyhq/tally/internal/credit"
 	"github.com/tallyhq/tally/internal/descriptors"
@@ -30,6 +31,19 @@ import (
 // of it; a request is decided by the decision core like any other, every
 // descriptor of it together (credit.Core.DecideRequest), so that a denied
 // request consumes nothing. docs/envoy.md says what each answer means.
+
+// A concurrency rule's units are held from the request path's call until
+// the call Envoy makes when the stream is done: the first call's answer
+// carries the request's tickets as dynamic metadata, RLSTicketsField of
+// the ratelimit filter's namespace (envoy.filters.http.ratelimit), and a
+// route's rate limit applied on stream done sends them back as a
+// descriptor of one entry, RLSFinishKey, whose value is the tickets
+// separated by spaces (a metadata action; docs/envoy.md). Each ticket is
+// finished once, as /v1/finish finishes it.
+const (
+	RLSTicketsField = "tally_tickets"
+	RLSFinishKey    = "tally_finish"
+)
 
 // Bounds of one request (anything beyond is refused as malformed).
 const (
@@ -69,13 +83,16 @@ func (c RLSConfig) aligned(domain string) bool { return c.ClockWindows["*"] || c
 type rlsRules struct {
 	c        *descriptors.Config
 	policies map[*descriptors.Rule]limiter.Policy
+	// held are the concurrency rules' policies by name: what a ticket of
+	// theirs names (readTicket).
+	held map[string]limiter.Policy
 }
 
 // newRLSRules turns every rule of c into a policy of o's mode, aligned to
 // the clock for the domains o names, refusing what Tally cannot count (a
 // limit beyond limiter.MaxLimit).
 func newRLSRules(c *descriptors.Config, o RLSConfig) (*rlsRules, error) {
-	r := &rlsRules{c: c, policies: make(map[*descriptors.Rule]limiter.Policy, len(c.Rules()))}
+	r := &rlsRules{c: c, policies: make(map[*descriptors.Rule]limiter.Policy, len(c.Rules())), held: map[string]limiter.Policy{}}
 	for _, rule := range c.Rules() {
 		if rule.Unlimited {
 			continue
@@ -85,6 +102,9 @@ func newRLSRules(c *descriptors.Config, o RLSConfig) (*rlsRules, error) {
 			return nil, fmt.Errorf("%w: %s:%d: %w", descriptors.ErrInvalid, rule.File, rule.Line, err)
 		}
 		r.policies[rule] = p
+		if rule.Concurrency {
+			r.held[p.Name] = p
+		}
 	}
 	return r, nil
 }
@@ -110,6 +130,10 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 		p.Algorithm, p.Slices, p.Align = limiter.SlidingWindow, rule.Slices, true
 		p.Window = rule.Window() / time.Duration(rule.Slices)
 	}
+	if rule.Concurrency {
+		// Two sub-windows of a lease of one unit, aligned to the clock.
+		p.Algorithm, p.Slices, p.Align = limiter.Concurrency, 2, true
+	}
 	if p.Limit == 0 {
 		return p, nil
 	}
@@ -121,9 +145,9 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 // unit, or a calendar rule's next period's first midnight — and the most
 // its duration_until_reset can be (the unit, or the longest period).
 func ruleWindow(rule *descriptors.Rule, now time.Time) (*durationpb.Duration, time.Duration) {
-	if rule.Slices > 0 {
-		// The end of the sub-window a request at now falls in.
-		p := limiter.Policy{Window: rule.Window() / time.Duration(rule.Slices), Align: true}
+	if rule.Slices > 0 || rule.Concurrency {
+		// The end of the sub-window (the lease) a request at now falls in.
+		p := limiter.Policy{Window: rule.Window() / time.Duration(max(1, rule.Slices)), Align: true}
 		return untilReset(p.WindowAt(now).ResetAt, now, rule.Window()), rule.Window()
 	}
 	if !rule.Calendar {
@@ -198,6 +222,8 @@ type rlsItem struct {
 	// charged, for a charge of a cost known only at the end, is its
 	// verdict (never a denial).
 	charged *credit.Verdict
+	// finish: the descriptor names requests to finish (RLSFinishKey).
+	finish bool
 }
 
 var (
@@ -232,6 +258,11 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 	for i, d := range req.Descriptors {
 		it, f := &items[i], &found[i]
 		it.check = -1
+		if len(d.Entries) == 1 && d.Entries[0].Key == RLSFinishKey {
+			it.finish = true
+			s.finishTickets(ctx, d.Entries[0].Value)
+			continue
+		}
 		if !known {
 			continue
 		}
@@ -307,7 +338,54 @@ func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReq
 			}
 		}
 	}
-	return s.rlsAnswer(req.Domain, items, checks, res, now), nil
+	resp := s.rlsAnswer(req.Domain, items, checks, res, now)
+	if res.Allowed() {
+		s.heldTickets(resp, res.Verdicts)
+	}
+	return resp, nil
+}
+
+// maxRLSTickets bounds the tickets one finish descriptor names.
+const maxRLSTickets = 16
+
+// heldTickets puts the tickets of the units an allowed request holds under
+// concurrency rules into resp's dynamic metadata (RLSTicketsField), for
+// Envoy to send back when the stream is done.
+func (s *Server) heldTickets(resp *rlsv3.RateLimitResponse, vs []credit.Verdict) {
+	var b []byte
+	for _, v := range vs {
+		if v.Policy.Algorithm != limiter.Concurrency || v.Path == 0 || !v.Allowed() || (!v.Decided && v.ChargeSeq == 0) {
+			continue // holds nothing (admitted without a window and never charged)
+		}
+		if len(b) > 0 {
+			b = append(b, ' ')
+		}
+		b = s.appendTicket(b, v)
+	}
+	if len(b) > 0 {
+		resp.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{RLSTicketsField: structpb.NewStringValue(string(b))}}
+	}
+}
+
+// finishTickets finishes the requests whose tickets a stream-done call
+// names (space-separated): their concurrency rules' units are given back,
+// once. Envoy ignores the answer to that call, so a ticket that is not one
+// is counted and logged, and the call's other descriptors are decided.
+func (s *Server) finishTickets(ctx context.Context, tickets string) {
+	for i, id := range strings.Fields(tickets) {
+		if i == maxRLSTickets {
+			s.badRequests.Add(1)
+			s.log.Warn("a stream-done call named more tickets than are finished at once", "most", maxRLSTickets)
+			return
+		}
+		switch _, err := s.finishTicket(ctx, id, 200); {
+		case errors.Is(err, errBadTicket):
+			s.badRequests.Add(1)
+			s.log.Warn("a stream-done call named a ticket this deployment did not issue", "err", err)
+		case err != nil: // its units come back with the lease
+			s.log.Warn("a request of a stream-done call was not finished on its primary", "err", err)
+		}
+	}
 }
 
 // rlsAnswer builds the answer: a status per descriptor in the request's

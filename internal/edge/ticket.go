@@ -132,6 +132,9 @@ func (s *Server) readTicket(t string) (credit.Verdict, error) {
 		v.ChargeSeq = r.uvarint()
 	}
 	p, ok := s.limits.Load().policies[name]
+	if r := s.rls.Load(); !ok && r != nil {
+		p, ok = r.held[name] // a concurrency rule of the rate-limit service
+	}
 	if r.bad || len(r.b) != 0 || flags&^(flagDecided|flagEvent) != 0 || shard >= uint64(s.o.Store.Shards()) || !ok ||
 		cost < 1 || cost > limiter.MaxLimit || !limiter.ValidProducer(v.Producer) || (flags&flagEvent != 0 && v.ChargeSeq == 0) ||
 		(flags&flagDecided != 0) != (reset != 0) || reset > limiter.MaxMS || start > limiter.MaxMS {

@@ -92,6 +92,7 @@ func policies() []config.Policy {
 		{Name: "hot-async", Limit: 500, Window: 5 * time.Second, Mode: limiter.ModeAsync},
 		{Name: "refunds", Limit: limiter.MaxLimit, Window: time.Hour, Mode: limiter.ModeExact},
 		{Name: "far-sliding", Limit: limiter.MaxLimit, Window: time.Hour, Algorithm: limiter.SlidingWindow, Slices: 10},
+		{Name: "far-concurrency", Limit: limiter.MaxLimit, Algorithm: limiter.Concurrency, Lease: 30 * time.Minute},
 	}
 }
 

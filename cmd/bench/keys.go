@@ -74,7 +74,8 @@ const (
 const (
 	tallyGRPC     = "tally: Envoy's rate-limit service (gRPC)"
 	tallySliding  = "tally: sliding window"
-	tallyBeside   = "tally mode: auto, beside the sliding window"
+	tallyInFlight = "tally: concurrency limit"
+	tallyBeside   = "tally mode: auto, beside the sliding window and the concurrency limit"
 	referenceGRPC = referenceName + " (gRPC)"
 )
 
@@ -167,12 +168,13 @@ func (b *bench) keyCounts(ctx context.Context) error {
 	return b.slidingBeside(ctx)
 }
 
-// slidingBeside measures a sliding window far from its limit beside the
-// fixed window, on one key (every decision from memory) and over a million
-// (a reservation a decision), closed loop, interleaved. It runs last, on an
-// edge of its own: its sub-windows, a key each, stay in Redis for the
-// window's length, and must not weigh on the measurements against the
-// reference.
+// slidingBeside measures a sliding window and a concurrency limit (two
+// sub-windows of its lease, its requests never finished: the decision API's
+// checks alone) far from their limits beside the fixed window, on one key
+// (every decision from memory) and over a million (a reservation a
+// decision), closed loop, interleaved. They run last, on an edge of their
+// own: their sub-windows, a key each, stay in Redis for the span's length,
+// and must not weigh on the measurements against the reference.
 func (b *bench) slidingBeside(ctx context.Context) error {
 	if err := b.startEdges(ctx, 2); err != nil {
 		return err
@@ -180,8 +182,9 @@ func (b *bench) slidingBeside(ctx context.Context) error {
 	defer b.stopEdges(1)
 	fixed := keyTarget{target: target{tallyBeside, b.apiAddrs[0], "far", b.edges[0], nil}}
 	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[1], "far-sliding", b.edges[1], nil}}
+	inflight := keyTarget{target: target{tallyInFlight, b.apiAddrs[1], "far-concurrency", b.edges[1], nil}}
 	for _, n := range []int{1, 1_000_000} {
-		rs, err := b.keyCount(ctx, []keyTarget{fixed, sliding}, n)
+		rs, err := b.keyCount(ctx, []keyTarget{fixed, sliding, inflight}, n)
 		if err != nil {
 			return err
 		}
@@ -361,9 +364,10 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 	p("commands (those run inside scripts counted) are per decision, on every Redis node; CPU is µs per decision of")
 	p("the target's processes together (Tally: the edge, the accountant, NATS and four Redis servers; %s:", referenceName)
 	p("the service, its Redis primary and replica), the load generator's apart; RSS is the deciding process's.")
-	p("Last, on one key and over a million, %s (a policy of an hour in 10 sub-windows, far from its limit, on an", tallySliding)
-	p("edge of its own) beside the fixed window (%s), the two interleaved: its sub-windows stay in", tallyBeside)
-	p("Redis for the window's length, so it runs after the measurements against %s.", referenceName)
+	p("Last, on one key and over a million, %s (a policy of an hour in 10 sub-windows, far from its limit) and", tallySliding)
+	p("%s (a lease of 30 minutes, its requests never finished: decision API checks alone, far from its limit),", tallyInFlight)
+	p("on an edge of their own, beside the fixed window (%s), the three interleaved: their sub-windows", tallyBeside)
+	p("stay in Redis for the span's length, so they run after the measurements against %s.", referenceName)
 	p("")
 	p("| target | keys | requests/s (median) | range | × 1 key | p99 ms | script calls | Redis commands | by name | CPU µs | of which, by process (µs) | RSS MB |")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -398,16 +402,18 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 // over HTTP, over 10k keys 2× and over 1 and 100 keys 2.3× (over gRPC
 // those are measured).
 func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
-	slide, fixed := r.keyPair(tallySliding, tallyBeside)
-	for _, n := range []int{1, 1_000_000} {
-		t, ok1 := slide[n]
-		f, ok2 := fixed[n]
-		if !ok1 || !ok2 || f.Median == 0 {
-			continue
+	for _, alg := range [][2]string{{tallySliding, "sliding window"}, {tallyInFlight, "concurrency limit"}} {
+		other, fixed := r.keyPair(alg[0], tallyBeside)
+		for _, n := range []int{1, 1_000_000} {
+			t, ok1 := other[n]
+			f, ok2 := fixed[n]
+			if !ok1 || !ok2 || f.Median == 0 {
+				continue
+			}
+			lo, hi := roundRatios(t, f)
+			p("| %s over %d keys ≥ 0.9× the fixed window's decisions per second (decision API, far from the limits) | %.2f× (%.0f against %.0f req/s; rounds %.2f – %.2f) | %s |",
+				alg[1], n, t.Median/f.Median, t.Median, f.Median, lo, hi, check(t.Median >= 0.9*f.Median))
 		}
-		lo, hi := roundRatios(t, f)
-		p("| sliding window over %d keys ≥ 0.9× the fixed window's decisions per second (decision API, far from the limits) | %.2f× (%.0f against %.0f req/s; rounds %.2f – %.2f) | %s |",
-			n, t.Median/f.Median, t.Median, f.Median, lo, hi, check(t.Median >= 0.9*f.Median))
 	}
 	for _, pair := range [][3]string{{"tally mode: auto", referenceName, "decision API"}, {tallyGRPC, referenceGRPC, "gRPC rate-limit service"}} {
 		mine, peer := r.keyPair(pair[0], pair[1])

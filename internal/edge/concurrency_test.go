@@ -2,6 +2,7 @@ package edge_test
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -309,4 +310,44 @@ func TestConcurrencyEdgeRestart(t *testing.T) {
 	wg.Wait()
 	require.EqualValues(t, 2, allowed.Load(), "the whole limit, on the next edge")
 	require.EqualValues(t, 1, denied.Load())
+}
+
+// A response the proxy cannot finish copying — the upstream breaks off in
+// the middle of its body, and the proxy aborts the client's response — still
+// finishes the request: its unit is given back.
+func TestConcurrencyAbortedResponseFinishes(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = inflightPolicy(1, time.Minute)
+	var broken atomic.Bool
+	broken.Store(true)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !broken.Load() {
+			_, _ = w.Write([]byte("whole\n"))
+			return
+		}
+		w.Header().Set("Content-Length", "1000")
+		_, _ = w.Write([]byte("part of it"))
+		w.(http.Flusher).Flush()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	e := pl.edge(func(o *edge.Options) { o.Upstream = u })
+
+	req, err := http.NewRequest("GET", e.proxy.URL+"/repos", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "aborted")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		require.Error(t, err, "the body was cut short")
+	}
+	broken.Store(false)
+	testutil.WaitFor(t, "the aborted request's unit given back", func() bool {
+		return getPath(t, e.proxy.URL, "/repos", "aborted").StatusCode == 200
+	})
+	require.Equal(t, 200, getPath(t, e.proxy.URL, "/repos", "aborted").StatusCode)
 }

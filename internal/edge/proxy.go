@@ -126,13 +126,19 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) {
 		s.record(v, traceparent)
 	}
 	st.shown = tightest(st.vs)
+	// The request is finished however the proxy ends: it aborts a response
+	// whose body it could not copy (the client went away, the upstream
+	// broke off) by panicking with http.ErrAbortHandler, and a request held
+	// to a concurrency limit must give its units back then too.
+	defer func() {
+		status := st.status
+		if status == 0 {
+			status = http.StatusBadGateway
+		}
+		s.finish(st.vs, status)
+		setStatus(span, status)
+	}()
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
-	status := st.status
-	if status == 0 {
-		status = http.StatusBadGateway
-	}
-	s.finish(st.vs, status)
-	setStatus(span, status)
 }
 
 // httpDecision is what deciding an HTTP request made of it (the proxy's,

@@ -213,7 +213,7 @@ func (f *File) validatePolicies(ps *problems) {
 	for i, p := range f.Policies {
 		path := fmt.Sprintf("policies[%d]", i)
 		lp := p.Limiter()
-		calendarOK := p.validateWindows(ps, path) && p.validateSliding(ps, path)
+		calendarOK := p.validateWindows(ps, path) && p.validateAlgorithm(ps, path)
 		if !calendarOK {
 			// Its other terms are judged as those of a valid calendar.
 			lp.Calendar, lp.Window, lp.Location = limiter.Day, limiter.Day.Longest(), nil
@@ -383,10 +383,11 @@ func (p Policy) validateWindows(ps *problems, path string) bool {
 	return ok
 }
 
-// validateSliding checks a sliding window's window and slices, and reports
-// false when its sub-windows cannot be made (its other terms are then
-// judged as a valid window's).
-func (p Policy) validateSliding(ps *problems, path string) bool {
+// validateAlgorithm checks the terms of p's algorithm — a sliding window's
+// window and slices, a concurrency limit's lease — and reports false when
+// its sub-windows cannot be made (its other terms are then judged as a
+// valid window's).
+func (p Policy) validateAlgorithm(ps *problems, path string) bool {
 	if p.Algorithm != limiter.Concurrency && p.Lease != 0 {
 		ps.field(path+".lease", "%v: a lease is a concurrency limit's (algorithm: concurrency)", p.Lease)
 	}

@@ -30,7 +30,7 @@
 // shadow_mode, quota_mode, share_threshold, detailed_metric,
 // value_to_metric, metadata. docs/envoy.md says what Tally does with each.
 // Anything else is refused with its file and line, as the reference refuses
-// it — but for two extensions of Tally's:
+// it — but for three extensions of Tally's:
 //
 // # Calendar rules (a Tally extension)
 //

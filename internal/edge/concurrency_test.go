@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -274,6 +275,12 @@ descriptors:
 	code, _ = hold(ca)
 	require.NotEqual(t, ok, code, "the limit, exactly")
 	require.GreaterOrEqual(t, metric(t, a, "tally_edge_bad_requests_total"), 1.0, "the stray ticket was counted")
+
+	// A finish descriptor naming many values is read for its first 16 only:
+	// each costs a ticket's check, and no caller needs more.
+	before := metric(t, a, "tally_edge_bad_requests_total")
+	done(ca, strings.TrimSpace(strings.Repeat("x.y ", 40)))
+	require.Equal(t, before+17, metric(t, a, "tally_edge_bad_requests_total"), "16 values read, and the call counted once more")
 }
 
 // An edge that restarts with requests in flight finishes them as they are

@@ -34,8 +34,7 @@ func (c *Core) fallback(v Verdict, e *entry, cost int64) (Verdict, error) {
 	known := e.live(v.Now)
 	if known {
 		if e.spendable(cost) && !e.exact() { // a reservation came in meanwhile
-			e.credit -= cost
-			e.admitted += cost
+			e.spend(cost)
 			return c.allow(v, e, PathCredit), nil
 		}
 		if e.room() < cost { // full, as far as anyone knows: no Redis needed
@@ -121,6 +120,9 @@ func (c *Core) Refund(v Verdict) (absorbed bool) {
 		mine := e.reset.Equal(v.Reset) && e.live(now)
 		if mine && v.ChargeSeq == 0 && v.Policy.Mode.OrDefault() != limiter.ModeExact {
 			e.credit += v.Cost
+			// The request took nothing in the end: the key's rate, which
+			// sizes its reservations, counts what it consumes.
+			e.admitted = max(0, e.admitted-v.Cost)
 			e.mu.Unlock()
 			c.stats.absorbed.Add(1)
 			return true

@@ -172,8 +172,7 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 			continue
 		}
 		if mode != limiter.ModeExact && e.spendable(cost) {
-			e.credit -= cost
-			e.admitted += cost
+			e.spend(cost)
 			c.prefetch(e, cost, now)
 			return c.allow(v, e, path), nil
 		}

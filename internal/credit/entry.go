@@ -91,6 +91,10 @@ type entry struct {
 	// before its window that are still in a span (claims.go); nil for other
 	// policies.
 	past *[]pastWindow
+	// spare, for a concurrency limit's entry, is the least credit it held
+	// free since the sweep last looked (spareCredit); nil until the entry
+	// first spends, and for other policies.
+	spare *spareCredit
 
 	counts *[2]atomic.Uint64 // the policy's decisions, by [allowed] (Core.byPolicy)
 
@@ -214,6 +218,38 @@ func (e *entry) expire() {
 	e.charged, e.givenBack, e.sentFrom, e.sentTo = 0, 0, 0, 0
 	e.debts = e.debts[:0]
 	e.deniedSince = false
+	e.noteFree()
+}
+
+// spareCredit is the credit of a concurrency limit's entry that sat unused
+// since a time: the least it held free since then. A finish on the edge
+// that admitted the request puts its units back into that edge's credit,
+// so an edge would otherwise keep the units of its busiest moment for as
+// long as the key stays busy there; what it held free all along is beyond
+// its peak of requests in flight, and the sweep gives it back
+// (Core.trimSpare), for the key's other edges to use.
+type spareCredit struct {
+	least int64
+	since instant
+}
+
+// spend takes cost units of e's credit for a request it admits. Callers
+// hold e.mu.
+func (e *entry) spend(cost int64) {
+	e.credit -= cost
+	e.admitted += cost
+	if e.spare == nil && e.policy.Algorithm == limiter.Concurrency {
+		e.spare = &spareCredit{least: e.free(), since: instant(e.lastUseNano.Load())}
+	}
+	e.noteFree()
+}
+
+// noteFree lowers the least credit e held free to what it holds now.
+// Callers hold e.mu.
+func (e *entry) noteFree() {
+	if e.spare != nil {
+		e.spare.least = min(e.spare.least, e.free())
+	}
 }
 
 // count takes a take's answer (or a read's) into the counts of what was

@@ -181,8 +181,7 @@ func (c *Core) Charge(ctx context.Context, p limiter.Policy, cost int64, dg limi
 		}
 	}
 	if e.live(now) && e.free() >= cost {
-		e.credit -= cost
-		e.admitted += cost
+		e.spend(cost)
 		return c.allow(v, e, PathCredit)
 	}
 	units := cost

@@ -42,7 +42,25 @@ func (c *Core) releaseUnits(e *entry, units int64, now time.Time) {
 		c.stats.released.Add(uint64(units))
 		e.used -= units
 		e.credit -= units
+		e.noteFree()
 	}
+}
+
+// trimSpare gives back, for a concurrency limit, the credit e held free
+// all through the last IdleRelease or more (spareCredit): units beyond the
+// edge's peak of requests in flight in that time, which the key's other
+// edges may need. A client that moves to another edge while a few of its
+// requests still come here is held below its limit there for two
+// IdleRelease at most. Callers hold e.mu.
+func (c *Core) trimSpare(e *entry, now time.Time) {
+	s := e.spare
+	if now.Sub(s.since.Time()) < c.cfg.IdleRelease {
+		return
+	}
+	if s.least > 0 && e.refill == nil {
+		c.releaseUnits(e, s.least, now)
+	}
+	s.least, s.since = e.free(), instantOf(now)
 }
 
 // forgetAfter is how long a key with no window and nothing in flight is
@@ -75,6 +93,9 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 		}
 		if e.credit > 0 && quiet && e.refill == nil {
 			c.release(e, now) // what is frozen goes back after the report below
+		}
+		if e.spare != nil {
+			c.trimSpare(e, now)
 		}
 		if target, due := c.holdTarget(e, quiet, now); due {
 			holds = append(holds, pendingHold{e: e, h: c.startHold(e, target, now)})

@@ -714,3 +714,51 @@ func TestFinishGivesBackByAlgorithm(t *testing.T) {
 		}
 	}
 }
+
+// A finish on the edge that admitted a request puts its units back into
+// that edge's credit. Under a concurrency limit, credit the edge held free
+// all through idle_release — beyond its peak of requests in flight — goes
+// back while the key stays busy there, for the key's other edges; a
+// window's credit, spent for good, is not trimmed so.
+func TestSpareCreditGoesBack(t *testing.T) {
+	inflight := limiter.Policy{Name: "api", Algorithm: limiter.Concurrency, Limit: testLimit, Window: 30 * time.Second, Slices: 2,
+		Align: true}
+	for _, c := range []struct {
+		policy  limiter.Policy
+		status  int
+		trimmed bool
+	}{
+		{inflight, 200, true},
+		{policyOf(limiter.ModeAuto), 304, false},
+	} {
+		h := newHarness(t, c.policy, true, fast)
+		h.open(testLimit, 4, false) // the edge holds 4 of the limit, after a burst of 4 at once
+		from := h.ledger.len()
+		// One request in flight at a time, a new one every 200 ms: the key
+		// is never quiet here, and 3 units are never needed.
+		for range 10 {
+			v, err := h.decide(1)
+			if err != nil || !v.Allowed() {
+				t.Fatalf("%s: a request within the credit: %v, %v", c.policy.Algorithm.OrDefault(), v.Allowed(), err)
+			}
+			h.clock.Advance(200 * time.Millisecond)
+			h.core.Sweep(context.Background(), h.clock.Now())
+			if c.policy.Algorithm.GivesBack(c.status, v.Cost) > 0 {
+				h.core.Refund(v)
+			}
+		}
+		credit, _, _ := h.snapshot()
+		var released int64
+		for _, ev := range h.ledger.since(from) {
+			if ev.Kind == limiter.Release {
+				released += ev.Units
+			}
+		}
+		if c.trimmed && (released != 3 || credit != 1) {
+			t.Errorf("concurrency: released %d and holds %d, want the 3 never used released and 1 held", released, credit)
+		}
+		if !c.trimmed && (released != 0 || credit != 4) {
+			t.Errorf("window: released %d and holds %d, want its credit kept", released, credit)
+		}
+	}
+}

@@ -358,3 +358,92 @@ func TestConcurrencyAbortedResponseFinishes(t *testing.T) {
 	})
 	require.Equal(t, 200, getPath(t, e.proxy.URL, "/repos", "aborted").StatusCode)
 }
+
+// A client whose requests move from one edge to another: the first edge,
+// which held the whole limit after a burst and still sees one request of
+// the client at a time, gives back the units it no longer needs within
+// two idle_release, and the second edge admits the rest of the limit. The
+// upstream never serves more than the limit at once.
+func TestConcurrencyClientMovesBetweenEdges(t *testing.T) {
+	pl := newPipeline(t)
+	pl.policies["core"] = inflightPolicy(4, time.Hour)
+	release := make(chan struct{}) // lets the slow requests finish
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	var now, most, slow atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := now.Add(1)
+		defer now.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		switch r.URL.Path {
+		case "/burst":
+			time.Sleep(300 * time.Millisecond)
+		case "/slow":
+			slow.Add(1)
+			defer slow.Add(-1)
+			select {
+			case <-release:
+			case <-time.After(time.Minute):
+			}
+		default:
+			time.Sleep(20 * time.Millisecond)
+		}
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	a := pl.edge(func(o *edge.Options) { patient(o); o.Upstream = u })
+	b := pl.edge(func(o *edge.Options) { patient(o); o.Upstream = u })
+
+	// A burst of the limit at once on a: it holds all four units after.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			require.Equal(t, 200, getPath(t, a.proxy.URL, "/burst", "mover").StatusCode, "the burst is within the limit")
+		})
+	}
+	wg.Wait()
+
+	// One request at a time goes on through a, never quiet there.
+	stop := make(chan struct{})
+	var trickle sync.WaitGroup
+	var trickled atomic.Int64
+	trickle.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if getPath(t, a.proxy.URL, "/fast", "mover").StatusCode == 200 {
+				trickled.Add(1)
+			}
+		}
+	})
+
+	// The rest of the client's requests come to b, and stay in flight.
+	began := time.Now()
+	deadline := began.Add(20 * time.Second)
+	var movers sync.WaitGroup
+	for range 3 {
+		movers.Go(func() {
+			for time.Now().Before(deadline) {
+				if getPath(t, b.proxy.URL, "/slow", "mover").StatusCode != 429 {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+	}
+	testutil.WaitForWithin(t, "b admits three while a still sees one at a time", 20*time.Second, func() bool { return slow.Load() == 3 })
+	moved := time.Since(began)
+	letGo()
+	movers.Wait()
+	close(stop)
+	trickle.Wait()
+	t.Logf("b admitted three %v after the client moved; a passed %d one at a time; most in flight %d", moved.Round(time.Millisecond),
+		trickled.Load(), most.Load())
+	require.LessOrEqual(t, most.Load(), int64(4), "never more than the limit in flight")
+	require.Greater(t, trickled.Load(), int64(5), "a went on admitting the client's requests")
+}

@@ -19,6 +19,10 @@
 --            a caller knew the shard's windows compact and the record is gone
 --            (an emptied primary), and by the operator's `tally windows
 --            compact` after a rolling upgrade
+-- KEYS[4] -> (optional) when the shard's primary last began a reseed
+--            (keys.go's RefillKey): ms since the Unix epoch by the caller's
+--            clock, set to ARGV[6] when a reseed begins. A token bucket with no record
+--            of what it spent is taken as emptied then (take.lua)
 -- ARGV[1] -> mode: "check" (below), or "extend": a reseed in progress lasts
 --            at least ARGV[4] more (a process still re-asserting)
 -- ARGV[2] -> a fresh epoch id, 16 of [0-9a-f]: the new epoch's, when this
@@ -29,6 +33,8 @@
 --            begins or a process joins it (check), or the least it lasts
 --            from now (extend)
 -- ARGV[5] -> "1" when the caller knew the shard's windows compact, else ""
+-- ARGV[6] -> now, ms since the Unix epoch (the caller's clock): with
+--            KEYS[4], what a reseed that begins records there
 --
 -- check:
 --   the record names this primary, and the caller knew its epoch (or knew
@@ -67,6 +73,9 @@ span = tonumber(span)
 local knewCompact = ARGV[5] == "1"
 if ARGV[5] ~= nil and ARGV[5] ~= "" and ARGV[5] ~= "1" then
   return redis.error_reply("ERR tally: invalid format")
+end
+if KEYS[4] ~= nil and (type(ARGV[6]) ~= "string" or #ARGV[6] < 1 or #ARGV[6] > 15 or string.find(ARGV[6], "%D")) then
+  return redis.error_reply("ERR tally: invalid now")
 end
 
 -- compact reports whether the shard's windows may be compact, recording it
@@ -109,6 +118,9 @@ local function begin(how)
     return { 4, fresh, 0, compact(true) }
   end
   redis.call("SET", KEYS[2], fresh, "PX", span)
+  if KEYS[4] ~= nil then
+    redis.call("SET", KEYS[4], ARGV[6])
+  end
   return { 1, fresh, span, compact(false) }
 end
 

@@ -175,12 +175,27 @@ end
 -- A sliding window (ARGV[18]): its sub-windows, and how long one counts
 -- after its reset.
 local slices = 0
+local bucketKeys = 0
+if (ARGV[19] or "") ~= "" then
+  bucketKeys = 4
+end
 if (ARGV[18] or "") ~= "" then
   slices = arg_int(18, 2, 60)
-  if slices == nil or (ARGV[16] or "") == "" or not align or #KEYS ~= 1 + 2 * slices then
+  if slices == nil or (ARGV[16] or "") == "" or not align or #KEYS ~= 1 + 2 * slices + bucketKeys then
     return redis.error_reply("ERR tally: invalid slices")
   end
 end
+-- A token bucket (ARGV[19], ARGV[20]): how fast it refills.
+local rate, every = nil, nil
+if bucketKeys > 0 then
+  rate = arg_int(19, 1, MAX_UNITS)
+  every = arg_int(20, 1000, 3600000)
+  if rate == nil or every == nil or every % 1000 ~= 0 or slices ~= 2 or len ~= 1000 or limit * every > 1000000000000000
+      or (ARGV[21] ~= nil and ARGV[21] ~= "" and ARGV[21] ~= "1") then
+    return redis.error_reply("ERR tally: invalid bucket")
+  end
+end
+local spentNow = ARGV[21] == "1"
 local linger = 0
 if slices > 0 then
   linger = (slices - 1) * len
@@ -281,25 +296,26 @@ local w, form, f = read(KEYS[1], grace, { mine_field, held_field, "m" })
 -- A sliding window: extra is the most that a span holding this sub-window
 -- counts besides it (what every reservation here adds to each of them).
 local extra = 0
+-- count_of is the count of the sub-window stored at key when it is the one
+-- that resets at r, else nil: one HMGET (sub-windows are hashes), a string
+-- read as any window.
+local function count_of(key, r)
+  local f = redis.pcall("HMGET", key, "u", "r")
+  if type(f) == "table" and f.err == nil then
+    if tonumber(f[2]) == r then
+      return tonumber(f[1]) or 0
+    end
+    return nil
+  end
+  local sw = load(key, grace)
+  if sw ~= nil and sw.r == r then
+    return sw.u
+  end
+  return nil
+end
+local us = { [0] = 0, [-1] = 0, [1] = 0 }
 if slices > 0 then
   local r0 = opens + len
-  -- counted is the count of the sub-window stored at key when it is the
-  -- one that resets at r: one HMGET (sub-windows are hashes), a string
-  -- read as any window.
-  local function counted(key, r)
-    local f = redis.pcall("HMGET", key, "u", "r")
-    if type(f) == "table" and f.err == nil then
-      if tonumber(f[2]) == r then
-        return tonumber(f[1]) or 0
-      end
-      return 0
-    end
-    local sw = load(key, grace)
-    if sw ~= nil and sw.r == r then
-      return sw.u
-    end
-    return 0
-  end
   -- Sub-windows after this one exist only when an edge's clock is ahead:
   -- one EXISTS says whether any is there to read.
   local after = {}
@@ -307,21 +323,94 @@ if slices > 0 then
     after[i] = KEYS[2 + slices + i]
   end
   local ahead = redis.call("EXISTS", unpack(after)) > 0
-  local us = { [0] = 0 }
   for i = 1, slices - 1 do
-    us[-i] = counted(KEYS[3 + i], r0 - i * len)
+    us[-i] = count_of(KEYS[3 + i], r0 - i * len) or 0
     us[i] = 0
     if ahead then
-      us[i] = counted(KEYS[2 + slices + i], r0 + i * len)
+      us[i] = count_of(KEYS[2 + slices + i], r0 + i * len) or 0
     end
   end
-  for t = 0, slices - 1 do
-    local sum = 0
-    for m = t - slices + 1, t do
-      sum = sum + us[m]
+  if rate == nil then
+    for t = 0, slices - 1 do
+      local sum = 0
+      for m = t - slices + 1, t do
+        sum = sum + us[m]
+      end
+      extra = math.max(extra, sum)
     end
-    extra = math.max(extra, sum)
   end
+end
+-- A token bucket: what was spent and has not refilled yet (d), once the
+-- periods whose units are no longer held are counted in it, each when its
+-- hold ended (the end of the period after it), and d refilled at rate.
+-- Units reserved by a caller that spends them at once (ARGV[21]) are
+-- counted in d when they are reserved, and in their period's "x:<reset>"
+-- (the period holds its count less those).
+local bucket = nil
+if rate ~= nil then
+  local r0 = opens + len
+  bucket = { d = 0, t = now, f = 0, pend = {}, spent = {} }
+  local all = redis.call("HGETALL", KEYS[6])
+  if #all == 0 then
+    local at = tonumber(redis.call("GET", KEYS[9]) or "")
+    if at ~= nil and at <= now then
+      bucket.d = math.max(0, limit * every - rate * (now - at))
+    end
+  end
+  for k = 1, #all, 2 do
+    local name, v = all[k], tonumber(all[k + 1])
+    local tag = string.sub(name, 1, 2)
+    if v == nil then
+      return redis.error_reply("ERR tally: unreadable bucket at " .. KEYS[6])
+    elseif name == "d" then
+      bucket.d = v
+    elseif name == "t" then
+      bucket.t = v
+    elseif name == "f" then
+      bucket.f = v
+    elseif tag == "n:" then
+      bucket.pend[tonumber(string.sub(name, 3)) or 0] = v
+    elseif tag == "x:" then
+      bucket.spent[tonumber(string.sub(name, 3)) or 0] = v
+    end
+  end
+  bucket.f0 = bucket.f
+  local due, order = {}, {}
+  for r, n in pairs(bucket.pend) do
+    if r <= r0 - 2 * len and r > bucket.f then
+      due[r] = n
+    end
+  end
+  for j = 2, 3 do
+    local r = r0 - j * len
+    if r > bucket.f then
+      local n = count_of(KEYS[5 + j], r)
+      if n ~= nil then
+        due[r] = n
+      end
+    end
+  end
+  for r in pairs(due) do
+    table.insert(order, r)
+  end
+  table.sort(order)
+  for _, r in ipairs(order) do
+    local at = r + len
+    if at > bucket.t then
+      bucket.d = math.max(0, bucket.d - rate * (at - bucket.t))
+      bucket.t = at
+    end
+    bucket.d = math.max(0, bucket.d + (due[r] - (bucket.spent[r] or 0)) * every)
+    bucket.f = r
+  end
+  if now > bucket.t then
+    bucket.d = math.max(0, bucket.d - rate * (now - bucket.t))
+    bucket.t = now
+  end
+  -- Held: the periods before and after this one, and this one's units
+  -- that were not spent at once (its own count is the window's, w.u).
+  local x = function(r) return bucket.spent[r] or 0 end
+  extra = us[-1] - x(r0 - len) + us[1] - x(r0 + len) - x(r0) + math.ceil(bucket.d / every)
 end
 -- Every write here waits for a reseed in progress (the cold path above
 -- touched only what is the holder's alone).
@@ -417,6 +506,11 @@ end
 if room >= need then
   granted = math.min(want, room)
   w.u = w.u + granted
+  if bucket ~= nil and spentNow then
+    local r0 = opens + len
+    bucket.d = bucket.d + granted * every
+    bucket.spent[r0] = (bucket.spent[r0] or 0) + granted
+  end
 end
 mine, held_now = mine + granted, held_now + granted
 -- One write: a new window whole, with its expiry; else the count and the
@@ -427,6 +521,40 @@ if opened == 1 then
   redis.call("PEXPIREAT", KEYS[1], num(w.r + grace + linger))
 elseif granted > 0 then
   redis.call("HSET", KEYS[1], "u", num(w.u), mine_field, num(mine), held_field, num(held_now))
+end
+-- A bucket's record: what is counted in it now, and the periods held,
+-- as this call leaves them (written when it reserved, or counted a
+-- period); it lasts until what it counts has refilled.
+if bucket ~= nil and (granted > 0 or bucket.f ~= bucket.f0) then
+  local r0 = opens + len
+  local fields = { "d", num(bucket.d), "t", num(bucket.t), "f", num(bucket.f) }
+  local function keep(r, n, x)
+    if r > bucket.f and n ~= 0 then
+      table.insert(fields, "n:" .. num(r))
+      table.insert(fields, num(n))
+    end
+    if r > bucket.f and x ~= 0 then
+      table.insert(fields, "x:" .. num(r))
+      table.insert(fields, num(x))
+    end
+  end
+  keep(r0 - len, us[-1], bucket.spent[r0 - len] or 0)
+  keep(r0, w.u, bucket.spent[r0] or 0)
+  keep(r0 + len, us[1], bucket.spent[r0 + len] or 0)
+  local gone = {}
+  for _, m in ipairs({ bucket.pend, bucket.spent }) do
+    for r in pairs(m) do
+      if r <= bucket.f then
+        table.insert(gone, "n:" .. num(r))
+        table.insert(gone, "x:" .. num(r))
+      end
+    end
+  end
+  if #gone > 0 then
+    redis.call("HDEL", KEYS[6], unpack(gone))
+  end
+  redis.call("HSET", KEYS[6], unpack(fields))
+  redis.call("PEXPIRE", KEYS[6], num(math.ceil(bucket.d / rate) + 3 * len + grace))
 end
 -- What the caller will not spend yet, frozen in the same call.
 local frozen = -1

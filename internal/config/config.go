@@ -387,8 +387,13 @@ type Policy struct {
 	// limiter.FixedWindow), sliding_window (limiter.SlidingWindow: at most
 	// Limit in any Window, measured in Slices sub-windows aligned to the
 	// clock) or concurrency (limiter.Concurrency: at most Limit in flight,
-	// each request's units held until its finish or its Lease).
+	// each request's units held until its finish or its Lease) or
+	// token_bucket (limiter.TokenBucket: refilled Limit units every
+	// Window, holding at most Burst).
 	Algorithm limiter.Algorithm `yaml:"algorithm"`
+	// Burst is a token bucket's size: the most admitted at once, 1 to the
+	// limiter's bound (default Limit).
+	Burst int64 `yaml:"burst"`
 	// Slices is a sliding window's number of sub-windows, 2 to 60 (default
 	// 10); Window must be that many whole seconds.
 	Slices int `yaml:"slices"`
@@ -439,6 +444,14 @@ type Tiers struct {
 type Override struct {
 	Identity string `yaml:"identity"`
 	Limit    int64  `yaml:"limit"`
+}
+
+// burst is a token bucket's size: Burst, or Limit.
+func (p Policy) burst() int64 {
+	if p.Burst == 0 {
+		return p.Limit
+	}
+	return p.Burst
 }
 
 // slices is p's number of sub-windows: Slices, or limiter.DefaultSlices.
@@ -746,6 +759,13 @@ func (p Policy) Limiter() limiter.Policy {
 		// Two sub-windows of the lease: a unit counts from its request's
 		// start until its finish, or until its sub-window leaves the span.
 		lp.Slices, lp.Window, lp.Align = 2, p.Lease, true
+	}
+	if p.Algorithm == limiter.TokenBucket {
+		// The limiter's limit is the burst; its windows are the bucket's
+		// periods.
+		lp.Rate, lp.Every, lp.Limit = p.Limit, p.Window, p.burst()
+		lp.Slices, lp.Window, lp.Align = 2, limiter.BucketPeriod, true
+		lp = lp.WithDefaultMode()
 	}
 	return lp
 }

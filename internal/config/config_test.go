@@ -180,7 +180,11 @@ func TestParseErrorsNameLineAndField(t *testing.T) {
 		{"route without a policy", "    policy: search\n", "", "routes[0].policy: missing"},
 		{"duplicate cleaned route", "    cost: 2\n", "    cost: 2\n  - path: /search/\n    policy: core\n", "routes[1].path: duplicate route \"/search/\""},
 		{"bad policy key", "    limit: 100", "    limit: 100\n    key: cookie", "line 20: policies[0].key: \"cookie\": want identity or address"},
-		{"unknown algorithm", "    limit: 100", "    limit: 100\n    algorithm: token_bucket", "line 20: policies[0].algorithm: \"token_bucket\": want fixed_window, sliding_window or concurrency"},
+		{"unknown algorithm", "    limit: 100", "    limit: 100\n    algorithm: leaky_bucket", "line 20: policies[0].algorithm: \"leaky_bucket\": want fixed_window, sliding_window, concurrency or token_bucket"},
+		{"a burst of a fixed window", "    limit: 100", "    limit: 100\n    burst: 10", "line 20: policies[0].burst: 10: a burst is a token bucket's"},
+		{"a bucket refilled every day", "    window: 1m", "    window: 24h\n    algorithm: token_bucket", "policies[0].window: 24h0m0s: a token bucket refills its limit every whole number of seconds, 1s to 1h0m0s"},
+		{"a bucket cut in slices", "    limit: 100", "    limit: 100\n    algorithm: token_bucket\n    slices: 4", "policies[0].slices: a token bucket refills continuously"},
+		{"a bucket too large", "    window: 1m", "    window: 1h\n    algorithm: token_bucket\n    burst: 1000000000", "policies[0].burst: 1000000000: a bucket refilled every 1h0m0s holds at most 277777777"},
 		{"concurrency with a window", "    limit: 100", "    limit: 100\n    algorithm: concurrency\n    lease: 30s", "policies[0].window: a concurrency limit has no window"},
 		{"concurrency without a lease", "    limit: 100\n    window: 1m", "    limit: 100\n    algorithm: concurrency", "policies[0].lease: 0s: want whole seconds from 1s to"},
 		{"a lease of a fixed window", "    limit: 100", "    limit: 100\n    lease: 30s", "policies[0].lease: 30s: a lease is a concurrency limit's"},
@@ -322,6 +326,33 @@ func TestSlidingWindowPolicy(t *testing.T) {
 
 // A concurrency limit reaches the limiter as two sub-windows of its lease,
 // aligned to the clock.
+func TestTokenBucketPolicy(t *testing.T) {
+	src := strings.Replace(good, "    limit: 100\n    window: 1m", "    limit: 100\n    window: 1m\n    algorithm: token_bucket\n    burst: 20", 1)
+	f, err := Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	p := f.PolicyMap()["core"]
+	require.Equal(t, limiter.Policy{Name: "core", Algorithm: limiter.TokenBucket, Limit: 20, Rate: 100, Every: time.Minute,
+		Window: time.Second, Slices: 2, Align: true}, p)
+	require.Equal(t, "a bucket of 20, refilled 100 every 1m0s", p.Per())
+	require.Equal(t, 12*time.Second, p.Refill(20), "the burst refills in 12 s")
+	// A tier's limit is the rate, the burst scaled alike.
+	require.Equal(t, limiter.Policy{Name: "core", Algorithm: limiter.TokenBucket, Limit: 200, Rate: 1000, Every: time.Minute,
+		Window: time.Second, Slices: 2, Align: true}, p.WithLimit(1000))
+	// Without a burst, the limit.
+	src = strings.Replace(good, "    limit: 100\n    window: 1m", "    limit: 100\n    window: 1m\n    algorithm: token_bucket", 1)
+	f, err = Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	require.EqualValues(t, 100, f.PolicyMap()["core"].Limit)
+	// A burst under two seconds of the rate: every request its own
+	// reservation, and a mode that would hold credit is refused.
+	src = strings.Replace(good, "    limit: 100\n    window: 1m", "    limit: 10\n    window: 1s\n    algorithm: token_bucket\n    burst: 1", 1)
+	f, err = Parse([]byte(src), withSecret)
+	require.NoError(t, err)
+	require.Equal(t, limiter.ModeExact, f.PolicyMap()["core"].Mode)
+	_, err = Parse([]byte(strings.Replace(src, "    burst: 1", "    burst: 1\n    mode: auto", 1)), withSecret)
+	require.ErrorContains(t, err, "policies[0].mode: auto: a token bucket of 1 refilled 10 every 1s holds less than two periods (2s) of its rate: mode exact")
+}
+
 func TestConcurrencyPolicy(t *testing.T) {
 	src := strings.Replace(good, "    limit: 100\n    window: 1m", "    limit: 100\n    algorithm: concurrency\n    lease: 30s", 1)
 	f, err := Parse([]byte(src), withSecret)

@@ -217,7 +217,7 @@ func (f *File) validatePolicies(ps *problems) {
 		if !calendarOK {
 			// Its other terms are judged as those of a valid calendar.
 			lp.Calendar, lp.Window, lp.Location = limiter.Day, limiter.Day.Longest(), nil
-			lp.Algorithm, lp.Slices, lp.Align = "", 0, false
+			lp.Algorithm, lp.Slices, lp.Align, lp.Rate, lp.Every = "", 0, false, 0, 0
 		}
 		err := lp.Validate()
 		ps.in(path, err)
@@ -391,8 +391,14 @@ func (p Policy) validateAlgorithm(ps *problems, path string) bool {
 	if p.Algorithm != limiter.Concurrency && p.Lease != 0 {
 		ps.field(path+".lease", "%v: a lease is a concurrency limit's (algorithm: concurrency)", p.Lease)
 	}
+	if p.Algorithm != limiter.TokenBucket && p.Burst != 0 {
+		ps.field(path+".burst", "%d: a burst is a token bucket's (algorithm: token_bucket)", p.Burst)
+	}
 	if p.Algorithm == limiter.Concurrency {
 		return p.validateConcurrency(ps, path)
+	}
+	if p.Algorithm == limiter.TokenBucket {
+		return p.validateBucket(ps, path)
 	}
 	if p.Algorithm != limiter.SlidingWindow {
 		if p.Slices != 0 {
@@ -431,6 +437,32 @@ func (p Policy) validateConcurrency(ps *problems, path string) bool {
 	}
 	if p.Lease < limiter.MinWindow || 2*p.Lease > limiter.MaxWindow || p.Lease%time.Second != 0 {
 		ps.field(path+".lease", "%v: want whole seconds from %v to %v", p.Lease, limiter.MinWindow, limiter.MaxWindow/2)
+		ok = false
+	}
+	return ok
+}
+
+// validateBucket checks a token bucket's burst, and that it names none of
+// a window's other terms; its rate (limit per window) is the limiter's to
+// judge.
+func (p Policy) validateBucket(ps *problems, path string) bool {
+	ok := true
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"windows", p.Windows != ""}, {"slices", p.Slices != 0}} {
+		if f.set {
+			ps.field(path+"."+f.name, "a token bucket refills continuously: it has no windows to open or slice; leave %s out", f.name)
+			ok = false
+		}
+	}
+	if p.Burst < 0 || p.Burst > limiter.MaxLimit {
+		ps.field(path+".burst", "%d: want 1 to %d", p.Burst, limiter.MaxLimit)
+		ok = false
+	}
+	if p.Window < time.Second || p.Window > limiter.MaxBucketEvery || p.Window%time.Second != 0 {
+		ps.field(path+".window", "%v: a token bucket refills its limit every whole number of seconds, 1s to %v", p.Window,
+			limiter.MaxBucketEvery)
 		ok = false
 	}
 	return ok

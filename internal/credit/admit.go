@@ -89,10 +89,14 @@ func (c *Core) deny(v Verdict, e *entry, path Path) Verdict {
 // unspent credit not among them) against the limit, of the window its
 // algorithm names. Callers hold e.mu.
 func (c *Core) decision(v *Verdict, e *entry, allowed bool) {
-	reset := e.reset.Time()
 	used := max(0, e.used+e.debtUnits()-e.credit)
+	wait := used
+	if !allowed {
+		wait = used + v.Cost - v.Policy.Limit
+	}
+	window, reset := e.alg().told(v.Policy, e.reset.Time(), wait, v.Now)
 	v.Decision = limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
-		Used: used, Remaining: max(0, v.Policy.Limit-used), Window: e.alg().told(v.Policy, reset), ResetAt: reset, Now: v.Now}
+		Used: used, Remaining: max(0, v.Policy.Limit-used), Window: window, ResetAt: reset, Now: v.Now}
 }
 
 // counted counts a decision of e's key by its path and its policy.

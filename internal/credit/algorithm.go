@@ -33,11 +33,14 @@ type algorithm interface {
 	// limiter.TakeArgs the algorithm answers: the limit, and the span a
 	// reservation made now opens when none is live (Window, Opens).
 	terms(p limiter.Policy, now time.Time) limiter.TakeArgs
-	// told is the window a decision under p tells the client of, when the
-	// entry's window resets at reset (the decision's reset is that one).
-	// It answers a length only: the core builds the decision itself, so
-	// that no verdict is copied through the interface on the request path.
-	told(p limiter.Policy, reset time.Time) time.Duration
+	// told is the window a decision under p at now tells the client of,
+	// and when it resets, when the entry's window resets at reset and wait
+	// units are to come back (counted beyond the limit: all that is used,
+	// for a request admitted; what the request's cost needs beyond what
+	// is left, for one denied). It answers plain values only: the core
+	// builds the decision itself, so that no verdict is copied through the
+	// interface on the request path.
+	told(p limiter.Policy, reset time.Time, wait int64, now time.Time) (time.Duration, time.Time)
 	// ending is p's span that ends at reset: what a notice naming a reset
 	// is about.
 	ending(p limiter.Policy, reset time.Time) limiter.Span
@@ -53,6 +56,9 @@ type algorithm interface {
 // limiter.Algorithm.GivesBack, asked where a request finishes); anything
 // else is the fixed window, as "" is.
 func algorithmOf(a limiter.Algorithm) algorithm {
+	if a == limiter.TokenBucket {
+		return bucket
+	}
 	if a.Sliding() {
 		return sliding
 	}
@@ -73,8 +79,8 @@ func (fixedWindow) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
 	return limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Opens: p.WindowAt(now)}
 }
 
-func (fixedWindow) told(p limiter.Policy, reset time.Time) time.Duration {
-	return p.Ending(reset).Length()
+func (fixedWindow) told(p limiter.Policy, reset time.Time, _ int64, _ time.Time) (time.Duration, time.Time) {
+	return p.Ending(reset).Length(), reset
 }
 
 func (fixedWindow) ending(p limiter.Policy, reset time.Time) limiter.Span { return p.Ending(reset) }
@@ -107,7 +113,9 @@ func (slidingWindow) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
 
 // told: the window a client is told of is the span; its reset is when the
 // sub-window ends, the next time room can come back.
-func (slidingWindow) told(p limiter.Policy, _ time.Time) time.Duration { return p.Span() }
+func (slidingWindow) told(p limiter.Policy, reset time.Time, _ int64, _ time.Time) (time.Duration, time.Time) {
+	return p.Span(), reset
+}
 
 func (slidingWindow) ending(p limiter.Policy, reset time.Time) limiter.Span {
 	return limiter.Span{Start: reset.Add(-p.Window), ResetAt: reset}
@@ -116,4 +124,28 @@ func (slidingWindow) ending(p limiter.Policy, reset time.Time) limiter.Span {
 func (slidingWindow) blind(p limiter.Policy, now time.Time) (reset, latest time.Time) {
 	r := p.WindowAt(now).ResetAt
 	return r, r
+}
+
+// bucket is the token bucket: at most Limit (the burst) + Rate × t / Every
+// units in any interval t. Its periods are a sliding window's sub-windows
+// of BucketPeriod, two to a span: credit reserved in a period is spent in
+// it, and what is left goes back by an event when it ends. Its script also
+// counts what was spent and has not refilled yet (Grant.Used holds it), so
+// what is left from memory is the same arithmetic as a window's. A client
+// is told the time the whole burst takes to refill as the window, and as
+// the reset when the units it waits for are back: the whole burst for a
+// request admitted, its cost for one denied — by the count the entry last
+// learnt, which other edges' use can only make later.
+var bucket tokenBucket
+
+type tokenBucket struct{ slidingWindow }
+
+func (tokenBucket) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
+	a := sliding.terms(p, now)
+	a.Rate, a.Every, a.Spent = p.Rate, p.Every, p.Mode == limiter.ModeExact
+	return a
+}
+
+func (tokenBucket) told(p limiter.Policy, _ time.Time, wait int64, now time.Time) (time.Duration, time.Time) {
+	return p.Refill(p.Limit), now.Add(p.Refill(wait))
 }

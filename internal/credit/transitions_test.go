@@ -695,6 +695,8 @@ func TestFinishGivesBackByAlgorithm(t *testing.T) {
 		{inflight, 304, nil, 2},
 		{inflight, 503, nil, 2},
 		{inflight, 200, new(int64(7)), 2},
+		{bucketOf(limiter.ModeExact), 200, nil, 0},
+		{bucketOf(limiter.ModeExact), 304, nil, 2},
 	} {
 		h := newHarness(t, c.policy, true, fast)
 		h.open(testLimit, 0, true)
@@ -759,6 +761,44 @@ func TestSpareCreditGoesBack(t *testing.T) {
 		}
 		if !c.trimmed && (released != 0 || credit != 4) {
 			t.Errorf("window: released %d and holds %d, want its credit kept", released, credit)
+		}
+	}
+}
+
+// bucketOf is a token bucket of testLimit units refilled 5 a second.
+func bucketOf(m limiter.Mode) limiter.Policy {
+	return limiter.Policy{Name: "api", Algorithm: limiter.TokenBucket, Limit: testLimit, Rate: 5, Every: time.Second,
+		Window: limiter.BucketPeriod, Slices: 2, Align: true, Mode: m}
+}
+
+// What a token bucket's decision tells: the time its whole burst takes to
+// refill as the window, and as the reset when what the client waits for is
+// back — all it used, admitted; what its cost needs, denied. A window
+// tells its own window and reset.
+func TestBucketTells(t *testing.T) {
+	now := epoch.Add(300 * time.Millisecond)
+	for _, c := range []struct {
+		policy  limiter.Policy
+		used    int64 // the entry's count, its credit spent
+		allowed bool
+		window  time.Duration
+		reset   time.Time
+	}{
+		{bucketOf(limiter.ModeAuto), 4, true, 2 * time.Second, now.Add(800 * time.Millisecond)},
+		{bucketOf(limiter.ModeAuto), 10, false, 2 * time.Second, now.Add(600 * time.Millisecond)}, // cost 3: 3 units back in 0.6 s
+		{bucketOf(limiter.ModeAuto), 0, true, 2 * time.Second, now},
+		{policyOf(limiter.ModeAuto), 4, true, time.Minute, epoch.Add(time.Minute)},
+	} {
+		h := newHarness(t, c.policy, true, fast)
+		h.open(c.used, 0, !c.allowed)
+		e := h.entry()
+		e.lock()
+		v := Verdict{Policy: c.policy, Cost: 3, Now: now}
+		h.core.decision(&v, e, c.allowed)
+		e.mu.Unlock()
+		if v.Decision.Window != c.window || !v.Decision.ResetAt.Equal(c.reset) {
+			t.Errorf("%s, used %d, allowed %v: told %v, reset in %v; want %v, %v", c.policy.Algorithm.OrDefault(), c.used, c.allowed,
+				v.Decision.Window, v.Decision.ResetAt.Sub(now), c.window, c.reset.Sub(now))
 		}
 	}
 }

@@ -278,12 +278,12 @@ func hostOnly(h string) string {
 func (rt *routing) terms(p limiter.Policy, plan string, dg limiter.Digest) limiter.Policy {
 	if plan != "" {
 		if lim, ok := rt.tiers[p.Name].Limits[plan]; ok {
-			p.Limit = lim
+			p = p.WithLimit(lim)
 		}
 	}
 	if rt.keyed[p.Name] {
 		if lim, ok := rt.overrides[dg]; ok {
-			p.Limit = lim
+			p = p.WithLimit(lim)
 		}
 	}
 	return p

@@ -210,6 +210,11 @@ func (k Key) SliceKey(reset time.Time) string {
 	return string(b)
 }
 
+// BucketKey is the Redis key of what k's token bucket spent and has not
+// refilled yet (lua/take.lua's bucket): the window key and ":b", on k's
+// shard as its periods are.
+func (k Key) BucketKey() string { return k.redis + ":b" }
+
 // WindowKey is the Redis key of k's window that resets at reset: k's own
 // key, or for a sliding window of slices sub-windows (slices > 0) the
 // sub-window's (SliceKey).
@@ -322,6 +327,11 @@ func (ks *KeySpace) LeaseKey(shardName string) string {
 // windows were last reseeded for (lua/epoch.lua). ReseedKey is the marker that
 // exists while a reseed of the shard is in progress.
 func (ks *KeySpace) EpochKey() string { return ks.prefix + ":epoch" }
+
+// RefillKey is when a shard's primary last began a reseed (lua/epoch.lua),
+// ms since the Unix epoch: a token bucket that has no record of what it
+// spent is taken as emptied then (lua/take.lua's bucket).
+func (ks *KeySpace) RefillKey() string { return ks.prefix + ":refill" }
 
 // ReseedKey: see EpochKey.
 func (ks *KeySpace) ReseedKey() string { return ks.prefix + ":reseed" }

@@ -84,6 +84,26 @@ const (
 	// window of two sub-windows of Window (Slices 2, Align) whose finishes,
 	// whatever their status, give the request's units back.
 	Concurrency Algorithm = "concurrency"
+	// TokenBucket admits at most Limit (the burst) + Rate × t / Every units
+	// in any interval t (docs/windows.md, "Token buckets"). It is counted
+	// in periods of BucketPeriod, aligned to the clock, as a sliding window
+	// of two of them (Slices 2, Window BucketPeriod, Align): credit reserved
+	// in a period is spent in it, and its units are held until the next
+	// period ends; then they are spent for good and the bucket refills at
+	// Rate per Every (lua/take.lua's bucket).
+	TokenBucket Algorithm = "token_bucket"
+)
+
+// BucketPeriod is a token bucket's period: what edges reserve in a period
+// is theirs to spend until it ends, and what they leave goes back then.
+const BucketPeriod = time.Second
+
+// MaxBucketEvery bounds Policy.Every, and MaxBucketScale the burst times
+// Every in ms: the scripts count a bucket's level in units × Every's ms, exactly
+// in Lua's numbers (below 2^53).
+const (
+	MaxBucketEvery = time.Hour
+	MaxBucketScale = 1_000_000_000_000_000
 )
 
 // MaxSlices bounds Policy.Slices: a reservation reads 2 × Slices − 1
@@ -98,16 +118,18 @@ const (
 // FixedWindow.
 func (a Algorithm) Validate() error {
 	switch a {
-	case "", FixedWindow, SlidingWindow, Concurrency:
+	case "", FixedWindow, SlidingWindow, Concurrency, TokenBucket:
 		return nil
 	}
-	return fmt.Errorf("%w: algorithm %q: want fixed_window, sliding_window or concurrency", ErrInvalidPolicy, a)
+	return fmt.Errorf("%w: algorithm %q: want %s", ErrInvalidPolicy, a, algorithms)
 }
 
+const algorithms = "fixed_window, sliding_window, concurrency or token_bucket"
+
 // Sliding reports whether a counts in sub-windows aligned to the clock
-// (Policy.Slices): a sliding window, and concurrency's two sub-windows of
-// a lease.
-func (a Algorithm) Sliding() bool { return a == SlidingWindow || a == Concurrency }
+// (Policy.Slices): a sliding window, concurrency's two sub-windows of a
+// lease, and a token bucket's two periods.
+func (a Algorithm) Sliding() bool { return a == SlidingWindow || a == Concurrency || a == TokenBucket }
 
 // GivesBack is what a request's finish with status gives back of the cost
 // units it was charged: all of them for a 304 (nothing was served) and,
@@ -168,6 +190,13 @@ type Policy struct {
 	Cost int64
 	// Mode is how edges decide; "" means ModeAuto.
 	Mode Mode
+	// Rate and Every, for a TokenBucket, are how fast it refills: Rate
+	// units (1 to MaxLimit) every Every (whole seconds, 1 s to
+	// MaxBucketEvery). Its Limit is the burst: at most Limit units at once,
+	// and Limit + Rate × t / Every in any interval t. Zero for other
+	// algorithms.
+	Rate  int64
+	Every time.Duration
 	// Shadow decides and records without enforcing: a request this limit
 	// would deny is let through (charged nothing here), and its decision
 	// record says shadow. For rolling a limit out.
@@ -246,6 +275,51 @@ func (p Policy) Ending(reset time.Time) Span {
 	return Span{Start: reset.Add(-p.Window), ResetAt: reset}
 }
 
+// HoldsCredit reports whether edges may hold credit of p ahead of its
+// requests: always but for a token bucket whose burst is less than two
+// periods of its rate. Units held are the bucket's until the period after
+// theirs ends, so such a bucket would admit less than its rate; it is
+// decided in mode exact, every request its own reservation, spent at once.
+func (p Policy) HoldsCredit() bool {
+	return p.Algorithm != TokenBucket || p.Limit*p.Every.Milliseconds() >= 2*p.Rate*BucketPeriod.Milliseconds()
+}
+
+// WithDefaultMode is p with mode exact when it names none and edges may
+// not hold its credit (HoldsCredit).
+func (p Policy) WithDefaultMode() Policy {
+	if p.Mode == "" && !p.HoldsCredit() {
+		p.Mode = ModeExact
+	}
+	return p
+}
+
+// WithLimit is p with another limit, as a client's tier or override names
+// one: Limit for a window or a concurrency limit; for a token bucket its
+// Rate, and its burst (Limit) scaled alike, so that the burst refills in
+// the same time (at least 1, at most what MaxBucketScale allows).
+func (p Policy) WithLimit(n int64) Policy {
+	if p.Algorithm != TokenBucket || p.Rate <= 0 {
+		p.Limit = n
+		return p
+	}
+	burst := max(1, int64(float64(p.Limit)*float64(n)/float64(p.Rate)))
+	if ms := p.Every.Milliseconds(); ms > 0 {
+		burst = min(burst, MaxBucketScale/ms, MaxLimit)
+	}
+	p.Rate, p.Limit = n, burst
+	return p
+}
+
+// Refill is how long a token bucket takes to refill units from empty, at
+// Rate per Every, rounded up to the millisecond (0 for other policies).
+func (p Policy) Refill(units int64) time.Duration {
+	if p.Rate <= 0 || units <= 0 {
+		return 0
+	}
+	ms := p.Every.Milliseconds()
+	return time.Duration((units*ms+p.Rate-1)/p.Rate) * time.Millisecond
+}
+
 // Span is how long the stretch p counts Limit over lasts: a sliding
 // window's Slices sub-windows, else its window (for a calendar policy, its
 // longest).
@@ -274,6 +348,9 @@ func Linger(window time.Duration, slices int) time.Duration {
 // Per says how long p's windows last, for people: "1h0m0s", "calendar
 // month (Europe/Berlin)", or "1m0s, sliding in 6 sub-windows of 10s".
 func (p Policy) Per() string {
+	if p.Algorithm == TokenBucket {
+		return "a bucket of " + strconv.FormatInt(p.Limit, 10) + ", refilled " + strconv.FormatInt(p.Rate, 10) + " every " + p.Every.String()
+	}
 	if p.Algorithm == Concurrency {
 		return "in flight, each request's units held until its finish or a lease of " + p.Window.String() + " to " + p.Span().String()
 	}
@@ -336,11 +413,24 @@ func (p Policy) Validate() error {
 	case p.Mode.Validate() != nil:
 		return bad("mode", "%q: want auto, exact or async (policy %s)", p.Mode, p.Name)
 	case p.Algorithm.Validate() != nil:
-		return bad("algorithm", "%q: want fixed_window, sliding_window or concurrency (policy %s)", p.Algorithm, p.Name)
+		return bad("algorithm", "%q: want %s (policy %s)", p.Algorithm, algorithms, p.Name)
 	case p.Algorithm == SlidingWindow && (p.Slices < 2 || p.Slices > MaxSlices):
 		return bad("slices", "%d: want 2 to %d (policy %s)", p.Slices, MaxSlices, p.Name)
 	case p.Algorithm == Concurrency && p.Slices != 2:
 		return bad("slices", "%d: a concurrency limit is counted in 2 sub-windows of its lease (policy %s)", p.Slices, p.Name)
+	case p.Algorithm == TokenBucket && (p.Slices != 2 || p.Window != BucketPeriod):
+		return bad("slices", "%d of %v: a token bucket is counted in 2 periods of %v (policy %s)", p.Slices, p.Window, BucketPeriod, p.Name)
+	case p.Algorithm == TokenBucket && (p.Rate < 1 || p.Rate > MaxLimit):
+		return bad("limit", "%d: a token bucket refills 1 to %d units every window (policy %s)", p.Rate, MaxLimit, p.Name)
+	case p.Algorithm == TokenBucket && (p.Every < time.Second || p.Every > MaxBucketEvery || p.Every%time.Second != 0):
+		return bad("window", "%v: a token bucket refills every whole number of seconds, 1s to %v (policy %s)", p.Every, MaxBucketEvery, p.Name)
+	case p.Algorithm == TokenBucket && p.Limit*p.Every.Milliseconds() > MaxBucketScale:
+		return bad("burst", "%d: a bucket refilled every %v holds at most %d (policy %s)", p.Limit, p.Every, MaxBucketScale/p.Every.Milliseconds(), p.Name)
+	case p.Algorithm == TokenBucket && p.Mode.OrDefault() != ModeExact && !p.HoldsCredit():
+		return bad("mode", "%s: a token bucket of %d refilled %d every %v holds less than two periods (%v) of its rate: mode exact (policy %s)",
+			p.Mode.OrDefault(), p.Limit, p.Rate, p.Every, 2*BucketPeriod, p.Name)
+	case p.Algorithm != TokenBucket && (p.Rate != 0 || p.Every != 0):
+		return bad("algorithm", "a rate is a token bucket's (policy %s)", p.Name)
 	case p.Algorithm.Sliding() && (!p.Align || p.Calendar != ""):
 		return bad("windows", "a sliding window's sub-windows are aligned to the clock (policy %s)", p.Name)
 	case p.Algorithm.Sliding() && p.Span() > MaxWindow:

@@ -64,6 +64,17 @@ type TakeArgs struct {
 	// Grant.Used is the fullest of those spans. Fresh, Own and Freeze do
 	// not apply.
 	Slices int
+	// Rate and Every, when Rate is above 0, make the take one in a token
+	// bucket (Policy.Rate, Policy.Every; Slices 2, Window BucketPeriod):
+	// besides the units held in its periods, the bucket counts what was
+	// spent and has not refilled yet (Key.BucketKey), and Grant.Used holds
+	// both.
+	Rate  int64
+	Every time.Duration
+	// Spent, for a token bucket, says the caller spends what it is granted
+	// at once (mode exact): the units count as spent when granted, not as
+	// held until the period after theirs ends.
+	Spent bool
 }
 
 // Owed is one charge an edge sent as an accounting event: its sequence and
@@ -137,6 +148,11 @@ func (a TakeArgs) Validate(k Key) error {
 	}
 	if err := validSlices(a.Window, a.Slices); err != nil {
 		return fmt.Errorf("take: %w", err)
+	}
+	if a.Rate != 0 && (a.Rate < 0 || a.Rate > MaxLimit || a.Slices != 2 || a.Window != BucketPeriod || a.Every < time.Second ||
+		a.Every > MaxBucketEvery || a.Every%time.Second != 0 || a.Limit*a.Every.Milliseconds() > MaxBucketScale) {
+		return fmt.Errorf("%w: take: a bucket of %d refilled %d every %v in %d periods of %v", ErrInvalidArgument, a.Limit, a.Rate, a.Every,
+			a.Slices, a.Window)
 	}
 	if a.Slices > 0 && (a.Opens.IsZero() || a.Opens.Length() != a.Window || !a.Align) {
 		return fmt.Errorf("%w: take: a sliding window's take names its sub-window, aligned, %v long", ErrInvalidArgument, a.Window)

@@ -212,7 +212,7 @@ func (s *Store) check(ctx context.Context, i int, c redis.Scripter) error {
 	known := n.reseed.epoch
 	n.reseed.mu.Unlock()
 	v, err := epochScript.Run(ctx, c, s.epochKeys(), "check", newEpoch(), known,
-		s.opts.ReseedFor.Milliseconds(), s.knewCompact(i)).Slice()
+		s.opts.ReseedFor.Milliseconds(), s.knewCompact(i), ms(s.opts.Clock.Now())).Slice()
 	if err != nil {
 		return err
 	}
@@ -242,7 +242,7 @@ func parseEpoch(v []any) (epochReply, error) {
 
 // epochKeys are the keys epoch.lua takes.
 func (s *Store) epochKeys() []string {
-	return []string{s.keys.EpochKey(), s.keys.ReseedKey(), s.keys.FormatKey()}
+	return []string{s.keys.EpochKey(), s.keys.ReseedKey(), s.keys.FormatKey(), s.keys.RefillKey()}
 }
 
 // knewCompact is epoch.lua's ARGV[5] for shard i: "1" once this process has
@@ -371,7 +371,7 @@ func (s *Store) keepReseeding(ctx context.Context, i int, expired *atomic.Bool) 
 	for {
 		c, cancel := context.WithTimeout(reseedCtx(ctx), s.opts.ReadTimeout)
 		v, err := epochScript.Run(c, n.primary, s.epochKeys(), "extend", newEpoch(), "",
-			max(100, (3*every).Milliseconds()), s.knewCompact(i)).Slice()
+			max(100, (3*every).Milliseconds()), s.knewCompact(i), ms(s.opts.Clock.Now())).Slice()
 		cancel()
 		if r, perr := parseEpoch(v); err == nil && perr == nil && r.epoch == "" && ctx.Err() == nil {
 			expired.Store(true)

@@ -152,6 +152,17 @@ func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
 			}
 		}
 	}
+	if a.Rate > 0 {
+		// A token bucket's record, the two periods before the one before
+		// this, and when the shard last began a reseed.
+		spent := ""
+		if a.Spent {
+			spent = "1"
+		}
+		args = append(args, a.Rate, a.Every.Milliseconds(), spent)
+		keys = append(keys, r.k.BucketKey(), r.k.SliceKey(r.opens.ResetAt.Add(-2*r.opens.Length())),
+			r.k.SliceKey(r.opens.ResetAt.Add(-3*r.opens.Length())), s.keys.RefillKey())
+	}
 	return keys, args
 }
 

@@ -37,7 +37,7 @@ func (c *Core) fallback(v Verdict, e *entry, cost int64) (Verdict, error) {
 			e.spend(cost)
 			return c.allow(v, e, PathCredit), nil
 		}
-		if e.room() < cost { // full, as far as anyone knows: no Redis needed
+		if e.room() < cost && !e.refilled(cost, v.Now) { // full, as far as anyone knows: no Redis needed
 			e.deniedSince, e.lastCost = true, cost
 			return c.deny(v, e, PathCache), nil
 		}

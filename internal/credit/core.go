@@ -180,6 +180,8 @@ func (c *Core) Decide(ctx context.Context, p limiter.Policy, cost int64, dg limi
 			switch {
 			case e.room() >= cost:
 				e.full = false // a notice or a read found room
+			case e.refilled(cost, now):
+				e.full = false // a token bucket: refilled since the count
 			case e.doubtful && len(e.debts) > 0:
 				// The count came from a notice and may hold charges of
 				// this edge it still owes: a reservation says.
@@ -232,7 +234,7 @@ func (c *Core) Peek(p limiter.Policy, cost int64, dg limiter.Digest, now time.Ti
 	e.lock()
 	defer e.mu.Unlock()
 	e.adopt(p) // the request's terms: a reload may have raised the limit
-	if !e.full || !e.live(now) || e.room() >= cost || (e.doubtful && len(e.debts) > 0) {
+	if !e.full || !e.live(now) || e.room() >= cost || (e.doubtful && len(e.debts) > 0) || e.refilled(cost, now) {
 		return Verdict{}, false
 	}
 	e.deniedSince, e.lastCost = true, cost

@@ -278,6 +278,15 @@ func (e *entry) debtUnits() int64 {
 // same for every algorithm (algorithm.go).
 func (e *entry) room() int64 { return e.policy.Limit - e.used - e.debtUnits() + e.credit - e.frozen }
 
+// refilled reports whether, under a token bucket, what a request of cost
+// needs beyond the room e knows of has refilled at the bucket's rate since
+// e learnt its count (the last reservation's answer): a bucket is full
+// only until then, and the next request asks the primary again. Always
+// false for a window, which is full until its reset. Callers hold e.mu.
+func (e *entry) refilled(cost int64, now time.Time) bool {
+	return e.policy.Rate > 0 && !e.lastTake.IsZero() && now.Sub(e.lastTake.Time()) >= e.policy.Refill(cost-e.room())
+}
+
 // free is the credit e may spend now.
 func (e *entry) free() int64 { return max(0, e.credit-e.frozen) }
 

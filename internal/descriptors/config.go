@@ -53,13 +53,12 @@ const PolicyPrefix = "rls."
 // does not load the rules (they may come by xDS) accepts of a rule's
 // events.
 // A sliding rule's events name its sub-windows: slices of them make a
-// unit's length (slices 0: a window).
+// unit's length (slices 0: a window); a concurrency rule's, two
+// sub-windows of a unit each; a token bucket rule's, two periods of a
+// second (limiter.BucketPeriod, a unit too).
 func RuleWindow(d time.Duration, slices int) bool {
-	if slices > 0 {
-		d *= time.Duration(slices)
-	}
 	for u, l := range unitLength {
-		if d == l || (slices == 0 && u.Period() != "" && u.Period().Fits(d)) {
+		if d*time.Duration(max(1, slices)) == l || (slices == 2 && d == l) || (slices == 0 && u.Period() != "" && u.Period().Fits(d)) {
 			return true
 		}
 	}
@@ -108,6 +107,10 @@ type Rule struct {
 	// start until Envoy's call at its stream's end finishes it, or for a
 	// lease of one to two units (limiter.Concurrency).
 	Concurrency bool
+	// Burst, above 0, is Tally's extension rate_limit.token_bucket: the
+	// rule is a token bucket of Burst refilled requests_per_unit every
+	// unit (limiter.TokenBucket); 0 for a window.
+	Burst int64
 	// File and Line say where the rule is written.
 	File string
 	Line int
@@ -318,6 +321,20 @@ func (c *Config) add(file, domain string, n *node, parent string, ds []yDescript
 				}
 				r.Concurrency = true
 			}
+			if b := rl.bucket; b != nil {
+				switch {
+				case rl.unlimited:
+					return invalid(file, b.line, "token_bucket: an unlimited rule has no bucket")
+				case rl.calendar != nil || rl.sliding != nil || rl.concurrency != 0:
+					return invalid(file, b.line, "token_bucket: a bucket refills continuously: leave calendar, sliding and concurrency out")
+				case u.Duration() > limiter.MaxBucketEvery:
+					return invalid(file, b.line, "token_bucket: unit '%s': a bucket refills requests_per_unit every second, minute or hour", rl.unit)
+				}
+				r.Burst = b.burst
+				if r.Burst == 0 {
+					r.Burst = r.Limit
+				}
+			}
 			for _, name := range rl.replaces {
 				if name == "" {
 					return invalid(file, rl.line, "should not have an empty replaces entry")
@@ -423,6 +440,9 @@ func (r *Rule) terms() string {
 	}
 	if r.Concurrency {
 		s += " concurrency"
+	}
+	if r.Burst > 0 {
+		s += " token_bucket burst=" + strconv.FormatInt(r.Burst, 10)
 	}
 	return s
 }

@@ -515,6 +515,7 @@ func TestConcurrencyRules(t *testing.T) {
 	assert.True(t, r.Concurrency)
 	assert.Zero(t, r.Slices)
 	assert.Contains(t, r.terms(), " concurrency", "a rule that becomes one is a changed rule")
+	assert.True(t, RuleWindow(time.Minute, 2), "its events' sub-windows, a lease of one unit each, are a rule's")
 	rule := func(rl string) string { return "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n" + rl }
 	requireRefused(t, []refusal{
 		{"a field", rule("      unit: minute\n      requests_per_unit: 1\n      concurrency: {lease: 1}\n"), "f0.yaml:7: config error, unknown key 'lease'"},
@@ -524,5 +525,31 @@ func TestConcurrencyRules(t *testing.T) {
 			"f0.yaml:8: concurrency: a concurrency rule has no windows"},
 		{"a lease of a year", rule("      unit: year\n      requests_per_unit: 1\n      concurrency: {}\n"),
 			"f0.yaml:7: concurrency: unit 'year': a lease is one unit, at most 183 days"},
+	})
+}
+
+func TestTokenBucketRules(t *testing.T) {
+	r := load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, token_bucket: {burst: 30}}\n").
+		Match("d", entries("k", "v")).Rule
+	require.NotNil(t, r)
+	assert.EqualValues(t, 30, r.Burst)
+	assert.EqualValues(t, 10, r.Limit, "requests_per_unit is the rate")
+	assert.Contains(t, r.terms(), " token_bucket burst=30", "a rule that becomes one is a changed rule")
+	assert.True(t, RuleWindow(time.Second, 2), "its events' periods are a rule's")
+	r = load(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100, token_bucket: {}}\n").
+		Match("d", entries("k", "v")).Rule
+	require.NotNil(t, r)
+	assert.EqualValues(t, 100, r.Burst, "the burst is requests_per_unit unless given")
+	rule := func(rl string) string { return "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n" + rl }
+	requireRefused(t, []refusal{
+		{"a field", rule("      unit: minute\n      requests_per_unit: 1\n      token_bucket: {rate: 1}\n"), "f0.yaml:7: config error, unknown key 'rate'"},
+		{"burst elsewhere", rule("      unit: minute\n      requests_per_unit: 1\n      burst: 3\n"), "f0.yaml:7: config error, unknown key 'burst'"},
+		{"not a map", rule("      unit: minute\n      requests_per_unit: 1\n      token_bucket: true\n"), "f0.yaml:7: token_bucket: want a map"},
+		{"a burst of 0", rule("      unit: minute\n      requests_per_unit: 1\n      token_bucket: {burst: 0}\n"), "token_bucket.burst 0: want 1 or more"},
+		{"unlimited", rule("      unlimited: true\n      token_bucket: {}\n"), "f0.yaml:6: token_bucket: an unlimited rule has no bucket"},
+		{"and sliding", rule("      unit: minute\n      requests_per_unit: 1\n      sliding: {}\n      token_bucket: {}\n"),
+			"f0.yaml:8: token_bucket: a bucket refills continuously"},
+		{"refilled every day", rule("      unit: day\n      requests_per_unit: 1\n      token_bucket: {}\n"),
+			"f0.yaml:7: token_bucket: unit 'day': a bucket refills requests_per_unit every second, minute or hour"},
 	})
 }

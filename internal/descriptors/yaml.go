@@ -41,6 +41,16 @@ type yRateLimit struct {
 	// concurrency is Tally's extension (concurrency: {}), the line it is
 	// on; 0 when the rule has none.
 	concurrency int
+	// bucket is Tally's extension (token_bucket: {burst: ...}); nil when
+	// the rule has none.
+	bucket *yBucket
+}
+
+// yBucket is rate_limit.token_bucket, Tally's extension of the reference's
+// format: the rule is a token bucket refilled requests_per_unit every unit.
+type yBucket struct {
+	burst int64 // 0: left out (requests_per_unit)
+	line  int
 }
 
 // ySliding is rate_limit.sliding, Tally's extension of the reference's
@@ -68,10 +78,11 @@ var validKeys = map[string]bool{
 
 // extensionKeys are the keys of Tally's extensions, each accepted only
 // under the key that holds it (anywhere else it is unknown, as the
-// reference's checks would find it): rate_limit's calendar, sliding and
-// concurrency, calendar's time_zone and sliding's slices.
+// reference's checks would find it): rate_limit's calendar, sliding,
+// concurrency and token_bucket, calendar's time_zone, sliding's slices and
+// token_bucket's burst.
 var extensionKeys = map[string]string{"calendar": "rate_limit", "time_zone": "calendar", "sliding": "rate_limit", "slices": "sliding",
-	"concurrency": "rate_limit"}
+	"concurrency": "rate_limit", "token_bucket": "rate_limit", "burst": "token_bucket"}
 
 // parse reads one file: its keys checked as envoyproxy/ratelimit checks
 // them, its values typed.
@@ -134,7 +145,7 @@ func (p *parser) checkKeys(n *yaml.Node, parent string) error {
 			if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
 				return invalid(p.file, k.Line, "config error, key is not of type string: %v", k.Value)
 			}
-			known := validKeys[k.Value] && parent != "calendar" && parent != "sliding"
+			known := validKeys[k.Value] && parent != "calendar" && parent != "sliding" && parent != "token_bucket"
 			if holder, ok := extensionKeys[k.Value]; ok {
 				known = parent == holder
 			}
@@ -268,6 +279,8 @@ func (p *parser) rateLimit(n *yaml.Node) (*yRateLimit, error) {
 				return invalid(p.file, v.Line, "concurrency: want {}: the rule holds requests_per_unit requests in flight, each for a lease of one unit")
 			}
 			rl.concurrency = v.Line
+		case "token_bucket":
+			rl.bucket, err = p.bucket(v)
 		default:
 			p.ignored(k, v, "rate_limit")
 		}
@@ -310,6 +323,25 @@ func (p *parser) sliding(n *yaml.Node) (*ySliding, error) {
 		return err
 	})
 	return s, err
+}
+
+// bucket reads rate_limit.token_bucket: a map, {} for a burst of
+// requests_per_unit or {burst: n}.
+func (p *parser) bucket(n *yaml.Node) (*yBucket, error) {
+	if n.Kind != yaml.MappingNode {
+		return nil, invalid(p.file, n.Line, "token_bucket: want a map: {} (a burst of requests_per_unit) or {burst: 20}")
+	}
+	b := &yBucket{line: n.Line}
+	err := p.fields(n, "token_bucket", func(k string, v *yaml.Node) error {
+		// checkKeys let only burst through.
+		var err error
+		b.burst, err = p.uint32(v)
+		if err == nil && b.burst == 0 {
+			err = invalid(p.file, v.Line, "token_bucket.burst 0: want 1 or more, or leave burst out for requests_per_unit")
+		}
+		return err
+	})
+	return b, err
 }
 
 func (p *parser) replaces(n *yaml.Node) ([]string, error) {

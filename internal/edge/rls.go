@@ -134,6 +134,16 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 		// Two sub-windows of a lease of one unit, aligned to the clock.
 		p.Algorithm, p.Slices, p.Align = limiter.Concurrency, 2, true
 	}
+	if rule.Burst > 0 {
+		// A bucket of Burst refilled requests_per_unit every unit, in
+		// periods of a second; one too small to hold credit is decided in
+		// mode exact, whatever the domain's mode.
+		p.Algorithm, p.Rate, p.Every, p.Limit = limiter.TokenBucket, rule.Limit, rule.Window(), rule.Burst
+		p.Slices, p.Window, p.Align = 2, limiter.BucketPeriod, true
+		if !p.HoldsCredit() {
+			p.Mode = limiter.ModeExact
+		}
+	}
 	if p.Limit == 0 {
 		return p, nil
 	}
@@ -145,6 +155,14 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 // unit, or a calendar rule's next period's first midnight — and the most
 // its duration_until_reset can be (the unit, or the longest period).
 func ruleWindow(rule *descriptors.Rule, now time.Time) (*durationpb.Duration, time.Duration) {
+	if rule.Burst > 0 {
+		// A bucket: before anything is known, a full bucket's (the least
+		// a duration says, a second); at most the time the burst takes to
+		// refill.
+		p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: rule.Limit, Every: rule.Window()}
+		full := p.Refill(rule.Burst)
+		return untilReset(now, now, full), full
+	}
 	if rule.Slices > 0 || rule.Concurrency {
 		// The end of the sub-window (the lease) a request at now falls in.
 		p := limiter.Policy{Window: rule.Window() / time.Duration(max(1, rule.Slices)), Align: true}

@@ -164,3 +164,26 @@ func TestTokenBucketSpentAtOnce(t *testing.T) {
 	require.Equal(t, limiter.Applied, res[0].Outcome)
 	require.EqualValues(t, 1, take(at.Add(10*time.Millisecond)), "the refunded unit is the bucket's again")
 }
+
+// A primary that restarts empty loses the buckets' records: once the shard
+// has reseeded, a bucket that was drained is taken as emptied when the
+// reseed began, and refills from then — it never grants a burst more.
+func TestTokenBucketPrimaryRestartedEmpty(t *testing.T) {
+	f := newReseedFixture(t, plainShard)
+	p := bucketPolicy(10, 1)
+	p.Every = time.Minute // one unit a minute: nothing refills during the test
+	k := f.keys.Key("bucket", "frank")
+	take := func() limiter.Grant {
+		now := time.Now()
+		a := slideArgs(p, now, "edge-a", 1, 10)
+		a.Rate, a.Every = p.Rate, p.Every
+		return eventually(t, func() (limiter.Grant, error) { return f.store.Take(context.Background(), k, now, a) })
+	}
+	require.EqualValues(t, 10, take().Granted, "the burst")
+	f.primary.Restart()
+	f.untilReseeded(t)
+	require.Zero(t, take().Granted, "the bucket the primary lost is taken as emptied at the reseed")
+	at, err := f.primary.Client().Get(context.Background(), f.keys.RefillKey()).Int64()
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now(), time.UnixMilli(at), 30*time.Second, "the reseed recorded when it began")
+}

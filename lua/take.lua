@@ -400,7 +400,8 @@ if rate ~= nil then
       bucket.d = math.max(0, bucket.d - rate * (at - bucket.t))
       bucket.t = at
     end
-    bucket.d = math.max(0, bucket.d + (due[r] - (bucket.spent[r] or 0)) * every)
+    -- At most a billion units overdrawn: every number stays exact.
+    bucket.d = math.min(MAX_UNITS * every, math.max(0, bucket.d + (due[r] - (bucket.spent[r] or 0)) * every))
     bucket.f = r
   end
   if now > bucket.t then

@@ -93,6 +93,7 @@ func policies() []config.Policy {
 		{Name: "refunds", Limit: limiter.MaxLimit, Window: time.Hour, Mode: limiter.ModeExact},
 		{Name: "far-sliding", Limit: limiter.MaxLimit, Window: time.Hour, Algorithm: limiter.SlidingWindow, Slices: 10},
 		{Name: "far-concurrency", Limit: limiter.MaxLimit, Algorithm: limiter.Concurrency, Lease: 30 * time.Minute},
+		{Name: "far-bucket", Limit: limiter.MaxLimit, Window: time.Minute, Algorithm: limiter.TokenBucket},
 	}
 }
 

@@ -75,7 +75,8 @@ const (
 	tallyGRPC     = "tally: Envoy's rate-limit service (gRPC)"
 	tallySliding  = "tally: sliding window"
 	tallyInFlight = "tally: concurrency limit"
-	tallyBeside   = "tally mode: auto, beside the sliding window and the concurrency limit"
+	tallyBucket   = "tally: token bucket"
+	tallyBeside   = "tally mode: auto, beside the sliding window, the concurrency limit and the token bucket"
 	referenceGRPC = referenceName + " (gRPC)"
 )
 
@@ -168,9 +169,10 @@ func (b *bench) keyCounts(ctx context.Context) error {
 	return b.slidingBeside(ctx)
 }
 
-// slidingBeside measures a sliding window and a concurrency limit (two
+// slidingBeside measures a sliding window, a concurrency limit (two
 // sub-windows of its lease, its requests never finished: the decision API's
-// checks alone) far from their limits beside the fixed window, on one key
+// checks alone) and a token bucket far from their limits beside the fixed
+// window, on one key
 // (every decision from memory) and over a million (a reservation a
 // decision), closed loop, interleaved. They run last, on an edge of their
 // own: their sub-windows, a key each, stay in Redis for the span's length,
@@ -183,8 +185,9 @@ func (b *bench) slidingBeside(ctx context.Context) error {
 	fixed := keyTarget{target: target{tallyBeside, b.apiAddrs[0], "far", b.edges[0], nil}}
 	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[1], "far-sliding", b.edges[1], nil}}
 	inflight := keyTarget{target: target{tallyInFlight, b.apiAddrs[1], "far-concurrency", b.edges[1], nil}}
+	bucket := keyTarget{target: target{tallyBucket, b.apiAddrs[1], "far-bucket", b.edges[1], nil}}
 	for _, n := range []int{1, 1_000_000} {
-		rs, err := b.keyCount(ctx, []keyTarget{fixed, sliding, inflight}, n)
+		rs, err := b.keyCount(ctx, []keyTarget{fixed, sliding, inflight, bucket}, n)
 		if err != nil {
 			return err
 		}
@@ -365,9 +368,10 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 	p("the target's processes together (Tally: the edge, the accountant, NATS and four Redis servers; %s:", referenceName)
 	p("the service, its Redis primary and replica), the load generator's apart; RSS is the deciding process's.")
 	p("Last, on one key and over a million, %s (a policy of an hour in 10 sub-windows, far from its limit) and", tallySliding)
-	p("%s (a lease of 30 minutes, its requests never finished: decision API checks alone, far from its limit),", tallyInFlight)
-	p("on an edge of their own, beside the fixed window (%s), the three interleaved: their sub-windows", tallyBeside)
-	p("stay in Redis for the span's length, so they run after the measurements against %s.", referenceName)
+	p("%s (a lease of 30 minutes, its requests never finished: decision API checks alone, far from its limit)", tallyInFlight)
+	p("and %s (a billion a minute, far from its limit), on an edge of their own, beside the fixed window", tallyBucket)
+	p("(%s), the four interleaved: their sub-windows stay in Redis for the span's length, so they run", tallyBeside)
+	p("after the measurements against %s.", referenceName)
 	p("")
 	p("| target | keys | requests/s (median) | range | × 1 key | p99 ms | script calls | Redis commands | by name | CPU µs | of which, by process (µs) | RSS MB |")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -402,7 +406,7 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 // over HTTP, over 10k keys 2× and over 1 and 100 keys 2.3× (over gRPC
 // those are measured).
 func (r *report) keyTargets(p func(string, ...any), check func(bool) string) {
-	for _, alg := range [][2]string{{tallySliding, "sliding window"}, {tallyInFlight, "concurrency limit"}} {
+	for _, alg := range [][2]string{{tallySliding, "sliding window"}, {tallyInFlight, "concurrency limit"}, {tallyBucket, "token bucket"}} {
 		other, fixed := r.keyPair(alg[0], tallyBeside)
 		for _, n := range []int{1, 1_000_000} {
 			t, ok1 := other[n]

@@ -187,3 +187,28 @@ func TestTokenBucketPrimaryRestartedEmpty(t *testing.T) {
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now(), time.UnixMilli(at), 30*time.Second, "the reseed recorded when it began")
 }
+
+// A bucket's record that is not one (another program wrote the key) fails
+// the reservation with the key named, and nothing is written; a reseed time
+// in the future, or not a number, empties nothing.
+func TestTokenBucketRecordOfAnotherProgram(t *testing.T) {
+	e := newEnv(t, redisstore.Options{Grace: slideGrace})
+	p := bucketPolicy(10, 1)
+	k := e.keys.Key("bucket", "mallory")
+	c := e.primary.Client()
+	ctx := context.Background()
+	require.NoError(t, c.HSet(ctx, k.BucketKey(), "d", "lots").Err())
+	a := slideArgs(p, t0, "edge-a", 1, 1)
+	a.Rate, a.Every = p.Rate, p.Every
+	_, err := e.store.Take(ctx, k, t0, a)
+	require.ErrorContains(t, err, "unreadable bucket at "+k.BucketKey())
+	n, err := c.Exists(ctx, k.SliceKey(p.WindowAt(t0).ResetAt)).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing written")
+
+	for _, v := range []string{strconv.FormatInt(t0.Add(time.Hour).UnixMilli(), 10), "soon"} {
+		other := e.keys.Key("bucket", "trent-"+v)
+		require.NoError(t, c.Set(ctx, e.keys.RefillKey(), v, 0).Err())
+		require.EqualValues(t, 10, e.bucketTake(t, p, other, t0, "edge-a", 1, 10).Granted, "refill time %q", v)
+	}
+}

@@ -802,3 +802,36 @@ func TestBucketTells(t *testing.T) {
 		}
 	}
 }
+
+// A token bucket's entry that learnt the bucket full denies from memory
+// only until what a request needs has refilled since: then it asks the
+// primary again. A window's stays full until its reset.
+func TestFullBucketAsksOnceRefilled(t *testing.T) {
+	for _, c := range []struct {
+		policy limiter.Policy
+		asks   bool
+	}{
+		{bucketOf(limiter.ModeAuto), true}, // 5 a second: one unit in 200 ms
+		{policyOf(limiter.ModeAuto), false},
+	} {
+		h := newHarness(t, c.policy, true, fast)
+		h.open(testLimit, 0, true)
+		e := h.entry()
+		e.lock()
+		e.lastTake = instantOf(h.clock.Now())
+		e.mu.Unlock()
+		calls := h.redis.numCalls()
+		h.clock.Advance(150 * time.Millisecond)
+		v, err := h.decide(1)
+		if err != nil || v.Allowed() || v.Path != PathCache || h.redis.numCalls() != calls {
+			t.Fatalf("%s: before a unit refilled: allowed %v by %v, %d calls: %v", c.policy.Algorithm.OrDefault(), v.Allowed(), v.Path,
+				h.redis.numCalls()-calls, err)
+		}
+		h.clock.Advance(100 * time.Millisecond)
+		v, err = h.decide(1)
+		if asked := h.redis.numCalls() > calls; err != nil || asked != c.asks {
+			t.Errorf("%s: once a unit refilled: asked the primary %v, want %v (%v by %v): %v", c.policy.Algorithm.OrDefault(), asked,
+				c.asks, v.Allowed(), v.Path, err)
+		}
+	}
+}

@@ -24,7 +24,9 @@
 //	credit  units this edge reserved in the window and has not used
 //	debts   (mode async) units admitted over credit and charged by events
 //	        the primary may not have applied yet
-//	full    no reservation is possible
+//	full    no reservation is possible: until the window resets, or for
+//	        a token bucket until what a request needs has refilled
+//	        (entry.refilled)
 //	frozen  credit the edge will not spend until a report lowers it: the
 //	        share of a busy key's credit other edges take back if this
 //	        edge dies (hold.go)

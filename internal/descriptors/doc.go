@@ -79,6 +79,22 @@
 // unit of a year, it is refused with the line. The rule carries it as
 // Rule.Concurrency.
 //
+// # Token bucket rules (a Tally extension)
+//
+// rate_limit.token_bucket makes a rule a token bucket refilled
+// requests_per_unit every unit, holding at most burst (default
+// requests_per_unit):
+//
+//	rate_limit:
+//	  unit: second
+//	  requests_per_unit: 10
+//	  token_bucket: {burst: 30}
+//
+// token_bucket is accepted only under rate_limit, and burst only under
+// token_bucket; a burst of 0, a unit of a day or longer, and unlimited,
+// calendar, sliding or concurrency beside it are refused with the line.
+// The rule carries it as Rule.Burst.
+//
 // # Matching
 //
 // A request's descriptor is a list of entries (key, value). Entry by entry

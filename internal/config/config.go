@@ -763,9 +763,7 @@ func (p Policy) Limiter() limiter.Policy {
 	if p.Algorithm == limiter.TokenBucket {
 		// The limiter's limit is the burst; its windows are the bucket's
 		// periods.
-		lp.Rate, lp.Every, lp.Limit = p.Limit, p.Window, p.burst()
-		lp.Slices, lp.Window, lp.Align = 2, limiter.BucketPeriod, true
-		lp = lp.WithDefaultMode()
+		lp = lp.Bucket(p.burst(), p.Limit, p.Window).WithDefaultMode()
 	}
 	return lp
 }

@@ -767,8 +767,7 @@ func TestSpareCreditGoesBack(t *testing.T) {
 
 // bucketOf is a token bucket of testLimit units refilled 5 a second.
 func bucketOf(m limiter.Mode) limiter.Policy {
-	return limiter.Policy{Name: "api", Algorithm: limiter.TokenBucket, Limit: testLimit, Rate: 5, Every: time.Second,
-		Window: limiter.BucketPeriod, Slices: 2, Align: true, Mode: m}
+	return limiter.Policy{Name: "api", Mode: m}.Bucket(testLimit, 5, time.Second)
 }
 
 // What a token bucket's decision tells: the time its whole burst takes to

@@ -15,8 +15,7 @@ import (
 
 // bucketPolicy is a token bucket of burst units refilled rate a second.
 func bucketPolicy(burst, rate int64, m limiter.Mode) limiter.Policy {
-	return limiter.Policy{Name: "core", Algorithm: limiter.TokenBucket, Limit: burst, Rate: rate, Every: time.Second,
-		Window: limiter.BucketPeriod, Slices: 2, Align: true, Mode: m}
+	return limiter.Policy{Name: "core", Mode: m}.Bucket(burst, rate, time.Second)
 }
 
 // steps hammers a hot key from four edges at each of the times given (the
@@ -42,6 +41,18 @@ func bucketSteps(t *testing.T, p limiter.Policy, clock *limiter.ManualClock, edg
 	return got
 }
 
+// fourEdges starts four edges on one manual clock, set to into a second
+// that starts at least a second from now.
+func fourEdges(pl *pipeline, into time.Duration) (time.Time, *limiter.ManualClock, []*edgeUnderTest) {
+	start := time.Now().Truncate(time.Second).Add(2*time.Second + into)
+	clock := limiter.NewManualClock(start)
+	var edges []*edgeUnderTest
+	for range 4 {
+		edges = append(edges, pl.edge(func(o *edge.Options) { patient(o); o.Clock = clock }))
+	}
+	return start, clock, edges
+}
+
 // Four edges race on a hot key under a token bucket, in mode auto (each
 // edge spends credit it reserved ahead): the burst at once, then nothing
 // while its units are held, then what refilled, and the whole burst once
@@ -51,12 +62,7 @@ func TestTokenBucketFourEdgesNeverOver(t *testing.T) {
 	pl := newPipeline(t)
 	p := bucketPolicy(40, 20, limiter.ModeAuto)
 	pl.policies["core"] = p
-	start := time.Now().Truncate(time.Second).Add(2*time.Second + 300*time.Millisecond)
-	clock := limiter.NewManualClock(start)
-	var edges []*edgeUnderTest
-	for range 4 {
-		edges = append(edges, pl.edge(func(o *edge.Options) { patient(o); o.Clock = clock }))
-	}
+	start, clock, edges := fourEdges(pl, 300*time.Millisecond)
 	sec := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
 	at := []time.Time{sec(0), sec(0.5), sec(1), sec(2), sec(4)}
 	got := bucketSteps(t, p, clock, edges, at)
@@ -85,12 +91,7 @@ func TestTokenBucketExactFourEdges(t *testing.T) {
 	pl := newPipeline(t)
 	p := bucketPolicy(1, 10, limiter.ModeExact)
 	pl.policies["core"] = p
-	start := time.Now().Truncate(time.Second).Add(2*time.Second + 50*time.Millisecond)
-	clock := limiter.NewManualClock(start)
-	var edges []*edgeUnderTest
-	for range 4 {
-		edges = append(edges, pl.edge(func(o *edge.Options) { patient(o); o.Clock = clock }))
-	}
+	start, clock, edges := fourEdges(pl, 50*time.Millisecond)
 	var at []time.Time
 	for i := range 15 {
 		at = append(at, start.Add(time.Duration(i)*100*time.Millisecond))
@@ -185,8 +186,7 @@ descriptors:
 // of a 304 gives one back.
 func TestTokenBucketForwardAuth(t *testing.T) {
 	pl := newPipeline(t)
-	pl.policies["core"] = limiter.Policy{Name: "core", Algorithm: limiter.TokenBucket, Limit: 2, Rate: 1, Every: time.Hour,
-		Window: limiter.BucketPeriod, Slices: 2, Align: true}
+	pl.policies["core"] = limiter.Policy{Name: "core"}.Bucket(2, 1, time.Hour)
 	g, fa, logAddr := gatewayEdge(t, pl, "127.0.0.1/32")
 	var ids []string
 	for range 2 {

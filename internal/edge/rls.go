@@ -138,8 +138,7 @@ func rulePolicy(rule *descriptors.Rule, mode limiter.Mode, aligned bool) (limite
 		// A bucket of Burst refilled requests_per_unit every unit, in
 		// periods of a second; one too small to hold credit is decided in
 		// mode exact, whatever the domain's mode.
-		p.Algorithm, p.Rate, p.Every, p.Limit = limiter.TokenBucket, rule.Limit, rule.Window(), rule.Burst
-		p.Slices, p.Window, p.Align = 2, limiter.BucketPeriod, true
+		p = p.Bucket(rule.Burst, rule.Limit, rule.Window())
 		if !p.HoldsCredit() {
 			p.Mode = limiter.ModeExact
 		}
@@ -159,8 +158,7 @@ func ruleWindow(rule *descriptors.Rule, now time.Time) (*durationpb.Duration, ti
 		// A bucket: before anything is known, a full bucket's (the least
 		// a duration says, a second); at most the time the burst takes to
 		// refill.
-		p := limiter.Policy{Algorithm: limiter.TokenBucket, Rate: rule.Limit, Every: rule.Window()}
-		full := p.Refill(rule.Burst)
+		full := limiter.Policy{}.Bucket(rule.Burst, rule.Limit, rule.Window()).Refill(rule.Burst)
 		return untilReset(now, now, full), full
 	}
 	if rule.Slices > 0 || rule.Concurrency {

@@ -275,6 +275,15 @@ func (p Policy) Ending(reset time.Time) Span {
 	return Span{Start: reset.Add(-p.Window), ResetAt: reset}
 }
 
+// Bucket is p as a token bucket of burst units refilled rate every every,
+// counted in two periods of BucketPeriod aligned to the clock: the one
+// place the terms of its periods are set.
+func (p Policy) Bucket(burst, rate int64, every time.Duration) Policy {
+	p.Algorithm, p.Limit, p.Rate, p.Every = TokenBucket, burst, rate, every
+	p.Slices, p.Window, p.Align, p.Calendar, p.Location = 2, BucketPeriod, true, "", nil
+	return p
+}
+
 // HoldsCredit reports whether edges may hold credit of p ahead of its
 // requests: always but for a token bucket whose burst is less than two
 // periods of its rate. Units held are the bucket's until the period after

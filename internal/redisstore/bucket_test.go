@@ -15,8 +15,7 @@ import (
 // bucketPolicy is a token bucket of burst units, refilled rate every
 // second.
 func bucketPolicy(burst, rate int64) limiter.Policy {
-	return limiter.Policy{Name: "bucket", Algorithm: limiter.TokenBucket, Limit: burst, Rate: rate, Every: time.Second,
-		Window: limiter.BucketPeriod, Slices: 2, Align: true}
+	return limiter.Policy{Name: "bucket"}.Bucket(burst, rate, time.Second)
 }
 
 // bucketTake reserves in p's period at at (the caller's clock) on the

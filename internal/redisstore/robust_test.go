@@ -200,6 +200,35 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			require.Contains(t, err.Error(), "tally: invalid", c.name)
 			require.Equal(t, before, state(t, rdb, k, pk), c.name)
 		}
+
+		// A token bucket's take (ARGV[19..21], KEYS[6..9]): terms the
+		// limiter would refuse are refused by the script, before anything
+		// is written.
+		period := t0.Truncate(time.Second)
+		at := func(d time.Duration) string { return k.SliceKey(period.Add(time.Second + d)) }
+		bk := []string{at(0), pk, e.keys.ReseedKey(), at(-time.Second), at(time.Second), k.BucketKey(), at(-2 * time.Second),
+			at(-3 * time.Second), e.keys.RefillKey()}
+		opens, end := fmt.Sprint(period.UnixMilli()), fmt.Sprint(period.Add(time.Second).UnixMilli())
+		bucket := func(limit, rate, every, spent string) []string {
+			return []string{now, "1000", limit, "1", "1", "60000", "h", "h", "", "", "", "", "", "", "1", opens, end, "2", rate, every, spent}
+		}
+		for name, args := range map[string][]string{
+			"no rate":                  bucket("10", "0", "1000", ""),
+			"a rate over 1e9":          bucket("10", "1000000001", "1000", ""),
+			"a refill of 1.5 s":        bucket("10", "1", "1500", ""),
+			"a refill over an hour":    bucket("10", "1", "3600001", ""),
+			"a burst too large":        bucket("1000000000", "1", "3600000", ""),
+			"spent neither 1 nor none": bucket("10", "1", "1000", "2"),
+			"three periods":            append(bucket("10", "1", "1000", "")[:17], "3", "1", "1000", ""),
+		} {
+			err := rdb.Eval(ctx, lua.Take, bk, toAny(args)...).Err()
+			require.Error(t, err, name)
+			require.Contains(t, err.Error(), "tally: invalid", name)
+			n, err := rdb.Exists(ctx, bk[0], k.BucketKey()).Result()
+			require.NoError(t, err)
+			require.Zero(t, n, "%s wrote", name)
+		}
+		require.NoError(t, rdb.Eval(ctx, lua.Take, bk, toAny(bucket("10", "1", "1000", ""))...).Err(), "the good call the cases vary")
 	})
 
 	t.Run("a key of the wrong type fails the call before its first write", func(t *testing.T) {

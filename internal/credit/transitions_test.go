@@ -834,3 +834,32 @@ func TestFullBucketAsksOnceRefilled(t *testing.T) {
 		}
 	}
 }
+
+// An edge that learnt a concurrency limit full reads it again while its
+// requests go on being denied, as it does a window: room that finishes
+// made, whose notice it missed, is found without waiting for the lease to
+// end. A sliding window's sub-window is not read again (it is short).
+func TestFullConcurrencyLimitIsReadAgain(t *testing.T) {
+	inflight := limiter.Policy{Name: "api", Algorithm: limiter.Concurrency, Limit: testLimit, Window: time.Hour, Slices: 2, Align: true}
+	slide := limiter.Policy{Name: "api", Algorithm: limiter.SlidingWindow, Limit: testLimit, Window: time.Hour, Slices: 2, Align: true}
+	for _, c := range []struct {
+		policy limiter.Policy
+		reread bool
+	}{{inflight, true}, {slide, false}} {
+		h := newHarness(t, c.policy, true, Config{RedisBudget: 250 * time.Millisecond, Recheck: 100 * time.Millisecond})
+		h.open(testLimit, 0, true)
+		sweep := func() { h.core.Sweep(context.Background(), h.clock.Now()) }
+		if v, _ := h.decide(1); v.Allowed() {
+			t.Fatalf("%s: admitted while full", c.policy.Algorithm)
+		}
+		sweep() // full since this sweep
+		// Finishes applied on the primary, their room notice lost.
+		e := h.entry()
+		h.redis.set(h.key, e.start.Time(), e.reset.Time(), 2, e.holder, 0)
+		h.clock.Advance(150 * time.Millisecond)
+		sweep()
+		if _, _, full := h.snapshot(); full == c.reread {
+			t.Errorf("%s: full %v after a read was due, want %v", c.policy.Algorithm, full, !c.reread)
+		}
+	}
+}

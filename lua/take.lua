@@ -87,7 +87,11 @@
 --            sub-window another has moved past), and "used" in the reply is
 --            the fullest of those spans. A sub-window counts in the spans
 --            of the slices - 1 after it, so its key expires at reset_at +
---            grace + (slices - 1) * ARGV[2]; it is never compact. While
+--            grace + (slices - 1) * ARGV[2]. This script opens a
+--            sub-window full; slide.lua opens it compact and is sent
+--            first while every sub-window of its spans is compact or
+--            missing, and either form is read here (a compact one is
+--            expanded before this script changes it). While
 --            the key moves (ARGV[10]), a sub-window opens on this shard
 --            when any sub-window of its spans here holds units, and the
 --            key is marked moved only when none does.

@@ -180,6 +180,7 @@ func (b *bench) run(ctx context.Context, out string) error {
 		{"saturation, closed loop (no-op, exact, auto)", b.saturation},
 		{"latency, open loop at 25/50/75/90% of saturation", b.latency},
 		{"key counts: 1, 100, 10k and 1M keys, closed loop; 3,000/s over 1M keys, open loop", b.keyCounts},
+		{"algorithms beside the fixed window: sliding window, concurrency limit, token bucket over 1 and 1M keys", b.slidingBeside},
 		{"Envoy's rate-limit service over gRPC, beside a no-op gRPC handler", b.grpcDoor},
 		{"reservations on a Sentinel shard and on a shard of fixed addresses, mode exact", b.shardKinds},
 		{"the denied path (windows full)", b.denied},

@@ -86,6 +86,9 @@ const (
 type keyTarget struct {
 	target
 	grpc bool
+	// profile names the target's edge profiles (keys-<n><profile>) when
+	// several targets run on edges: "" for the first.
+	profile string
 }
 
 // closedLoop drives t closed loop over n keys for d.
@@ -120,9 +123,9 @@ func (b *bench) keyCounts(ctx context.Context) error {
 	if b.reference != nil {
 		targets = append(targets, keyTarget{target: *b.reference})
 	}
-	targets = append(targets, keyTarget{target{tallyGRPC, b.rlsAddr, "", b.edges[0], nil}, true})
+	targets = append(targets, keyTarget{target: target{tallyGRPC, b.rlsAddr, "", b.edges[0], nil}, grpc: true})
 	if b.reference != nil {
-		targets = append(targets, keyTarget{target{referenceGRPC, b.referenceGRPC, "", nil, b.reference.procs}, true})
+		targets = append(targets, keyTarget{target: target{referenceGRPC, b.referenceGRPC, "", nil, b.reference.procs}, grpc: true})
 	}
 	for _, n := range counts {
 		rs, err := b.keyCount(ctx, targets, n)
@@ -166,7 +169,7 @@ func (b *bench) keyCounts(ctx context.Context) error {
 		fmt.Printf("  %-42s %.0f req/s over %d keys: p50 %.2f ms  p99 %.2f ms  %.3f script calls, %.2f Redis commands and %.0f µs CPU per decision (%s)\n",
 			t.name, openRate, openKeys, o.P50, o.P99, o.ScriptCalls, o.Commands, o.CPU, byProcess(o.ByProcess))
 	}
-	return b.slidingBeside(ctx)
+	return nil
 }
 
 // slidingBeside measures a sliding window, a concurrency limit (two
@@ -183,9 +186,9 @@ func (b *bench) slidingBeside(ctx context.Context) error {
 	}
 	defer b.stopEdges(1)
 	fixed := keyTarget{target: target{tallyBeside, b.apiAddrs[0], "far", b.edges[0], nil}}
-	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[1], "far-sliding", b.edges[1], nil}}
-	inflight := keyTarget{target: target{tallyInFlight, b.apiAddrs[1], "far-concurrency", b.edges[1], nil}}
-	bucket := keyTarget{target: target{tallyBucket, b.apiAddrs[1], "far-bucket", b.edges[1], nil}}
+	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[1], "far-sliding", b.edges[1], nil}, profile: "-sliding"}
+	inflight := keyTarget{target: target{tallyInFlight, b.apiAddrs[1], "far-concurrency", b.edges[1], nil}, profile: "-concurrency"}
+	bucket := keyTarget{target: target{tallyBucket, b.apiAddrs[1], "far-bucket", b.edges[1], nil}, profile: "-bucket"}
 	for _, n := range []int{1, 1_000_000} {
 		rs, err := b.keyCount(ctx, []keyTarget{fixed, sliding, inflight, bucket}, n)
 		if err != nil {
@@ -216,7 +219,7 @@ func (b *bench) keyCount(ctx context.Context, targets []keyTarget, n int) ([]key
 			s0 := b.sample(ctx, b.processes(t.target))
 			stop := func() {}
 			if t.edge != nil && !t.grpc {
-				stop = b.profileEdge(t.edge, fmt.Sprintf("keys-%d", n), rep)
+				stop = b.profileEdge(t.edge, fmt.Sprintf("keys-%d%s", n, t.profile), rep)
 			}
 			res, err := b.closedLoop(ctx, t, n, b.satDur)
 			stop()

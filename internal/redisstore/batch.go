@@ -49,12 +49,13 @@ type takeCall struct {
 	// (TakeArgs.Fresh): the whole take when no key is stored; the script
 	// runs only when one is.
 	open *opening
-	// own, when set, are lua/own.lua's arguments, sent first (TakeArgs.Own):
-	// the whole take when the window is still the holder's own compact one;
-	// the script runs only when it is not.
-	own []any
-	v   []int64
-	err error
+	// short, when set, is a lean script sent first: lua/own.lua in a
+	// window still the holder's own compact one (TakeArgs.Own), or
+	// lua/slide.lua in a sliding window's compact sub-windows. It is the
+	// whole take unless it answers that take.lua is the call to send.
+	short *shortCall
+	v     []int64
+	err   error
 	// done is closed when v and err are in; async, when set, is called
 	// with them instead (Store.TakeAsync), on the sender.
 	done  chan struct{}
@@ -83,22 +84,30 @@ func (o *opening) reply() []int64 {
 	return []int64{o.want, o.want, o.reset.UnixMilli(), o.start.UnixMilli(), 1, 0, o.want, -1, 1}
 }
 
-// tried takes in the reply to c's own.lua and reports whether it was the
-// whole take: false when the window is something else by now (the script
-// runs then), and after a NOSCRIPT (the script, which the node has, runs
-// instead, and own.lua is loaded for the next ones); a failed call is c's
-// error.
+// shortCall is a lean script of a take (own.lua, slide.lua): its keys and
+// arguments.
+type shortCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+}
+
+// tried takes in the reply to c's short script and reports whether it was
+// the whole take: false when the window is something else by now (the
+// script runs then), and after a NOSCRIPT (take.lua, which the node has,
+// runs instead, and the short script is loaded for the next ones); a
+// failed call is c's error.
 func (c *takeCall) tried(ctx context.Context, q *takeQueue, cmd *redis.Cmd) bool {
 	v, err := cmd.Int64Slice()
 	switch {
 	case err == nil && len(v) == 1 && v[0] == -1:
-		q.s.ownHanded.Add(1)
+		q.s.shortHanded.Add(1)
 		return false
 	case noScript(err):
-		_ = q.s.reload(ctx, q.c, ownScript)
+		_ = q.s.reload(ctx, q.c, c.short.script)
 		return false
 	case err == nil:
-		q.s.ownMade.Add(1)
+		q.s.shortMade.Add(1)
 	}
 	c.v, c.err = v, err
 	return true
@@ -241,7 +250,7 @@ func (q *takeQueue) send() {
 			c := live[0] // on its caller's context
 			switch {
 			case c.open != nil && c.opened(c.set(c.ctx, q.c).Result()):
-			case c.own != nil && c.tried(c.ctx, q, c.ownCmd(c.ctx, q.c)):
+			case c.short != nil && c.tried(c.ctx, q, c.shortCmd(c.ctx, q.c)):
 			default:
 				keys, args := c.script()
 				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, keys, args...).Int64Slice()
@@ -253,16 +262,16 @@ func (q *takeQueue) send() {
 	}
 }
 
-// ownCmd is c's own.lua, on p.
-func (c *takeCall) ownCmd(ctx context.Context, p redis.Cmdable) *redis.Cmd {
-	return p.EvalSha(ctx, ownScript.Hash(), []string{c.key}, c.own...)
+// shortCmd is c's short script, on p.
+func (c *takeCall) shortCmd(ctx context.Context, p redis.Cmdable) *redis.Cmd {
+	return p.EvalSha(ctx, c.short.script.Hash(), c.short.keys, c.short.args...)
 }
 
 // script is lua/take.lua's keys and arguments for c.
 func (c *takeCall) script() ([]string, []any) { return c.req.scriptArgs(c.key, c.compact) }
 
 // pipeline sends calls in one round trip: the SETs of the windows they
-// open, own.lua for those in their holder's own compact window, and the
+// open, the short scripts of those that have one (own.lua, slide.lua), and the
 // scripts of the others; then, in a second, the scripts of those whose SET
 // found a key or whose window was something else. The calls the node
 // answers NOSCRIPT (its script cache emptied) are sent again once the
@@ -291,8 +300,8 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 }
 
 // exec sends calls in one pipeline and takes in their answers: with first,
-// a call that opens a window sends its SET ... NX and one in its holder's
-// own window own.lua, and is returned when that was not the whole take,
+// a call that opens a window sends its SET ... NX and one with a short
+// script that script, and is returned when that was not the whole take,
 // for its script to run.
 func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, first bool) (scripts []*takeCall) {
 	pipe := q.c.Pipeline()
@@ -302,8 +311,8 @@ func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, first bool) (sc
 		switch {
 		case first && c.open != nil:
 			sets[i] = c.set(ctx, pipe)
-		case first && c.own != nil:
-			cmds[i] = c.ownCmd(ctx, pipe)
+		case first && c.short != nil:
+			cmds[i] = c.shortCmd(ctx, pipe)
 		default:
 			keys, args := c.script()
 			cmds[i] = pipe.EvalSha(ctx, takeScript.Hash(), keys, args...)
@@ -315,7 +324,7 @@ func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, first bool) (sc
 		switch {
 		case sets[i] != nil:
 			whole = c.opened(sets[i].Result())
-		case first && c.own != nil:
+		case first && c.short != nil:
 			whole = c.tried(ctx, q, cmds[i])
 		default:
 			c.v, c.err = cmds[i].Int64Slice()

@@ -122,7 +122,7 @@ func BenchmarkTakePrimary(b *testing.B) {
 // and system) per request, client-µs/op this process's; commands/op the
 // primary's commands per request (those a script runs counted).
 func BenchmarkColdWindow(b *testing.B) {
-	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-own", "tally-take-full", "incrby+pexpireat"} {
+	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-own", "tally-take-full", "tally-slide", "tally-slide-again", "incrby+pexpireat"} {
 		b.Run(name, func(b *testing.B) {
 			p, r := redistest.StartPair(b)
 			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
@@ -137,6 +137,22 @@ func BenchmarkColdWindow(b *testing.B) {
 			var i atomic.Uint64
 			const again = 10_000 // windows opened before, for tally-take-again
 			key := func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("cold-%s-%d", b.Name(), n)) }
+			// A sliding window of an hour in ten sub-windows, as make bench's.
+			slide := limiter.Policy{Name: "slide", Algorithm: limiter.SlidingWindow, Limit: limiter.MaxLimit, Window: 6 * time.Minute,
+				Slices: 10, Align: true}
+			slideArgs := func(now time.Time) limiter.TakeArgs {
+				return limiter.TakeArgs{Window: slide.Window, Limit: slide.Limit, Need: 1, Want: 1, Producer: "bench",
+					Holder: "bench.1", Align: true, Opens: slide.WindowAt(now), Slices: slide.Slices}
+			}
+			if name == "tally-slide-again" {
+				key = func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("slide-%d", n%again)) }
+				for n := range uint64(again) {
+					now := time.Now()
+					if _, err := st.Take(context.Background(), key(n), now, slideArgs(now)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
 			if name == "tally-take-again" || name == "tally-take-own" {
 				key = func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("again-%d", n%again)) }
 				for n := range uint64(again) {
@@ -147,6 +163,7 @@ func BenchmarkColdWindow(b *testing.B) {
 				}
 			}
 			p0, r0, c0, s0 := serverCPU(b, p), serverCPU(b, r), commandTotal(b, p), selfCPU(b)
+			e0 := scriptMicros(b, p)
 			b.SetParallelism(8)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -164,6 +181,9 @@ func BenchmarkColdWindow(b *testing.B) {
 					case "tally-take-own": // the same window, its holder knowing it its own: own.lua
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench.1", Own: true})
+					case "tally-slide", "tally-slide-again": // a sub-window: the script, which reads the span's
+						now := time.Now()
+						_, err = st.Take(ctx, k, now, slideArgs(now))
 					case "tally-take-full": // 0.1.0's path: the script, the hash
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench"})
@@ -187,7 +207,10 @@ func BenchmarkColdWindow(b *testing.B) {
 			b.ReportMetric((s1-s0)/n, "client-µs/op")
 			b.ReportMetric((serverCPU(b, p)-p0)/n, "primary-µs/op")
 			b.ReportMetric((serverCPU(b, r)-r0)/n, "replica-µs/op")
-			b.ReportMetric(float64(commandTotal(b, p)-c0-1)/n, "commands/op") // less the INFO that reads it
+			b.ReportMetric(float64(commandTotal(b, p)-c0-2)/n, "commands/op") // less the INFOs that read it
+			if e1 := scriptMicros(b, p); e1.calls > e0.calls {
+				b.ReportMetric((e1.us-e0.us)/float64(e1.calls-e0.calls), "script-µs/call")
+			}
 		})
 	}
 }

@@ -100,7 +100,11 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			// or frozen, the shard's windows compact.
 			"take-cold": {lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "1", "2", "60000", "edge-1.7", "edge-1", "",
 				"", "", "", "", "1", ""}},
-			"own":   {lua.Own, []string{k.String()}, []string{now, "100", "1", "2", "edge-a.1"}},
+			"own": {lua.Own, []string{k.String()}, []string{now, "100", "1", "2", "edge-a.1"}},
+			// A sliding window of two sub-windows of a minute: the one
+			// before and the one after.
+			"slide": {lua.Slide, []string{k.String(), e.keys.ReseedKey(), k.SliceKey(reset.Add(-minute)), k.SliceKey(reset.Add(minute))},
+				[]string{now, "60000", "100", "1", "2", "60000", "edge-a.1", r, "2"}},
 			"hold":  {lua.Hold, []string{k.String()}, []string{now, r, "edge-a.1", "edge-a", "0", "5", now}},
 			"apply": {lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "2", r, now, "60000", "1", "0", "0")},
 			"lease": {lua.Lease, []string{"tally:lease:s0"}, []string{"hold", "acc-1", "1000"}},
@@ -129,9 +133,12 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			"take-cold/14": {}, // anything but "1": not compact
 			"take-cold/15": {"0", "2", "x", " 1"},
 			"own/5":        {"", "ab", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é", ".a.1", "edge-a.", "edge-a", "edge-a.1.x y"},
-			"hold/3":       {"", " 1", "a b", "{x}", strings.Repeat("a", 101), "é", "edge-b.1"},
-			"hold/4":       badProducer,
-			"finish/6":     badProducer,
+			"slide/7": {"", "ab", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é", ".a.1", "edge-a.", "edge-a", "edge-a.1.x y",
+				"edge..a.1"},
+			"slide/9":  {"", "1", "3", "61", "x", " 2", "2.0"}, // 3: four keys are two sub-windows' spans
+			"hold/3":   {"", " 1", "a b", "{x}", strings.Repeat("a", 101), "é", "edge-b.1"},
+			"hold/4":   badProducer,
+			"finish/6": badProducer,
 		}
 		before := state(t, rdb, k, pk)
 		for name, sc := range scripts {
@@ -156,6 +163,8 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			}
 		}
 		late := fmt.Sprint(t0.Add(-2 * minute).UnixMilli())
+		slideKeys := scripts["slide"].keys
+		start := fmt.Sprint(reset.Add(-minute).UnixMilli())
 		// Range and consistency rules.
 		for _, c := range []struct {
 			name, src string
@@ -173,6 +182,18 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			{"own: want over limit", lua.Own, []string{k.String()}, []string{now, "100", "1", "101", "edge-a.1"}},
 			{"own: now past year 5138", lua.Own, []string{k.String()}, []string{"100000000000001", "100", "1", "1", "edge-a.1"}},
 			{"own: a sixth argument", lua.Own, []string{k.String()}, []string{now, "100", "1", "1", "edge-a.1", "x"}},
+			{"slide: reset not after now", lua.Slide, slideKeys, []string{now, "60000", "100", "1", "2", "60000", "edge-a.1", start, "2"}},
+			{"slide: reset more than a sub-window after now", lua.Slide, slideKeys, []string{now, "60000", "100", "1", "2", "60000",
+				"edge-a.1", fmt.Sprint(reset.Add(minute).UnixMilli()), "2"}},
+			{"slide: fractional reset", lua.Slide, slideKeys, []string{now, "60000", "100", "1", "2", "60000", "edge-a.1", r + "1", "2"}},
+			{"slide: sub-second length", lua.Slide, slideKeys, []string{now, "999", "100", "1", "2", "60000", "edge-a.1", r, "2"}},
+			{"slide: zero need", lua.Slide, slideKeys, []string{now, "60000", "100", "0", "2", "60000", "edge-a.1", r, "2"}},
+			{"slide: want under need", lua.Slide, slideKeys, []string{now, "60000", "100", "5", "4", "60000", "edge-a.1", r, "2"}},
+			{"slide: want over limit", lua.Slide, slideKeys, []string{now, "60000", "100", "1", "101", "60000", "edge-a.1", r, "2"}},
+			{"slide: short grace", lua.Slide, slideKeys, []string{now, "60000", "100", "1", "2", "999", "edge-a.1", r, "2"}},
+			{"slide: a tenth argument", lua.Slide, slideKeys, []string{now, "60000", "100", "1", "2", "60000", "edge-a.1", r, "2", "x"}},
+			{"slide: the keys of three sub-windows", lua.Slide, append(slideKeys, k.SliceKey(reset.Add(2*minute))),
+				[]string{now, "60000", "100", "1", "2", "60000", "edge-a.1", r, "2"}},
 			{"take: want without need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "0", "4", "60000", "h", "h", ""}},
 			{"apply: producer index out of range", lua.Apply, []string{pk, k.String()}, ev("2", "2", "c", "2", r, now, "60000", "1", "0", "0")},
 			{"apply: window index is a producer", lua.Apply, []string{pk, k.String()}, ev("1", "2", "c", "1", r, now, "60000", "1", "0", "0")},

@@ -46,11 +46,12 @@ func (s *Store) reload(ctx context.Context, c *redis.Client, sc *redis.Script) e
 // means something flushes the script cache.
 func (s *Store) ScriptReloads() uint64 { return s.reloads.Load() }
 
-// ShortTakes is how many reservations lua/own.lua made whole (the window
-// was its holder's own compact one) and how many it handed on to take.lua
-// (the window was something else by then: another edge reserved in it, it
-// ended, or it is gone).
-func (s *Store) ShortTakes() (made, handedOn uint64) { return s.ownMade.Load(), s.ownHanded.Load() }
+// ShortTakes is how many reservations the short scripts made whole
+// (lua/own.lua: the window was its holder's own compact one; lua/slide.lua:
+// a sliding window's sub-windows were compact or missing) and how many they
+// handed on to take.lua (the window was something else by then: another
+// edge reserved in it, it ended, it is gone, or a sub-window is full).
+func (s *Store) ShortTakes() (made, handedOn uint64) { return s.shortMade.Load(), s.shortHanded.Load() }
 
 // LoadScripts sends every script the primaries run to shard i's primary
 // (SCRIPT LOAD), so that its first calls need no second round trip, and
@@ -62,7 +63,7 @@ func (s *Store) LoadScripts(ctx context.Context, i int) error {
 	n := s.shards[i]
 	// One by one on the client's own connections (not a pipeline's), so
 	// that the connection the first requests use is open already.
-	for _, sc := range []*redis.Script{takeScript, ownScript, applyScript, finishScript, leaseScript, checkScript, holdScript,
+	for _, sc := range []*redis.Script{takeScript, ownScript, slideScript, applyScript, finishScript, leaseScript, checkScript, holdScript,
 		epochScript, reseedScript} {
 		if err := sc.Load(ctx, n.primary).Err(); err != nil {
 			return fmt.Errorf("limiter: loading the scripts on shard %s's primary: %w", n.name, err)

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -205,4 +206,105 @@ func TestSlidingWindowInspectAndReset(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, existed)
 	require.EqualValues(t, 10, e.slide(t, p, k, next, "edge-c", 1, 10).Granted)
+}
+
+// A sliding window's reservations take the short way (lua/slide.lua) while
+// the sub-windows of their spans are compact or missing: one MGET, an
+// EXISTS when a key is missing, and one SET, replicated as that SET. The
+// decisions are take.lua's; anything slide.lua cannot decide — a full
+// sub-window among them, another holder's, a reseed — it hands on
+// untouched, and take.lua decides as it always has.
+func TestSlidingSubWindowsTakeTheShortWay(t *testing.T) {
+	e := newEnv(t, redisstore.Options{Grace: slideGrace})
+	ctx := context.Background()
+	rdb := e.primary.Client()
+	p := slidingPolicy(10)
+	k := e.keys.Key("slide", "short")
+	sub := subWindows(p)
+	reset := func(i int) time.Time { return p.WindowAt(sub(i)).ResetAt }
+	require.NoError(t, e.store.LoadScripts(ctx, 0)) // as an edge does before it is ready
+	require.True(t, e.store.Compact(0), "a new deployment's windows are compact")
+	// takes checks how many takes slide.lua made whole and handed on.
+	takes := func(made, handedOn uint64) {
+		t.Helper()
+		m, h := e.store.ShortTakes()
+		require.Equal(t, [2]uint64{made, handedOn}, [2]uint64{m, h}, "short takes made, handed on")
+	}
+
+	g := e.slide(t, p, k, sub(0), "edge-a", 1, 3)
+	require.Equal(t, limiter.Grant{Granted: 3, Live: true, Used: 3, ResetAt: reset(0), Start: reset(0).Add(-p.Window), Opened: true,
+		Mine: 3, Frozen: -1}, g)
+	takes(1, 0)
+	require.Equal(t, fmt.Sprintf("3:%d:10:edge-a.1", reset(0).Unix()), rdb.Get(ctx, k.SliceKey(reset(0))).Val())
+	require.Equal(t, reset(0).Add(slideGrace+5*p.Window).UnixMilli(), rdb.PExpireTime(ctx, k.SliceKey(reset(0))).Val().Milliseconds(),
+		"a sub-window lives while a span holds it")
+
+	// The holder's own sub-window grows: what the script ran, on the
+	// primary and on the replica.
+	e.replica.WaitSynced(e.primary)
+	require.NoError(t, rdb.ConfigResetStat(ctx).Err())
+	require.NoError(t, e.replica.Client().ConfigResetStat(ctx).Err())
+	g = e.slide(t, p, k, sub(0), "edge-a", 1, 1)
+	require.EqualValues(t, 1, g.Granted)
+	require.EqualValues(t, 4, g.Used)
+	require.EqualValues(t, 4, g.Mine)
+	require.False(t, g.Opened)
+	e.replica.WaitSynced(e.primary)
+	pc, rc := commandCalls(t, rdb), commandCalls(t, e.replica.Client())
+	for _, c := range []string{"evalsha", "mget", "exists", "set"} {
+		require.EqualValues(t, 1, pc[c], "primary ran %s: %v", c, pc)
+	}
+	require.EqualValues(t, 1, rc["set"], "replica: %v", rc)
+	for _, c := range []string{"hmget", "hset", "pexpireat", "pttl", "del", "multi"} {
+		require.Zero(t, pc[c], "primary ran %s: %v", c, pc)
+		require.Zero(t, rc[c], "replica ran %s: %v", c, rc)
+	}
+
+	// Another edge, in the next sub-window: the span counts edge-a's 4.
+	g = e.slide(t, p, k, sub(1), "edge-b", 1, 3)
+	require.EqualValues(t, 3, g.Granted)
+	require.EqualValues(t, 7, g.Used)
+	g = e.slide(t, p, k, sub(1), "edge-b", 1, 1)
+	require.EqualValues(t, 1, g.Granted)
+	require.EqualValues(t, 8, g.Used)
+	takes(4, 0)
+
+	// edge-b in edge-a's sub-window: handed on; take.lua expands it.
+	g = e.slide(t, p, k, sub(0), "edge-b", 1, 1)
+	require.EqualValues(t, 1, g.Granted)
+	require.EqualValues(t, 9, g.Used)
+	takes(4, 1)
+	require.Equal(t, "hash", rdb.Type(ctx, k.SliceKey(reset(0))).Val())
+
+	// A full sub-window in the span: handed on, and take.lua counts it.
+	g = e.slide(t, p, k, sub(1), "edge-b", 1, 10)
+	require.EqualValues(t, 1, g.Granted)
+	require.EqualValues(t, 10, g.Used)
+	g = e.slide(t, p, k, sub(5), "edge-a", 1, 1)
+	require.Zero(t, g.Granted, "sub-windows 0 to 5 hold 10")
+	takes(4, 3)
+	// take.lua opened sub-window 5 full, empty: the span of 1 to 6 is
+	// take.lua's too.
+	require.Equal(t, "hash", rdb.Type(ctx, k.SliceKey(reset(5))).Val())
+	g = e.slide(t, p, k, sub(6), "edge-a", 1, 10)
+	require.EqualValues(t, 5, g.Granted, "sub-window 1's 5 still count")
+	require.EqualValues(t, 10, g.Used)
+	takes(4, 4)
+
+	// An edge whose clock lags reserves in sub-window 0 after others
+	// reserved in 1 and 2: the short way counts the sub-windows after it.
+	k2 := e.keys.Key("slide", "lagging")
+	e.slide(t, p, k2, sub(1), "edge-a", 1, 3)
+	e.slide(t, p, k2, sub(2), "edge-b", 1, 3)
+	g = e.slide(t, p, k2, sub(0), "edge-c", 1, 10)
+	require.EqualValues(t, 4, g.Granted, "the span of sub-windows 0 to 5 holds 6")
+	require.EqualValues(t, 10, g.Used)
+	takes(7, 4)
+
+	// While a reseed lasts, slide.lua reserves nothing: take.lua refuses.
+	require.NoError(t, rdb.Set(ctx, e.keys.ReseedKey(), "epoch", time.Minute).Err())
+	_, err := e.store.Take(ctx, k2, sub(0), slideArgs(p, sub(0), "edge-c", 1, 1))
+	require.ErrorIs(t, err, redisstore.ErrReseeding)
+	require.Equal(t, fmt.Sprintf("4:%d:10:edge-c.1", reset(0).Unix()), rdb.Get(ctx, k2.SliceKey(reset(0))).Val(), "nothing written")
+	takes(7, 5)
 }

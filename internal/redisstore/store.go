@@ -28,6 +28,7 @@ var (
 	checkScript = redis.NewScript(lua.Check)
 	takeScript  = redis.NewScript(lua.Take)
 	ownScript   = redis.NewScript(lua.Own)
+	slideScript = redis.NewScript(lua.Slide)
 	applyScript = redis.NewScript(lua.Apply)
 	leaseScript = redis.NewScript(lua.Lease)
 )
@@ -199,7 +200,7 @@ type Store struct {
 	reloads           atomic.Uint64
 	// own.lua's calls: takes it made, and those it handed on to take.lua
 	// (ShortTakes).
-	ownMade, ownHanded atomic.Uint64
+	shortMade, shortHanded atomic.Uint64
 
 	// Reseeds (reseed.go): what a reseed re-asserts, and its counters.
 	reseeder                                                     atomic.Pointer[Reseeder]

@@ -108,23 +108,35 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 		return nil, err
 	}
 	c := &takeCall{ctx: ctx, key: r.k.WindowKey(r.opens.ResetAt, a.Slices), req: r, compact: s.shards[r.i].compact.Load()}
-	if a.Slices > 0 {
-		// A sliding window's sub-windows are never compact: every take is
-		// the script, which counts the others of its spans.
-		c.compact = false
-	}
-	if c.compact {
-		simple := a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && limiter.CompactHolder(r.holder, a.Producer)
-		switch {
-		case simple && a.Fresh:
-			start, reset := r.opens.Start, r.opens.ResetAt
-			c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
-				reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
-		case simple && a.Own:
-			c.own = []any{ms(r.now), a.Limit, a.Need, a.Want, r.holder}
-		}
+	simple := c.compact && a.Need > 0 && r.moving == "" && r.owed == "" && !a.Freeze && limiter.CompactHolder(r.holder, a.Producer)
+	switch {
+	case simple && a.Slices > 0 && a.Rate == 0:
+		// A sliding window's sub-windows, compact: slide.lua counts the
+		// others of its spans. Never the plain SET or own.lua, which
+		// count one key.
+		keys := r.sliceKeys(append(make([]string, 0, 2*a.Slices), c.key, s.keys.ReseedKey()))
+		c.short = &shortCall{script: slideScript, keys: keys, args: []any{ms(r.now), r.opens.Length().Milliseconds(), a.Limit,
+			a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Slices}}
+	case simple && a.Slices == 0 && a.Fresh:
+		start, reset := r.opens.Start, r.opens.ResetAt
+		c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
+			reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
+	case simple && a.Slices == 0 && a.Own:
+		c.short = &shortCall{script: ownScript, keys: []string{c.key}, args: []any{ms(r.now), a.Limit, a.Need, a.Want, r.holder}}
 	}
 	return c, nil
+}
+
+// sliceKeys appends to keys the sub-windows of r's spans besides its own:
+// those before it, nearest first, then those after it (lua/take.lua's and
+// lua/slide.lua's order).
+func (r *takeReq) sliceKeys(keys []string) []string {
+	for _, dir := range [...]time.Duration{-1, 1} {
+		for i := 1; i < r.a.Slices; i++ {
+			keys = append(keys, r.k.SliceKey(r.opens.ResetAt.Add(dir*time.Duration(i)*r.opens.Length())))
+		}
+	}
+	return keys
 }
 
 // scriptArgs are lua/take.lua's keys and arguments for r's call, compact
@@ -146,11 +158,7 @@ func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
 	if a.Slices > 0 {
 		// The sub-windows before this one, nearest first, then those after.
 		args = append(args, a.Slices)
-		for _, dir := range [...]time.Duration{-1, 1} {
-			for i := 1; i < a.Slices; i++ {
-				keys = append(keys, r.k.SliceKey(r.opens.ResetAt.Add(dir*time.Duration(i)*r.opens.Length())))
-			}
-		}
+		keys = r.sliceKeys(keys)
 	}
 	if a.Rate > 0 {
 		// A token bucket's record, the two periods before the one before

@@ -1,0 +1,161 @@
+-- slide.lua: reserve units of a sub-window of a sliding window (take.lua's
+-- ARGV[18]) when the sub-windows of its spans are all compact or missing
+-- and the one reserved in is missing or its holder's own: over many keys,
+-- nearly every reservation of a sliding window or a concurrency limit. It
+-- is take.lua's decision for that one case, with nine arguments and
+-- nothing prepended (take.lua defines its codec and checks its twenty-one
+-- arguments on every call). In any other case it writes nothing and
+-- answers so, and the caller sends take.lua, which decides as it always
+-- has. Not for a token bucket, whose record take.lua keeps.
+-- Runs on: the shard primary. Nothing is prepended.
+--
+-- KEYS[1] -> the sub-window reserved in (keys.go's SliceKey)
+-- KEYS[2] -> the shard's reseed marker (keys.go): while it exists this
+--            script reserves nothing (take.lua then tells whether a reseed
+--            is in progress), because the sub-windows it counts may not be
+--            re-asserted yet
+-- KEYS[3 .. 1 + slices] -> the slices - 1 sub-windows before KEYS[1],
+--            nearest first; KEYS[2 + slices .. 2 * slices] the slices - 1
+--            after it, nearest first (take.lua's order, less its KEYS[2])
+-- ARGV[1] -> now, ms since the Unix epoch (the edge's clock)
+-- ARGV[2] -> sub-window length, ms, whole seconds (1000 .. 1e12)
+-- ARGV[3] -> limit, units (1 .. 1e9): of any slices consecutive sub-windows
+-- ARGV[4] -> need, units (1 .. limit)
+-- ARGV[5] -> want, units (need .. limit)
+-- ARGV[6] -> grace, ms (1000 .. 1e12), as take.lua's ARGV[6]
+-- ARGV[7] -> holder, <producer>.<n> (take.lua's ARGV[7] of a compact form)
+-- ARGV[8] -> reset of KEYS[1], ms, a whole second after now, at most
+--            ARGV[2] after it
+-- ARGV[9] -> slices (2 .. 60)
+--
+-- The decision is take.lua's: the units reserved leave every span of
+-- slices consecutive sub-windows that holds KEYS[1] within the limit
+-- (those after it included), a sub-window counting only when it holds the
+-- window its key names. A missing KEYS[1] is opened compact (SET ... PXAT
+-- reset + grace + (slices - 1) * len, as take.lua's expiry of a
+-- sub-window); the holder's own grows (SET ... KEEPTTL). One MGET reads
+-- every sub-window (a hash reads as nil there), one EXISTS tells a missing
+-- key from a hash.
+--
+-- Returns: take.lua's reply, {granted, used, reset_at, start, opened, 0,
+--          mine, -1, 0}; or {-1} when a reseed lasts, a sub-window here is
+--          a hash, KEYS[1] is another holder's or another window's, or
+--          there is no room in a KEYS[1] that is missing: nothing is
+--          written, and take.lua is the call to send.
+-- Errors: "ERR tally: invalid <argument>"; nothing is written then.
+local now, len, limit, need, want, grace, holder, reset, slices = string.match(table.concat(ARGV, " "),
+  "^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([%w_.-]+) (%d+) (%d+)$")
+if now == nil or #ARGV ~= 9 then
+  return redis.error_reply("ERR tally: invalid arguments")
+end
+now, len, limit, need, want = tonumber(now), tonumber(len), tonumber(limit), tonumber(need), tonumber(want)
+grace, reset, slices = tonumber(grace), tonumber(reset), tonumber(slices)
+if now > 100000000000000 then return redis.error_reply("ERR tally: invalid now") end
+if len < 1000 or len > 1000000000000 or len % 1000 ~= 0 then return redis.error_reply("ERR tally: invalid window length") end
+if limit < 1 or limit > 1000000000 then return redis.error_reply("ERR tally: invalid limit") end
+if need < 1 or need > limit then return redis.error_reply("ERR tally: invalid need") end
+if want < need or want > limit then return redis.error_reply("ERR tally: invalid want") end
+if grace < 1000 or grace > 1000000000000 then return redis.error_reply("ERR tally: invalid grace") end
+if reset % 1000 ~= 0 or reset <= now or reset - len > now or reset > 100000000000000 then
+  return redis.error_reply("ERR tally: invalid window")
+end
+if slices < 2 or slices > 60 or #KEYS ~= 2 * slices then return redis.error_reply("ERR tally: invalid slices") end
+if #holder < 3 or #holder > 100 or not string.find(holder, "^[%w_-][%w_.-]*%.[%w_-]+$") or string.find(holder, "..", 1, true) then
+  return redis.error_reply("ERR tally: invalid holder")
+end
+
+-- One MGET reads the reseed marker and every sub-window, vs[i] KEYS[i]'s.
+local vs = redis.call("MGET", unpack(KEYS))
+if vs[2] then
+  return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
+end
+local strings = 0
+for i = 1, #KEYS do
+  if vs[i] then
+    strings = strings + 1
+  end
+end
+if strings < #KEYS - 1 and redis.call("EXISTS", unpack(KEYS)) ~= strings then
+  return { -1 } -- a hash among them: a full sub-window, or a key that moved
+end
+-- us[m]: the units of the sub-window m after KEYS[1] (m < 0: before).
+local us, mine = { [0] = 0 }, nil
+for i = 1, #KEYS do
+  local m = 0
+  if i > 2 and i <= 1 + slices then
+    m = 2 - i
+  elseif i > 1 + slices then
+    m = i - 1 - slices
+  end
+  if i ~= 2 then
+    us[m] = 0
+  end
+  local v = vs[i]
+  if v then
+    local u, r, l, h, tail = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+)(.*)$")
+    if u == nil or #u > 10 or #r > 11 or #l > 9 then
+      return { -1 } -- take.lua tells what is wrong with it
+    end
+    local same = tonumber(r) * 1000 == reset + m * len
+    if same then
+      us[m] = tonumber(u)
+    end
+    if m == 0 then
+      if h ~= holder or not same or tonumber(l) * 1000 ~= len then
+        return { -1 } -- another holder's, or another window
+      end
+      local given = nil
+      if tail ~= "" and not string.find(tail, "^:%d+$") then
+        given = string.match(tail, "^:%d*:(%d+)$")
+        if given == nil or #given > 15 then
+          return { -1 }
+        end
+      end
+      mine = { v = v, u = u, given = given, tail = tail }
+    end
+  end
+end
+-- extra: the fullest span holding KEYS[1], less KEYS[1]'s own units; the
+-- spans end at 0 .. slices - 1, each the one before moved by one.
+us[0] = 0
+local sum = 0
+for m = 1 - slices, -1 do
+  sum = sum + us[m]
+end
+local extra = sum
+for e = 1, slices - 1 do
+  sum = sum + us[e] - us[e - slices]
+  if sum > extra then
+    extra = sum
+  end
+end
+us[0] = mine and tonumber(mine.u) or 0
+local room = limit - us[0] - extra
+local start = reset - len
+if mine == nil then
+  if room < need then
+    return { -1 } -- take.lua opens the sub-window empty
+  end
+  local granted = math.min(want, room)
+  redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s", granted, reset / 1000, len / 1000, holder), "PXAT",
+    string.format("%.0f", reset + grace + (slices - 1) * len))
+  return { granted, granted + extra, reset, start, 1, 0, granted, -1, 0 }
+end
+local u = us[0]
+local given = u
+if mine.given ~= nil then
+  given = tonumber(mine.given)
+end
+local granted = 0
+if room >= need then
+  granted = math.min(want, room)
+  u, given = u + granted, given + granted
+  if mine.given == nil then
+    redis.call("SET", KEYS[1], string.format("%.0f", u) .. string.sub(mine.v, #mine.u + 1), "KEEPTTL")
+  else
+    local back = string.match(mine.tail, "^:(%d*):")
+    redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s:%s:%.0f", u, reset / 1000, len / 1000, holder, back, given),
+      "KEEPTTL")
+  end
+end
+return { granted, u + extra, reset, start, 0, 0, given, -1, 0 }

@@ -210,6 +210,38 @@ func (k Key) SliceKey(reset time.Time) string {
 	return string(b)
 }
 
+// SpanKeys appends to keys the keys of the sub-windows that the spans of
+// slices consecutive sub-windows of length holding the one that resets at
+// reset count besides it: the slices - 1 before it, nearest first, then
+// the slices - 1 after it, nearest first (lua/take.lua's and
+// lua/slide.lua's order). They are SliceKey's, built in one allocation:
+// over many keys a sliding window's every reservation names them. A
+// window, or more than MaxSlices sub-windows, adds none.
+func (k Key) SpanKeys(keys []string, reset time.Time, length time.Duration, slices int) []string {
+	if slices < 2 || slices > MaxSlices { // TakeArgs.Validate refuses them first
+		return keys
+	}
+	n := 2 * (slices - 1)
+	var b strings.Builder // its String is its buffer: no copy
+	b.Grow(n * (len(k.redis) + 12))
+	var ends [2 * MaxSlices]int
+	var num [20]byte
+	for j, dir := range [...]time.Duration{-1, 1} {
+		for i := 1; i < slices; i++ {
+			b.WriteString(k.redis)
+			b.WriteByte(':')
+			b.Write(strconv.AppendInt(num[:0], reset.Add(dir*time.Duration(i)*length).Unix(), 10))
+			ends[j*(slices-1)+i-1] = b.Len()
+		}
+	}
+	all, start := b.String(), 0
+	for _, end := range ends[:n] {
+		keys = append(keys, all[start:end])
+		start = end
+	}
+	return keys
+}
+
 // BucketKey is the Redis key of what k's token bucket spent and has not
 // refilled yet (lua/take.lua's bucket): the window key and ":b", on k's
 // shard as its periods are.

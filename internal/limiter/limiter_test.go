@@ -147,4 +147,11 @@ func TestSlidingPolicy(t *testing.T) {
 	require.Equal(t, k.String()+":1800000006", k.SliceKey(time.Unix(1_800_000_006, 0)))
 	require.Equal(t, k.SliceKey(time.Unix(1_800_000_006, 0)), k.WindowKey(time.Unix(1_800_000_006, 0), 10))
 	require.Equal(t, k.String(), k.WindowKey(time.Unix(1_800_000_006, 0), 0))
+	// The spans of three sub-windows of 10 s holding the one that resets
+	// at r count the two before it and the two after it, nearest first.
+	r := time.Unix(1_800_000_010, 0)
+	key := func(d time.Duration) string { return k.SliceKey(r.Add(d)) }
+	require.Equal(t, []string{"first", key(-10 * time.Second), key(-20 * time.Second), key(10 * time.Second), key(20 * time.Second)},
+		k.SpanKeys([]string{"first"}, r, 10*time.Second, 3))
+	require.Empty(t, k.SpanKeys(nil, r, 10*time.Second, 0), "a window has no span")
 }

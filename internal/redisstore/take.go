@@ -114,7 +114,7 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 		// A sliding window's sub-windows, compact: slide.lua counts the
 		// others of its spans. Never the plain SET or own.lua, which
 		// count one key.
-		keys := r.sliceKeys(append(make([]string, 0, 2*a.Slices), c.key, s.keys.ReseedKey()))
+		keys := r.k.SpanKeys(append(make([]string, 0, 2*a.Slices), c.key, s.keys.ReseedKey()), r.opens.ResetAt, r.opens.Length(), a.Slices)
 		c.short = &shortCall{script: slideScript, keys: keys, args: []any{ms(r.now), r.opens.Length().Milliseconds(), a.Limit,
 			a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Slices}}
 	case simple && a.Slices == 0 && a.Fresh:
@@ -125,18 +125,6 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 		c.short = &shortCall{script: ownScript, keys: []string{c.key}, args: []any{ms(r.now), a.Limit, a.Need, a.Want, r.holder}}
 	}
 	return c, nil
-}
-
-// sliceKeys appends to keys the sub-windows of r's spans besides its own:
-// those before it, nearest first, then those after it (lua/take.lua's and
-// lua/slide.lua's order).
-func (r *takeReq) sliceKeys(keys []string) []string {
-	for _, dir := range [...]time.Duration{-1, 1} {
-		for i := 1; i < r.a.Slices; i++ {
-			keys = append(keys, r.k.SliceKey(r.opens.ResetAt.Add(dir*time.Duration(i)*r.opens.Length())))
-		}
-	}
-	return keys
 }
 
 // scriptArgs are lua/take.lua's keys and arguments for r's call, compact
@@ -158,7 +146,7 @@ func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
 	if a.Slices > 0 {
 		// The sub-windows before this one, nearest first, then those after.
 		args = append(args, a.Slices)
-		keys = r.sliceKeys(keys)
+		keys = r.k.SpanKeys(keys, r.opens.ResetAt, r.opens.Length(), a.Slices)
 	}
 	if a.Rate > 0 {
 		// A token bucket's record, the two periods before the one before

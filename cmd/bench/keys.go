@@ -177,18 +177,21 @@ func (b *bench) keyCounts(ctx context.Context) error {
 // checks alone) and a token bucket far from their limits beside the fixed
 // window, on one key
 // (every decision from memory) and over a million (a reservation a
-// decision), closed loop, interleaved. They run last, on an edge of their
-// own: their sub-windows, a key each, stay in Redis for the span's length,
-// and must not weigh on the measurements against the reference.
+// decision), closed loop, interleaved. They run last, each on a new edge of
+// its own, the fixed window too: their sub-windows, a key each, stay in
+// Redis for the span's length, and must not weigh on the measurements
+// against the reference; and an edge's table holds 100,000 keys, so
+// targets that shared one would evict each other's entries, and a fixed
+// window on the first edge would find the entries of the steps before.
 func (b *bench) slidingBeside(ctx context.Context) error {
-	if err := b.startEdges(ctx, 2); err != nil {
+	if err := b.startEdges(ctx, 5); err != nil {
 		return err
 	}
 	defer b.stopEdges(1)
-	fixed := keyTarget{target: target{tallyBeside, b.apiAddrs[0], "far", b.edges[0], nil}}
-	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[1], "far-sliding", b.edges[1], nil}, profile: "-sliding"}
-	inflight := keyTarget{target: target{tallyInFlight, b.apiAddrs[1], "far-concurrency", b.edges[1], nil}, profile: "-concurrency"}
-	bucket := keyTarget{target: target{tallyBucket, b.apiAddrs[1], "far-bucket", b.edges[1], nil}, profile: "-bucket"}
+	fixed := keyTarget{target: target{tallyBeside, b.apiAddrs[1], "far", b.edges[1], nil}}
+	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[2], "far-sliding", b.edges[2], nil}, profile: "-sliding"}
+	inflight := keyTarget{target: target{tallyInFlight, b.apiAddrs[3], "far-concurrency", b.edges[3], nil}, profile: "-concurrency"}
+	bucket := keyTarget{target: target{tallyBucket, b.apiAddrs[4], "far-bucket", b.edges[4], nil}, profile: "-bucket"}
 	for _, n := range []int{1, 1_000_000} {
 		rs, err := b.keyCount(ctx, []keyTarget{fixed, sliding, inflight, bucket}, n)
 		if err != nil {
@@ -372,8 +375,9 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 	p("the service, its Redis primary and replica), the load generator's apart; RSS is the deciding process's.")
 	p("Last, on one key and over a million, %s (a policy of an hour in 10 sub-windows, far from its limit) and", tallySliding)
 	p("%s (a lease of 30 minutes, its requests never finished: decision API checks alone, far from its limit)", tallyInFlight)
-	p("and %s (a billion a minute, far from its limit), on an edge of their own, beside the fixed window", tallyBucket)
-	p("(%s), the four interleaved: their sub-windows stay in Redis for the span's length, so they run", tallyBeside)
+	p("and %s (a billion a minute, far from its limit), beside the fixed window (%s), the four", tallyBucket, tallyBeside)
+	p("interleaved, each on a new edge of its own (an edge's table holds 100,000 keys: targets sharing one")
+	p("would evict each other's entries): their sub-windows stay in Redis for the span's length, so they run")
 	p("after the measurements against %s.", referenceName)
 	p("")
 	p("| target | keys | requests/s (median) | range | × 1 key | p99 ms | script calls | Redis commands | by name | CPU µs | of which, by process (µs) | RSS MB |")

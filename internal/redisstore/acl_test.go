@@ -16,7 +16,7 @@ import (
 
 // documentedACL is the Redis user docs/operations.md gives Tally.
 const documentedACL = "on >tally-password ~tally:* resetchannels -@all +evalsha +eval +evalsha_ro +eval_ro +script|load " +
-	"+info +ping +wait +hmget +hget +hset +hincrby +hdel +hgetall +hexists +del +get +set +getbit +setbit +pexpire +pexpireat +pttl"
+	"+info +ping +wait +hmget +hget +hset +hincrby +hdel +hgetall +hexists +exists +del +get +mget +set +getbit +setbit +pexpire +pexpireat +pttl"
 
 // Everything Tally does on a primary runs as the least-privileged user the
 // operations guide documents: every script (whose commands the ACL checks
@@ -53,6 +53,24 @@ func TestScriptsRunUnderTheDocumentedACL(t *testing.T) {
 		Units: 1, ChargeSeq: 7, Status: 304, Back: 1})
 	require.NoError(t, err)
 	_, err = st.Check(ctx, k)
+	require.NoError(t, err)
+	// A sliding window's reservations: slide.lua's short way, then
+	// take.lua's, once another holder's sub-window is in the span; and a
+	// token bucket's, with its record.
+	slide := limiter.Policy{Name: "slide", Algorithm: limiter.SlidingWindow, Limit: 10, Window: minute, Slices: 3, Align: true}
+	for _, holder := range []string{"edge.a.1", "edge.b.1"} {
+		producer := holder[:len(holder)-2]
+		g, err = st.Take(ctx, k, now, limiter.TakeArgs{Window: slide.Window, Limit: slide.Limit, Need: 1, Want: 2, Producer: producer,
+			Holder: holder, Align: true, Opens: slide.WindowAt(now), Slices: slide.Slices})
+		require.NoError(t, err, holder)
+		require.EqualValues(t, 2, g.Granted, holder)
+	}
+	made, handedOn := st.ShortTakes()
+	require.EqualValues(t, [2]uint64{1, 1}, [2]uint64{made, handedOn}, "slide.lua made the first, take.lua the second")
+	bucket := limiter.Policy{Name: "bucket", Limit: 10, Window: minute}.Bucket(10, 10, minute)
+	_, err = st.Take(ctx, keys.Key("core", "acl-bucket"), now, limiter.TakeArgs{Window: bucket.Window, Limit: bucket.Limit, Need: 1,
+		Want: 1, Producer: "edge.a", Holder: "edge.a.1", Align: true, Opens: bucket.WindowAt(now), Slices: bucket.Slices, Rate: bucket.Rate,
+		Every: bucket.Every})
 	require.NoError(t, err)
 	l, err := st.ConfirmApplied(ctx, 0, "accountant-1", time.Second)
 	require.NoError(t, err)

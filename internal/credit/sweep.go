@@ -104,15 +104,17 @@ func (c *Core) Sweep(ctx context.Context, now time.Time) {
 			lost = append(lost, e)
 		}
 		switch {
-		case !e.full || (e.policy.Linger() > 0 && e.policy.Algorithm != limiter.Concurrency):
-			// A sliding window's sub-window is short, and the next
-			// reservation after it ends reads the spans anew: it is not
-			// read again while it is full. A concurrency limit's room
-			// comes back by finishes within its lease, which may be
-			// long: should the room notice of one be lost (it came
-			// while this edge's own reservation was on its way, whose
-			// answer then said full), the edge asks again as for a
-			// window.
+		case !e.full || e.policy.Algorithm == limiter.TokenBucket:
+			// A token bucket is full only until what its next request
+			// needs has refilled (entry.refilled), which the edge
+			// knows without a read. Any other full entry is read again
+			// while its requests are denied: room that comes back by
+			// refunds, releases or finishes is told by a notice, and
+			// should one be lost (it came while this edge's own
+			// reservation was on its way, whose answer then said full)
+			// the edge would deny until its window ended — for a
+			// sliding window's sub-window, or a concurrency limit's
+			// lease, that can be hours.
 			e.verified, e.recheck = 0, 0
 		case e.verified.IsZero(): // full since the last sweep: read it a Recheck from now
 			e.verified, e.recheck = instantOf(now), c.cfg.Recheck

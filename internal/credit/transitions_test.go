@@ -835,17 +835,19 @@ func TestFullBucketAsksOnceRefilled(t *testing.T) {
 	}
 }
 
-// An edge that learnt a concurrency limit full reads it again while its
-// requests go on being denied, as it does a window: room that finishes
-// made, whose notice it missed, is found without waiting for the lease to
-// end. A sliding window's sub-window is not read again (it is short).
-func TestFullConcurrencyLimitIsReadAgain(t *testing.T) {
+// An edge that learnt a concurrency limit or a sliding window full reads
+// it again while its requests go on being denied, as it does a window:
+// room that finishes, refunds or releases made, whose notice it missed, is
+// found without waiting for the lease or the sub-window to end. A token
+// bucket is not read (it is full only until it refills, which the edge
+// knows).
+func TestFullLimitsAreReadAgain(t *testing.T) {
 	inflight := limiter.Policy{Name: "api", Algorithm: limiter.Concurrency, Limit: testLimit, Window: time.Hour, Slices: 2, Align: true}
 	slide := limiter.Policy{Name: "api", Algorithm: limiter.SlidingWindow, Limit: testLimit, Window: time.Hour, Slices: 2, Align: true}
 	for _, c := range []struct {
 		policy limiter.Policy
 		reread bool
-	}{{inflight, true}, {slide, false}} {
+	}{{inflight, true}, {slide, true}, {limiter.Policy{Name: "api"}.Bucket(testLimit, testLimit, time.Hour), false}} {
 		h := newHarness(t, c.policy, true, Config{RedisBudget: 250 * time.Millisecond, Recheck: 100 * time.Millisecond})
 		h.open(testLimit, 0, true)
 		sweep := func() { h.core.Sweep(context.Background(), h.clock.Now()) }

@@ -94,7 +94,7 @@ func (c *Core) decision(v *Verdict, e *entry, allowed bool) {
 	if !allowed {
 		wait = used + v.Cost - v.Policy.Limit
 	}
-	window, reset := e.alg().told(v.Policy, e.reset.Time(), wait, v.Now)
+	window, reset := e.alg().told(v.Policy, e.reset.Time(), wait, e.lastTake.Time(), v.Now)
 	v.Decision = limiter.Decision{Allowed: allowed, Resource: v.Policy.Name, Limit: v.Policy.Limit, Cost: v.Cost,
 		Used: used, Remaining: max(0, v.Policy.Limit-used), Window: window, ResetAt: reset, Now: v.Now}
 }

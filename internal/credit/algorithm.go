@@ -37,10 +37,11 @@ type algorithm interface {
 	// and when it resets, when the entry's window resets at reset and wait
 	// units are to come back (counted beyond the limit: all that is used,
 	// for a request admitted; what the request's cost needs beyond what
-	// is left, for one denied). It answers plain values only: the core
-	// builds the decision itself, so that no verdict is copied through the
-	// interface on the request path.
-	told(p limiter.Policy, reset time.Time, wait int64, now time.Time) (time.Duration, time.Time)
+	// is left, for one denied) counting from learnt, when the entry learnt
+	// its count (its last reservation; zero when none). It answers plain
+	// values only: the core builds the decision itself, so that no verdict
+	// is copied through the interface on the request path.
+	told(p limiter.Policy, reset time.Time, wait int64, learnt, now time.Time) (time.Duration, time.Time)
 	// ending is p's span that ends at reset: what a notice naming a reset
 	// is about.
 	ending(p limiter.Policy, reset time.Time) limiter.Span
@@ -79,7 +80,7 @@ func (fixedWindow) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
 	return limiter.TakeArgs{Window: p.Window, Limit: p.Limit, Opens: p.WindowAt(now)}
 }
 
-func (fixedWindow) told(p limiter.Policy, reset time.Time, _ int64, _ time.Time) (time.Duration, time.Time) {
+func (fixedWindow) told(p limiter.Policy, reset time.Time, _ int64, _, _ time.Time) (time.Duration, time.Time) {
 	return p.Ending(reset).Length(), reset
 }
 
@@ -113,7 +114,7 @@ func (slidingWindow) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
 
 // told: the window a client is told of is the span; its reset is when the
 // sub-window ends, the next time room can come back.
-func (slidingWindow) told(p limiter.Policy, reset time.Time, _ int64, _ time.Time) (time.Duration, time.Time) {
+func (slidingWindow) told(p limiter.Policy, reset time.Time, _ int64, _, _ time.Time) (time.Duration, time.Time) {
 	return p.Span(), reset
 }
 
@@ -146,6 +147,17 @@ func (tokenBucket) terms(p limiter.Policy, now time.Time) limiter.TakeArgs {
 	return a
 }
 
-func (tokenBucket) told(p limiter.Policy, _ time.Time, wait int64, now time.Time) (time.Duration, time.Time) {
-	return p.Refill(p.Limit), now.Add(p.Refill(wait))
+// told: the units waited for refill at the rate from when the count was
+// learnt — when entry.refilled turns true and the edge asks again — and
+// never before now.
+func (tokenBucket) told(p limiter.Policy, _ time.Time, wait int64, learnt, now time.Time) (time.Duration, time.Time) {
+	from := now
+	if !learnt.IsZero() && learnt.Before(now) {
+		from = learnt
+	}
+	at := from.Add(p.Refill(wait))
+	if at.Before(now) {
+		at = now
+	}
+	return p.Refill(p.Limit), at
 }

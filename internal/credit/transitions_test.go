@@ -782,16 +782,26 @@ func TestBucketTells(t *testing.T) {
 		allowed bool
 		window  time.Duration
 		reset   time.Time
+		learnt  time.Duration // how long before now the entry learnt its count (0: never)
 	}{
-		{bucketOf(limiter.ModeAuto), 4, true, 2 * time.Second, now.Add(800 * time.Millisecond)},
-		{bucketOf(limiter.ModeAuto), 10, false, 2 * time.Second, now.Add(600 * time.Millisecond)}, // cost 3: 3 units back in 0.6 s
-		{bucketOf(limiter.ModeAuto), 0, true, 2 * time.Second, now},
-		{policyOf(limiter.ModeAuto), 4, true, time.Minute, epoch.Add(time.Minute)},
+		{bucketOf(limiter.ModeAuto), 4, true, 2 * time.Second, now.Add(800 * time.Millisecond), 0},
+		{bucketOf(limiter.ModeAuto), 10, false, 2 * time.Second, now.Add(600 * time.Millisecond), 0}, // cost 3: 3 units back in 0.6 s
+		{bucketOf(limiter.ModeAuto), 0, true, 2 * time.Second, now, 0},
+		{policyOf(limiter.ModeAuto), 4, true, time.Minute, epoch.Add(time.Minute), 0},
+		// Counted from when the count was learnt: 0.4 s of the 0.6 s have
+		// refilled by now, and the edge asks again at that time.
+		{bucketOf(limiter.ModeAuto), 10, false, 2 * time.Second, now.Add(200 * time.Millisecond), 400 * time.Millisecond},
+		{bucketOf(limiter.ModeAuto), 4, true, 2 * time.Second, now, time.Second}, // refilled already: now, never before
+		{policyOf(limiter.ModeAuto), 4, true, time.Minute, epoch.Add(time.Minute), time.Second},
 	} {
 		h := newHarness(t, c.policy, true, fast)
 		h.open(c.used, 0, !c.allowed)
 		e := h.entry()
 		e.lock()
+		e.lastTake = 0
+		if c.learnt > 0 {
+			e.lastTake = instantOf(now.Add(-c.learnt))
+		}
 		v := Verdict{Policy: c.policy, Cost: 3, Now: now}
 		h.core.decision(&v, e, c.allowed)
 		e.mu.Unlock()

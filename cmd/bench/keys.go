@@ -89,6 +89,9 @@ type keyTarget struct {
 	// profile names the target's edge profiles (keys-<n><profile>) when
 	// several targets run on edges: "" for the first.
 	profile string
+	// keys begins the names of its keys ("k" when empty): a step whose
+	// keys must be new to Redis and to every edge names its own.
+	keys string
 }
 
 // closedLoop drives t closed loop over n keys for d.
@@ -96,7 +99,11 @@ func (b *bench) closedLoop(ctx context.Context, t keyTarget, n int, d time.Durat
 	if t.grpc {
 		return grpcClosedLoop(ctx, t.addr, grpcKeys{fmt.Sprintf("g%d-", n), n}, d)
 	}
-	return loadgen.ClosedLoop(ctx, b.keysTarget(t.target, fmt.Sprintf("k%d-", n), n), conns, 0, d)
+	prefix := t.keys
+	if prefix == "" {
+		prefix = "k"
+	}
+	return loadgen.ClosedLoop(ctx, b.keysTarget(t.target, fmt.Sprintf("%s%d-", prefix, n), n), conns, 0, d)
 }
 
 // openLoop drives t at openRate over openKeys keys for b.olDur after a
@@ -183,15 +190,18 @@ func (b *bench) keyCounts(ctx context.Context) error {
 // against the reference; and an edge's table holds 100,000 keys, so
 // targets that shared one would evict each other's entries, and a fixed
 // window on the first edge would find the entries of the steps before.
+// Their keys are named apart from the steps before ("a"): the fixed
+// window's would otherwise be windows another edge opened, which a new
+// edge reserves in as another holder, through take.lua and a hash.
 func (b *bench) slidingBeside(ctx context.Context) error {
 	if err := b.startEdges(ctx, 5); err != nil {
 		return err
 	}
 	defer b.stopEdges(1)
-	fixed := keyTarget{target: target{tallyBeside, b.apiAddrs[1], "far", b.edges[1], nil}}
-	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[2], "far-sliding", b.edges[2], nil}, profile: "-sliding"}
-	inflight := keyTarget{target: target{tallyInFlight, b.apiAddrs[3], "far-concurrency", b.edges[3], nil}, profile: "-concurrency"}
-	bucket := keyTarget{target: target{tallyBucket, b.apiAddrs[4], "far-bucket", b.edges[4], nil}, profile: "-bucket"}
+	fixed := keyTarget{target: target{tallyBeside, b.apiAddrs[1], "far", b.edges[1], nil}, keys: "a"}
+	sliding := keyTarget{target: target{tallySliding, b.apiAddrs[2], "far-sliding", b.edges[2], nil}, profile: "-sliding", keys: "a"}
+	inflight := keyTarget{target: target{tallyInFlight, b.apiAddrs[3], "far-concurrency", b.edges[3], nil}, profile: "-concurrency", keys: "a"}
+	bucket := keyTarget{target: target{tallyBucket, b.apiAddrs[4], "far-bucket", b.edges[4], nil}, profile: "-bucket", keys: "a"}
 	for _, n := range []int{1, 1_000_000} {
 		rs, err := b.keyCount(ctx, []keyTarget{fixed, sliding, inflight, bucket}, n)
 		if err != nil {
@@ -377,8 +387,8 @@ func (r *report) keysMarkdown(p func(string, ...any)) {
 	p("%s (a lease of 30 minutes, its requests never finished: decision API checks alone, far from its limit)", tallyInFlight)
 	p("and %s (a billion a minute, far from its limit), beside the fixed window (%s), the four", tallyBucket, tallyBeside)
 	p("interleaved, each on a new edge of its own (an edge's table holds 100,000 keys: targets sharing one")
-	p("would evict each other's entries): their sub-windows stay in Redis for the span's length, so they run")
-	p("after the measurements against %s.", referenceName)
+	p("would evict each other's entries) and over keys no step before used: their sub-windows stay in Redis")
+	p("for the span's length, so they run after the measurements against %s.", referenceName)
 	p("")
 	p("| target | keys | requests/s (median) | range | × 1 key | p99 ms | script calls | Redis commands | by name | CPU µs | of which, by process (µs) | RSS MB |")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|")

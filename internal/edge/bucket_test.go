@@ -183,7 +183,7 @@ descriptors:
 
 // Forward-auth reaches a token bucket as the other doors do: a bucket of
 // two admits two of a client's requests, and a gateway's access-log entry
-// of a 304 gives one back.
+// of a 304 gives one back, exactly one.
 func TestTokenBucketForwardAuth(t *testing.T) {
 	pl := newPipeline(t)
 	pl.policies["core"] = limiter.Policy{Name: "core"}.Bucket(2, 1, time.Hour)
@@ -203,5 +203,13 @@ func TestTokenBucketForwardAuth(t *testing.T) {
 	testutil.WaitFor(t, "the access log's 304 given back", func() bool {
 		return metric(t, g, `tally_edge_access_log_entries_total{outcome="refunded"}`) == 1
 	})
-	require.Equal(t, 200, askGateway(t, fa, "/auth/nginx", "/repos", "gated", "203.0.113.5").StatusCode)
+	// The unit comes back into the edge's credit while the request's
+	// period lasts; once it has ended (a second at most), by an event the
+	// accountant applies, whose room notice then tells the edge. A denied
+	// request takes nothing, so asking until then admits exactly the unit
+	// given back, and the next is denied again.
+	testutil.WaitForWithin(t, "the unit given back admits a request", 10*time.Second, func() bool {
+		return askGateway(t, fa, "/auth/nginx", "/repos", "gated", "203.0.113.5").StatusCode == 200
+	})
+	require.Equal(t, 403, askGateway(t, fa, "/auth/nginx", "/repos", "gated", "203.0.113.5").StatusCode, "one unit came back, no more")
 }

@@ -300,8 +300,8 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 }
 
 // exec sends calls in one pipeline and takes in their answers: with first,
-// a call that opens a window sends its SET ... NX and one with a short
-// script that script, and is returned when that was not the whole take,
+// a call that opens a window sends its SET ... NX, and one with a short
+// script sends that script; either is returned when it was not the whole take,
 // for its script to run.
 func (q *takeQueue) exec(ctx context.Context, calls []*takeCall, first bool) (scripts []*takeCall) {
 	pipe := q.c.Pipeline()

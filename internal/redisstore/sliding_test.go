@@ -307,4 +307,14 @@ func TestSlidingSubWindowsTakeTheShortWay(t *testing.T) {
 	require.ErrorIs(t, err, redisstore.ErrReseeding)
 	require.Equal(t, fmt.Sprintf("4:%d:10:edge-c.1", reset(0).Unix()), rdb.Get(ctx, k2.SliceKey(reset(0))).Val(), "nothing written")
 	takes(7, 5)
+	// A string in the span that is no sub-window (written by anyone who can
+	// reach Redis): slide.lua writes nothing and hands on; take.lua refuses
+	// it, and nothing is reserved.
+	require.NoError(t, rdb.Del(ctx, e.keys.ReseedKey()).Err())
+	k3 := e.keys.Key("slide", "forged")
+	require.NoError(t, rdb.Set(ctx, k3.SliceKey(reset(0)), "99999999999:1:1:x", time.Minute).Err())
+	_, err = e.store.Take(ctx, k3, sub(1), slideArgs(p, sub(1), "edge-a", 1, 1))
+	require.ErrorContains(t, err, "unreadable window")
+	require.Zero(t, rdb.Exists(ctx, k3.SliceKey(reset(1))).Val(), "nothing written")
+	takes(7, 6)
 }

@@ -4,8 +4,9 @@
 // returns, and which node it runs on. The scripts that change windows (take,
 // apply, finish, hold, reseed) share the window model in window.lua, which
 // is prepended to them here; own is take's path for a holder's own compact
-// window alone, and slide its path for a sliding window's compact
-// sub-windows, each with nothing prepended; check runs alone, read-only, on
+// window alone, slide its path for a sliding window's compact
+// sub-windows and bucket its path for a token bucket with no period near
+// now in Redis, each with nothing prepended; check runs alone, read-only, on
 // replicas; lease
 // keeps one accountant active per shard; reseed tells when a shard's primary
 // changed and its windows must be re-asserted.
@@ -37,6 +38,9 @@ var (
 	// sub-windows of its spans are compact or missing, or answers that
 	// take.lua is the call to send.
 	Slide = read("slide.lua")
+	// Bucket reserves units of a token bucket with no period near now in
+	// Redis, or answers that take.lua is the call to send.
+	Bucket = read("bucket.lua")
 	// Apply applies a run of producers' accounting events, each once.
 	Apply = withWindow("apply.lua")
 	// Lease holds or frees an accountant's lease on a shard.

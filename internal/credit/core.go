@@ -350,7 +350,7 @@ func (c *Core) reserveNow(ctx context.Context, v Verdict, e *entry, cost int64, 
 	}
 	args := e.alg().terms(e.policy, now)
 	args.Need, args.Want, args.Producer, args.Holder = cost, cost, c.d.Producer, e.holder
-	args.Owed, args.Fresh, args.Own = e.owed(), c.fresh(e), e.own
+	args.Owed, args.Fresh, args.Own = e.owed(), c.fresh(e, now), e.own
 	g, full, err := c.takeWaiting(ctx, e, args, now, deadline)
 	if err != nil {
 		return c.fallback(v, e, cost)
@@ -398,7 +398,7 @@ func (c *Core) startTake(e *entry, cost int64, now time.Time) {
 	need := max(1, cost-e.free())
 	args := e.alg().terms(e.policy, now)
 	args.Need, args.Want, args.Producer, args.Holder = need, c.want(e, need), c.d.Producer, e.holder
-	args.Owed, args.Fresh, args.Own = e.owed(), c.fresh(e), e.own
+	args.Owed, args.Fresh, args.Own = e.owed(), c.fresh(e, now), e.own
 	c.asked(e)
 	c.freezeIn(e, &args, now)
 	ch := make(chan struct{})
@@ -449,8 +449,22 @@ func (c *Core) windowEnded(e *entry, now time.Time) {
 }
 
 // fresh reports whether no window of e's key can be known to this edge: e
-// never reserved, and the key was not seen lately (seen). Callers hold e.mu.
-func (c *Core) fresh(e *entry) bool { return !e.asked && !c.seen.has(e.key.Digest()) }
+// never reserved, and the key was not seen lately (seen). For a token
+// bucket, whether e reserved in none of the periods near now
+// (limiter.TakeArgs.Fresh): never, or quietPeriods periods ago or more.
+// Callers hold e.mu.
+func (c *Core) fresh(e *entry, now time.Time) bool {
+	if e.policy.Rate > 0 {
+		return e.lastTake.IsZero() || now.Sub(e.lastTake.Time()) >= quietPeriods*limiter.BucketPeriod
+	}
+	return !e.asked && !c.seen.has(e.key.Digest())
+}
+
+// quietPeriods: a token bucket's reservation reads the period it reserves
+// in, the one after it and the three before it (lua/bucket.lua); a take
+// that many periods after the last one this edge made finds none of them
+// from that take.
+const quietPeriods = 4
 
 // asked records that a reservation of e's key is sent. Callers hold e.mu.
 func (c *Core) asked(e *entry) {

@@ -511,6 +511,33 @@ func TestOwnAfterTheWindowWasOwn(t *testing.T) {
 	}
 }
 
+// A token bucket's reservation is Fresh (the store may send lua/bucket.lua)
+// when this edge reserved in none of the periods it reads: its first, and
+// each that comes quietPeriods periods or more after the last — whatever
+// the table or the keys seen remember; not one sooner.
+func TestFreshBucketAfterQuietPeriods(t *testing.T) {
+	p := limiter.Policy{Name: "api", Mode: limiter.ModeExact}.Bucket(100, 100, time.Second)
+	h := newHarness(t, p, true, Config{})
+	decide := func(after time.Duration) {
+		t.Helper()
+		h.clock.Advance(after)
+		if _, err := h.decide(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decide(0)
+	decide(time.Second)
+	decide(quietPeriods*limiter.BucketPeriod - time.Millisecond)
+	decide(quietPeriods * limiter.BucketPeriod)
+	h.core.table.remove(h.dg, h.entry()) // a new entry: nothing reserved here that it knows of
+	decide(0)
+	h.redis.mu.Lock()
+	defer h.redis.mu.Unlock()
+	if want := []bool{true, false, false, true, true}; !slices.Equal(h.redis.fresh, want) {
+		t.Fatalf("Fresh of each reservation: %v, want %v", h.redis.fresh, want)
+	}
+}
+
 // A reservation is Fresh (the store may open the window with one SET ... NX)
 // only for a key this edge knows no window of: not for an entry that
 // reserved before, nor for a key whose entry the table let go while its

@@ -41,7 +41,11 @@ type TakeArgs struct {
 	// Fresh says the caller knows of no window of the key (its first
 	// reservation of it): where windows may be compact, the store first
 	// tries to open one with a single SET ... NX, and makes the whole
-	// reservation when a window is there after all.
+	// reservation when a window is there after all. For a token bucket
+	// (Rate above 0), Fresh says the caller reserved in none of the
+	// bucket's periods near now (none in the last four): the store first
+	// sends lua/bucket.lua, which reserves when Redis holds none of them
+	// either, and the whole reservation when it does.
 	Fresh bool
 	// Own says the caller's last reservation found the window its holder's
 	// own compact one (Grant.Own): where it may still be, the store first
@@ -61,8 +65,8 @@ type TakeArgs struct {
 	// that many sub-windows of Window (Policy.Slices): it reserves in the
 	// sub-window Opens names (Key.SliceKey), at most what leaves every
 	// span of Slices sub-windows that holds it within Limit, and
-	// Grant.Used is the fullest of those spans. Fresh, Own and Freeze do
-	// not apply.
+	// Grant.Used is the fullest of those spans. Own and Freeze do not
+	// apply, nor Fresh but to a token bucket (below).
 	Slices int
 	// Rate and Every, when Rate is above 0, make the take one in a token
 	// bucket (Policy.Rate, Policy.Every; Slices 2, Window BucketPeriod):

@@ -67,11 +67,18 @@ func TestScriptsRunUnderTheDocumentedACL(t *testing.T) {
 	}
 	made, handedOn := st.ShortTakes()
 	require.EqualValues(t, [2]uint64{1, 1}, [2]uint64{made, handedOn}, "slide.lua made the first, take.lua the second")
+	// A token bucket's: bucket.lua's short way for the first, take.lua's
+	// for the next.
 	bucket := limiter.Policy{Name: "bucket", Limit: 10, Window: minute}.Bucket(10, 10, minute)
-	_, err = st.Take(ctx, keys.Key("core", "acl-bucket"), now, limiter.TakeArgs{Window: bucket.Window, Limit: bucket.Limit, Need: 1,
-		Want: 1, Producer: "edge.a", Holder: "edge.a.1", Align: true, Opens: bucket.WindowAt(now), Slices: bucket.Slices, Rate: bucket.Rate,
-		Every: bucket.Every})
-	require.NoError(t, err)
+	for _, fresh := range []bool{true, false} {
+		g, err = st.Take(ctx, keys.Key("core", "acl-bucket"), now, limiter.TakeArgs{Window: bucket.Window, Limit: bucket.Limit, Need: 1,
+			Want: 1, Producer: "edge.a", Holder: "edge.a.1", Align: true, Opens: bucket.WindowAt(now), Slices: bucket.Slices, Rate: bucket.Rate,
+			Every: bucket.Every, Fresh: fresh})
+		require.NoError(t, err)
+		require.EqualValues(t, 1, g.Granted)
+	}
+	made, handedOn = st.ShortTakes()
+	require.EqualValues(t, [2]uint64{2, 1}, [2]uint64{made, handedOn}, "bucket.lua made the first")
 	l, err := st.ConfirmApplied(ctx, 0, "accountant-1", time.Second)
 	require.NoError(t, err)
 	require.True(t, l.Held)

@@ -117,12 +117,17 @@ func BenchmarkTakePrimary(b *testing.B) {
 // pipeline per request), on the same primary and replica,
 // 8 concurrent callers per core, every key new; and a key's next
 // reservation in the window it opened (tally-take-again: take.lua;
-// tally-take-own: own.lua, the holder knowing the window its own).
+// tally-take-own: own.lua, the holder knowing the window its own); a
+// sliding window's sub-window (tally-slide: slide.lua) and a new token
+// bucket (tally-bucket: bucket.lua; tally-bucket-take: take.lua), and one
+// reserved in four seconds before (tally-bucket-again: bucket.lua reads
+// its record).
 // primary-µs/op and replica-µs/op are each server's CPU (INFO cpu, user
 // and system) per request, client-µs/op this process's; commands/op the
 // primary's commands per request (those a script runs counted).
 func BenchmarkColdWindow(b *testing.B) {
-	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-own", "tally-take-full", "tally-slide", "tally-slide-again", "incrby+pexpireat"} {
+	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-own", "tally-take-full", "tally-slide", "tally-slide-again", "tally-bucket",
+		"tally-bucket-again", "tally-bucket-take", "incrby+pexpireat"} {
 		b.Run(name, func(b *testing.B) {
 			p, r := redistest.StartPair(b)
 			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
@@ -143,6 +148,22 @@ func BenchmarkColdWindow(b *testing.B) {
 			slideArgs := func(now time.Time) limiter.TakeArgs {
 				return limiter.TakeArgs{Window: slide.Window, Limit: slide.Limit, Need: 1, Want: 1, Producer: "bench",
 					Holder: "bench.1", Align: true, Opens: slide.WindowAt(now), Slices: slide.Slices}
+			}
+			// A token bucket of a billion a minute, as make bench's.
+			bucket := limiter.Policy{Name: "bucket"}.Bucket(limiter.MaxLimit, limiter.MaxLimit, time.Minute)
+			bucketArgs := func(now time.Time, fresh bool) limiter.TakeArgs {
+				return limiter.TakeArgs{Window: bucket.Window, Limit: bucket.Limit, Need: 1, Want: 1, Producer: "bench", Holder: "bench.1",
+					Align: true, Opens: bucket.WindowAt(now), Slices: bucket.Slices, Rate: bucket.Rate, Every: bucket.Every, Fresh: fresh}
+			}
+			if name == "tally-bucket-again" {
+				// Every key's bucket reserved in once, its periods quiet since.
+				for n := range uint64(b.N) {
+					now := time.Now()
+					if _, err := st.Take(context.Background(), key(n+1), now, bucketArgs(now, true)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				time.Sleep(4 * limiter.BucketPeriod)
 			}
 			if name == "tally-slide-again" {
 				key = func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("slide-%d", n%again)) }
@@ -184,6 +205,9 @@ func BenchmarkColdWindow(b *testing.B) {
 					case "tally-slide", "tally-slide-again": // a sub-window: the script, which reads the span's
 						now := time.Now()
 						_, err = st.Take(ctx, k, now, slideArgs(now))
+					case "tally-bucket", "tally-bucket-again", "tally-bucket-take": // bucket.lua; without Fresh, take.lua
+						now := time.Now()
+						_, err = st.Take(ctx, k, now, bucketArgs(now, name == "tally-bucket"))
 					case "tally-take-full": // 0.1.0's path: the script, the hash
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench"})

@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -188,26 +190,260 @@ func TestTokenBucketPrimaryRestartedEmpty(t *testing.T) {
 }
 
 // A bucket's record that is not one (another program wrote the key) fails
-// the reservation with the key named, and nothing is written; a reseed time
-// in the future, or not a number, empties nothing.
+// the reservation with the key named, and nothing is written, whether the
+// take went the short way first (bucket.lua hands it on) or not; a reseed
+// time in the future, or not a number, empties nothing.
 func TestTokenBucketRecordOfAnotherProgram(t *testing.T) {
 	e := newEnv(t, redisstore.Options{Grace: slideGrace})
 	p := bucketPolicy(10, 1)
 	k := e.keys.Key("bucket", "mallory")
 	c := e.primary.Client()
 	ctx := context.Background()
+	require.NoError(t, e.store.LoadScripts(ctx, 0))
 	require.NoError(t, c.HSet(ctx, k.BucketKey(), "d", "lots").Err())
-	a := slideArgs(p, t0, "edge-a", 1, 1)
-	a.Rate, a.Every = p.Rate, p.Every
-	_, err := e.store.Take(ctx, k, t0, a)
-	require.ErrorContains(t, err, "unreadable bucket at "+k.BucketKey())
-	n, err := c.Exists(ctx, k.SliceKey(p.WindowAt(t0).ResetAt)).Result()
-	require.NoError(t, err)
-	require.Zero(t, n, "nothing written")
+	for _, fresh := range []bool{true, false} {
+		a := slideArgs(p, t0, "edge-a", 1, 1)
+		a.Rate, a.Every, a.Fresh = p.Rate, p.Every, fresh
+		_, err := e.store.Take(ctx, k, t0, a)
+		require.ErrorContains(t, err, "unreadable bucket at "+k.BucketKey())
+		n, err := c.Exists(ctx, k.SliceKey(p.WindowAt(t0).ResetAt)).Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "nothing written")
+	}
+	made, handedOn := e.store.ShortTakes()
+	require.Equal(t, [2]uint64{0, 1}, [2]uint64{made, handedOn}, "bucket.lua handed the fresh take on")
 
 	for _, v := range []string{strconv.FormatInt(t0.Add(time.Hour).UnixMilli(), 10), "soon"} {
 		other := e.keys.Key("bucket", "trent-"+v)
 		require.NoError(t, c.Set(ctx, e.keys.RefillKey(), v, 0).Err())
 		require.EqualValues(t, 10, e.bucketTake(t, p, other, t0, "edge-a", 1, 10).Granted, "refill time %q", v)
 	}
+}
+
+// fullEnv is an env whose shard's windows are never compact, as a
+// deployment upgraded from 0.1.0 before its operator lets them be: every
+// reservation is take.lua's.
+func fullEnv(t *testing.T, opts redisstore.Options) *env {
+	t.Helper()
+	e := newEnv(t, opts)
+	ctx := context.Background()
+	pc := e.primary.Client()
+	require.NoError(t, pc.Del(ctx, e.keys.FormatKey(), e.keys.EpochKey()).Err())
+	run := regexpRunID(t, pc.Info(ctx, "server").Val())
+	require.NoError(t, pc.Set(ctx, e.keys.EpochKey(), run+":00000000000000aa:a", 0).Err())
+	opts.Clock = e.clock
+	e.store = newStore(t, e.config(), e.keys, opts)
+	return e
+}
+
+// A token bucket Redis holds nothing of opens the short way (bucket.lua):
+// one EXISTS, one GET, the period compact in one SET and the record in one
+// HSET. It decides as take.lua does: beside a shard whose windows are not
+// compact (take.lua alone), every take — fresh, after a reseed, spent at
+// once, short of room, on a record that is there — grants the same, writes
+// the same record, and leaves a period that take.lua and apply.lua read to
+// the same grants after it.
+func TestTokenBucketOpensTheShortWay(t *testing.T) {
+	ctx := context.Background()
+	short, long := newEnv(t, redisstore.Options{Grace: slideGrace}), fullEnv(t, redisstore.Options{Grace: slideGrace})
+	require.NoError(t, short.store.LoadScripts(ctx, 0))
+	require.True(t, short.store.Compact(0), "a new deployment's windows are compact")
+	require.False(t, long.store.Compact(0))
+	takes := func(made, handedOn uint64) {
+		t.Helper()
+		m, h := short.store.ShortTakes()
+		require.Equal(t, [2]uint64{made, handedOn}, [2]uint64{m, h}, "short takes made, handed on")
+	}
+	// counted, when set, runs after the next take on the short shard,
+	// before anything else reads it.
+	var counted func()
+	// both takes on both shards and requires the same grant and record.
+	both := func(p limiter.Policy, k limiter.Key, at time.Time, fresh, spent bool, need, want int64) limiter.Grant {
+		t.Helper()
+		a := slideArgs(p, at, "edge-a", need, want)
+		a.Rate, a.Every, a.Spent, a.Fresh = p.Rate, p.Every, spent, fresh
+		gs, err := short.store.Take(ctx, k, at, a)
+		require.NoError(t, err)
+		if counted != nil {
+			counted()
+			counted = nil
+		}
+		gl, err := long.store.Take(ctx, k, at, a)
+		require.NoError(t, err)
+		require.Equal(t, gl, gs, "the short way's grant at %v", at.Sub(t0))
+		rs, rl := short.primary.Client().HGetAll(ctx, k.BucketKey()).Val(), long.primary.Client().HGetAll(ctx, k.BucketKey()).Val()
+		require.Equal(t, rl, rs, "the short way's record at %v", at.Sub(t0))
+		ts, tl := short.primary.Client().PTTL(ctx, k.BucketKey()).Val(), long.primary.Client().PTTL(ctx, k.BucketKey()).Val()
+		require.InDelta(t, tl.Milliseconds(), ts.Milliseconds(), 1000, "the record's expiry")
+		return gs
+	}
+	ms := func(d int) time.Time { return t0.Add(time.Duration(d) * time.Millisecond) }
+
+	// A new bucket: the burst, one script call and three writes.
+	p := bucketPolicy(10, 2)
+	k := short.keys.Key("bucket", "new")
+	short.replica.WaitSynced(short.primary)
+	require.NoError(t, short.primary.Client().ConfigResetStat(ctx).Err())
+	require.NoError(t, short.replica.Client().ConfigResetStat(ctx).Err())
+	counted = func() {
+		short.replica.WaitSynced(short.primary)
+		pc, rc := commandCalls(t, short.primary.Client()), commandCalls(t, short.replica.Client())
+		for _, c := range []string{"evalsha", "exists", "hgetall", "get", "set", "hset", "pexpire"} {
+			require.EqualValues(t, 1, pc[c], "primary ran %s: %v", c, pc)
+		}
+		for _, c := range []string{"set", "hset", "pexpireat"} { // a PEXPIRE replicates as PEXPIREAT
+			require.EqualValues(t, 1, rc[c], "replica ran %s: %v", c, rc)
+		}
+		for _, c := range []string{"hmget", "pexpireat", "hdel"} {
+			require.Zero(t, pc[c], "primary ran %s: %v", c, pc)
+		}
+	}
+	g := both(p, k, ms(0), true, false, 1, 6)
+	require.EqualValues(t, 6, g.Granted)
+	takes(1, 0)
+	reset := p.WindowAt(ms(0)).ResetAt
+	require.Equal(t, fmt.Sprintf("6:%d:1:edge-a.1", reset.Unix()), short.primary.Client().Get(ctx, k.SliceKey(reset)).Val())
+	require.Equal(t, reset.Add(slideGrace+time.Second).UnixMilli(), short.primary.Client().PExpireTime(ctx, k.SliceKey(reset)).Val().Milliseconds(),
+		"a period lives while the period after it holds it")
+	// The bucket goes on through take.lua, which reads the compact period,
+	// and through a release that apply.lua gives back to it.
+	require.EqualValues(t, 4, both(p, k, ms(100), false, false, 1, 10).Granted)
+	require.Zero(t, both(p, k, ms(1100), false, false, 1, 1).Granted, "held through the period after it")
+	for _, e := range []*env{short, long} {
+		e.clock.Set(ms(1200))
+		res := e.apply(t, limiter.Event{Producer: "edge-a", Seq: 1, Kind: limiter.Release, Key: k, ResetAt: reset, Start: ms(0),
+			Window: p.Window, Units: 3, Slices: p.Slices})
+		require.Equal(t, limiter.Applied, res[0].Outcome)
+	}
+	require.EqualValues(t, 3, both(p, k, ms(1300), false, false, 1, 10).Granted, "the 3 given back")
+	// 7 spent when period 0's hold ended (1.7 s after t0), 3 at 2.7 s; 4
+	// refilled at 2 a second by 3.7 s.
+	require.EqualValues(t, 4, both(p, k, ms(3700), false, false, 1, 10).Granted)
+	// A take that says fresh where a period near now is: handed on.
+	require.Zero(t, both(p, k, ms(3800), true, false, 1, 1).Granted)
+	takes(1, 1)
+	// Five quiet seconds on, the short way reads the record: what it
+	// counts has refilled, and the burst is there.
+	g = both(p, k, ms(8800), true, false, 1, 10)
+	require.EqualValues(t, 10, g.Granted)
+	takes(2, 1)
+
+	// Spent at once: counted in the record, and refilled from there.
+	q := bucketPolicy(2, 10)
+	k = short.keys.Key("bucket", "spent")
+	require.EqualValues(t, 2, both(q, k, ms(0), true, true, 1, 2).Granted)
+	require.Zero(t, both(q, k, ms(50), false, true, 1, 1).Granted)
+	require.EqualValues(t, 1, both(q, k, ms(150), false, true, 1, 1).Granted)
+	takes(3, 1)
+
+	// After a reseed began 400 ms ago: emptied then, 0.8 refilled since —
+	// short of room, handed on, and take.lua opens the period empty; 1.2
+	// refilled 200 ms later, 1 granted the short way.
+	for _, e := range []*env{short, long} {
+		require.NoError(t, e.primary.Client().Set(ctx, e.keys.RefillKey(), strconv.FormatInt(ms(-400).UnixMilli(), 10), 0).Err())
+	}
+	require.Zero(t, both(p, short.keys.Key("bucket", "reseeded"), ms(0), true, false, 1, 10).Granted)
+	takes(3, 2)
+	g = both(p, short.keys.Key("bucket", "refilled"), ms(200), true, false, 1, 10)
+	require.EqualValues(t, 1, g.Granted)
+	require.EqualValues(t, 10, g.Used, "8.8 spent and 1 held, rounded up")
+	takes(4, 2)
+
+	// While a reseed lasts, bucket.lua reserves nothing: take.lua refuses.
+	require.NoError(t, short.primary.Client().Set(ctx, short.keys.ReseedKey(), "epoch", time.Minute).Err())
+	a := slideArgs(p, ms(0), "edge-a", 1, 1)
+	a.Rate, a.Every, a.Fresh = p.Rate, p.Every, true
+	k = short.keys.Key("bucket", "during a reseed")
+	_, err := short.store.Take(ctx, k, ms(0), a)
+	require.ErrorIs(t, err, redisstore.ErrReseeding)
+	require.Zero(t, short.primary.Client().Exists(ctx, k.BucketKey(), k.SliceKey(p.WindowAt(ms(0)).ResetAt)).Val(), "nothing written")
+	takes(4, 3)
+	require.False(t, long.store.Compact(0), "take.lua alone all along")
+	_, handedOn := long.store.ShortTakes()
+	require.Zero(t, handedOn)
+}
+
+// bucket.lua and take.lua decide alike over random runs: takes at random
+// steps of time (within a period, across one, after quiet seconds), the
+// short way asked as an edge asks it (none of its takes in four periods)
+// and at random besides, and releases of what was granted, on a shard
+// whose windows are compact and one of take.lua alone: the same grants,
+// the same records, the same outcomes of every event.
+func TestTokenBucketShortWayDecidesAsTakeLua(t *testing.T) {
+	ctx := context.Background()
+	opts := redisstore.Options{Grace: time.Minute} // nothing expires while the test runs
+	short, long := newEnv(t, opts), fullEnv(t, opts)
+	require.NoError(t, short.store.LoadScripts(ctx, 0))
+	rnd := rand.New(rand.NewPCG(29, 3))
+	steps := []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, 900 * time.Millisecond, 1200 * time.Millisecond,
+		2500 * time.Millisecond, 4500 * time.Millisecond, 7 * time.Second}
+	for i, c := range []struct {
+		p             limiter.Policy
+		spent, greedy bool // greedy: wants up to the burst, else a few units
+	}{{bucketPolicy(10, 2), false, true}, {bucketPolicy(10, 2), true, true}, {bucketPolicy(4, 1), false, true},
+		{bucketPolicy(3, 10), true, true}, {limiter.Policy{Name: "bucket"}.Bucket(20, 5, time.Minute), false, true},
+		{limiter.Policy{Name: "bucket"}.Bucket(100, 30, time.Minute), false, false},
+		{limiter.Policy{Name: "bucket"}.Bucket(100, 30, time.Minute), true, false}} {
+		k := short.keys.Key("bucket", fmt.Sprintf("random-%d", i))
+		at, last := t0, time.Time{}
+		granted := map[time.Time]int64{} // by period reset: granted and not given back
+		var seq uint64
+		for op := range 60 {
+			at = at.Add(steps[rnd.IntN(len(steps))])
+			reset := c.p.WindowAt(at).ResetAt
+			if rnd.IntN(4) == 0 && len(granted) > 0 {
+				// A release of part of what a period near now was granted.
+				var r time.Time
+				for p := range granted {
+					if r.IsZero() || p.After(r) {
+						r = p
+					}
+				}
+				if granted[r] == 0 {
+					continue
+				}
+				units := 1 + rnd.Int64N(granted[r])
+				seq++
+				ev := limiter.Event{Producer: "edge-a", Seq: seq, Kind: limiter.Release, Key: k, ResetAt: r,
+					Start: r.Add(-c.p.Window), Window: c.p.Window, Units: units, Slices: c.p.Slices}
+				var out [2]limiter.Outcome
+				for j, e := range []*env{short, long} {
+					e.clock.Set(at)
+					out[j] = e.apply(t, ev)[0].Outcome
+				}
+				require.Equal(t, out[1], out[0], "case %d op %d: the release's outcome", i, op)
+				if out[0] == limiter.Applied {
+					granted[r] -= units
+				}
+				continue
+			}
+			need := 1 + rnd.Int64N(min(3, c.p.Limit))
+			want := need + rnd.Int64N(min(c.p.Limit, 3)-need+1)
+			if c.greedy {
+				want = need + rnd.Int64N(c.p.Limit-need+1)
+			}
+			a := slideArgs(c.p, at, "edge-a", need, want)
+			a.Rate, a.Every, a.Spent = c.p.Rate, c.p.Every, c.spent
+			a.Fresh = last.IsZero() || at.Sub(last) >= 4*limiter.BucketPeriod || rnd.IntN(5) == 0
+			gs, err := short.store.Take(ctx, k, at, a)
+			require.NoError(t, err)
+			gl, err := long.store.Take(ctx, k, at, a)
+			require.NoError(t, err)
+			require.Equal(t, gl, gs, "case %d op %d at %v: the grant", i, op, at.Sub(t0))
+			require.Equal(t, long.primary.Client().HGetAll(ctx, k.BucketKey()).Val(), short.primary.Client().HGetAll(ctx, k.BucketKey()).Val(),
+				"case %d op %d: the record", i, op)
+			last = at
+			if !c.spent {
+				granted[reset] += gs.Granted
+			}
+		}
+	}
+	require.False(t, long.store.Compact(0), "take.lua alone all along")
+	if m, h := long.store.ShortTakes(); m+h != 0 {
+		t.Fatalf("the shard of take.lua alone tried %d short takes", m+h)
+	}
+	made, handedOn := short.store.ShortTakes()
+	t.Logf("bucket.lua made %d takes and handed %d on", made, handedOn)
+	require.Positive(t, made, "takes the short way")
+	require.Positive(t, handedOn, "takes handed on")
 }

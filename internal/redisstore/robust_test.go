@@ -249,7 +249,54 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			require.NoError(t, err)
 			require.Zero(t, n, "%s wrote", name)
 		}
+		// bucket.lua, the short way of a bucket Redis holds nothing of:
+		// every argument, and the same terms.
+		short := append([]string{bk[0]}, bk[2:]...) // take.lua's keys less the producer's
+		fresh := func(limit, rate, every, spent string) []string {
+			return []string{now, limit, "1", "1", "60000", "edge-a.1", end, rate, every, spent}
+		}
+		cases := map[string][]string{
+			"no rate":               fresh("10", "0", "1000", ""),
+			"a rate over 1e9":       fresh("10", "1000000001", "1000", ""),
+			"a refill of 1.5 s":     fresh("10", "1", "1500", ""),
+			"a refill over an hour": fresh("10", "1", "3600001", ""),
+			"a burst too large":     fresh("1000000000", "1", "3600000", ""),
+			"reset not after now":   append(fresh("10", "1", "1000", "")[:6], opens, "1", "1000", ""),
+			"reset a period after the next": append(fresh("10", "1", "1000", "")[:6], fmt.Sprint(period.Add(2*time.Second).UnixMilli()),
+				"1", "1000", ""),
+			"an eleventh argument": append(fresh("10", "1", "1000", ""), "x"),
+			"no refill key":        nil,
+		}
+		for i, good := range fresh("10", "1", "1000", "") {
+			values := []string{"", "-1", "1.5", "1e3", "0x10", " 1", "abc", "9999999999999999"}
+			switch i + 1 {
+			case 6: // the holder
+				values = []string{"", "ab", " 1", "a b", "{x}", "g:x", strings.Repeat("a", 101), "é", ".a.1", "edge-a.", "edge-a",
+					"edge-a.1 x", "edge..a.1"}
+			case 10: // spent at once: "1" or ""
+				values = []string{"0", "2", "x", " 1", "11"}
+			}
+			for _, v := range values {
+				args := fresh("10", "1", "1000", "")
+				args[i] = v
+				cases[fmt.Sprintf("ARGV[%d]=%q (%q)", i+1, v, good)] = args
+			}
+		}
+		for name, args := range cases {
+			keys := short
+			if args == nil {
+				keys, args = short[:7], fresh("10", "1", "1000", "")
+			}
+			err := rdb.Eval(ctx, lua.Bucket, keys, toAny(args)...).Err()
+			require.Error(t, err, name)
+			require.Contains(t, err.Error(), "tally: invalid", name)
+			n, err := rdb.Exists(ctx, bk[0], k.BucketKey()).Result()
+			require.NoError(t, err)
+			require.Zero(t, n, "%s wrote", name)
+		}
 		require.NoError(t, rdb.Eval(ctx, lua.Take, bk, toAny(bucket("10", "1", "1000", ""))...).Err(), "the good call the cases vary")
+		require.Equal(t, []any{int64(-1)}, rdb.Eval(ctx, lua.Bucket, short, toAny(fresh("10", "1", "1000", ""))...).Val(),
+			"a bucket Redis holds is take.lua's")
 	})
 
 	t.Run("a key of the wrong type fails the call before its first write", func(t *testing.T) {

@@ -63,7 +63,7 @@ func (s *Store) LoadScripts(ctx context.Context, i int) error {
 	n := s.shards[i]
 	// One by one on the client's own connections (not a pipeline's), so
 	// that the connection the first requests use is open already.
-	for _, sc := range []*redis.Script{takeScript, ownScript, slideScript, applyScript, finishScript, leaseScript, checkScript, holdScript,
+	for _, sc := range []*redis.Script{takeScript, ownScript, slideScript, bucketScript, applyScript, finishScript, leaseScript, checkScript, holdScript,
 		epochScript, reseedScript} {
 		if err := sc.Load(ctx, n.primary).Err(); err != nil {
 			return fmt.Errorf("limiter: loading the scripts on shard %s's primary: %w", n.name, err)

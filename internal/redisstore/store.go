@@ -25,12 +25,13 @@ import (
 var ErrNoReplica = errors.New("redisstore: no replica up")
 
 var (
-	checkScript = redis.NewScript(lua.Check)
-	takeScript  = redis.NewScript(lua.Take)
-	ownScript   = redis.NewScript(lua.Own)
-	slideScript = redis.NewScript(lua.Slide)
-	applyScript = redis.NewScript(lua.Apply)
-	leaseScript = redis.NewScript(lua.Lease)
+	checkScript  = redis.NewScript(lua.Check)
+	takeScript   = redis.NewScript(lua.Take)
+	ownScript    = redis.NewScript(lua.Own)
+	slideScript  = redis.NewScript(lua.Slide)
+	bucketScript = redis.NewScript(lua.Bucket)
+	applyScript  = redis.NewScript(lua.Apply)
+	leaseScript  = redis.NewScript(lua.Lease)
 )
 
 // Options configure a Store. Zero values take the defaults stated.

@@ -117,6 +117,17 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 		keys := r.k.SpanKeys(append(make([]string, 0, 2*a.Slices), c.key, s.keys.ReseedKey()), r.opens.ResetAt, r.opens.Length(), a.Slices)
 		c.short = &shortCall{script: slideScript, keys: keys, args: []any{ms(r.now), r.opens.Length().Milliseconds(), a.Limit,
 			a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Slices}}
+	case simple && a.Rate > 0 && a.Fresh:
+		// A token bucket none of whose periods near now this edge reserved
+		// in: bucket.lua reserves when Redis holds none of them either.
+		keys := r.k.SpanKeys(append(make([]string, 0, 8), c.key, s.keys.ReseedKey()), r.opens.ResetAt, r.opens.Length(), a.Slices)
+		keys = r.bucketKeys(keys)
+		spent := ""
+		if a.Spent {
+			spent = "1"
+		}
+		c.short = &shortCall{script: bucketScript, keys: keys, args: []any{ms(r.now), a.Limit, a.Need, a.Want,
+			s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Rate, a.Every.Milliseconds(), spent}}
 	case simple && a.Slices == 0 && a.Fresh:
 		start, reset := r.opens.Start, r.opens.ResetAt
 		c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
@@ -149,17 +160,23 @@ func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
 		keys = r.k.SpanKeys(keys, r.opens.ResetAt, r.opens.Length(), a.Slices)
 	}
 	if a.Rate > 0 {
-		// A token bucket's record, the two periods before the one before
-		// this, and when the shard last began a reseed.
+		// A token bucket's refill, and what bucketKeys adds.
 		spent := ""
 		if a.Spent {
 			spent = "1"
 		}
 		args = append(args, a.Rate, a.Every.Milliseconds(), spent)
-		keys = append(keys, r.k.BucketKey(), r.k.SliceKey(r.opens.ResetAt.Add(-2*r.opens.Length())),
-			r.k.SliceKey(r.opens.ResetAt.Add(-3*r.opens.Length())), s.keys.RefillKey())
+		keys = r.bucketKeys(keys)
 	}
 	return keys, args
+}
+
+// bucketKeys appends to keys what a token bucket's take reads besides its
+// spans: the bucket's record, the two periods before the one before this,
+// and when the shard last began a reseed.
+func (r *takeReq) bucketKeys(keys []string) []string {
+	at, period := r.opens.ResetAt, r.opens.Length()
+	return append(keys, r.k.BucketKey(), r.k.SliceKey(at.Add(-2*period)), r.k.SliceKey(at.Add(-3*period)), r.s.keys.RefillKey())
 }
 
 // result reads the reply to r's call: the grant, or an error, or again when

@@ -207,7 +207,7 @@ func BenchmarkColdWindow(b *testing.B) {
 						_, err = st.Take(ctx, k, now, slideArgs(now))
 					case "tally-bucket", "tally-bucket-again", "tally-bucket-take": // bucket.lua; without Fresh, take.lua
 						now := time.Now()
-						_, err = st.Take(ctx, k, now, bucketArgs(now, name == "tally-bucket"))
+						_, err = st.Take(ctx, k, now, bucketArgs(now, name != "tally-bucket-take"))
 					case "tally-take-full": // 0.1.0's path: the script, the hash
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench"})

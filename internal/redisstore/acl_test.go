@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -12,11 +13,44 @@ import (
 	"github.com/tallyhq/tally/internal/redisstore"
 	"github.com/tallyhq/tally/internal/redistest"
 	"github.com/tallyhq/tally/internal/shard"
+	"github.com/tallyhq/tally/lua"
 )
 
 // documentedACL is the Redis user docs/operations.md gives Tally.
 const documentedACL = "on >tally-password ~tally:* resetchannels -@all +evalsha +eval +evalsha_ro +eval_ro +script|load " +
-	"+info +ping +wait +hmget +hget +hset +hincrby +hdel +hgetall +hexists +exists +del +get +mget +set +getbit +setbit +pexpire +pexpireat +pttl"
+	"+info +ping +wait +hmget +hget +hset +hdel +hgetall +hexists +exists +del +get +mget +set +getbit +setbit +pexpire +pexpireat +pttl"
+
+// The documented user may run exactly what Tally sends and its scripts run:
+// every command a script calls (read from the scripts themselves) is in it,
+// and every command in it is one a script calls or one the store sends
+// itself. A script that gains a command fails this until the ACL has it; a
+// command nothing uses any more fails it until the ACL drops it.
+func TestDocumentedACLIsWhatTheScriptsRun(t *testing.T) {
+	sent := map[string]bool{"evalsha": true, "eval": true, "evalsha_ro": true, "eval_ro": true, "script|load": true, "info": true,
+		"ping": true, "wait": true, "get": true, "pttl": true} // by the store, besides the scripts
+	acl := map[string]bool{}
+	for _, f := range strings.Fields(documentedACL) {
+		if c, ok := strings.CutPrefix(f, "+"); ok {
+			acl[c] = true
+		}
+	}
+	called := map[string]bool{}
+	re := regexp.MustCompile(`redis\.p?call\("([A-Za-z_]+)"`)
+	for _, src := range []string{lua.Check, lua.Take, lua.Own, lua.Slide, lua.Bucket, lua.Apply, lua.Lease, lua.Finish, lua.Hold, lua.Epoch,
+		lua.Reseed} {
+		require.NotRegexp(t, `redis\.p?call\([^"]`, src, "a command named by a variable cannot be checked here")
+		for _, m := range re.FindAllStringSubmatch(src, -1) {
+			called[strings.ToLower(m[1])] = true
+		}
+	}
+	require.NotEmpty(t, called)
+	for c := range called {
+		require.True(t, acl[c], "a script calls %s: the documented ACL lacks +%s", c, c)
+	}
+	for c := range acl {
+		require.True(t, called[c] || sent[c], "the documented ACL allows %s, which nothing sends", c)
+	}
+}
 
 // Everything Tally does on a primary runs as the least-privileged user the
 // operations guide documents: every script (whose commands the ACL checks

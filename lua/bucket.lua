@@ -80,7 +80,11 @@ end
 if redis.call("EXISTS", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]) ~= 0 then
   return { -1 }
 end
+-- num writes a number as take.lua's compact.lua does.
 local function num(v)
+  if v < 1e14 and v > -1e14 then
+    return tostring(v)
+  end
   return string.format("%.0f", v)
 end
 -- The record, as take.lua reads it.
@@ -114,7 +118,7 @@ for k = 1, #all, 2 do
 end
 -- The periods whose hold has ended, oldest first (those two and three
 -- before this one are not in Redis: the record's count of them stands).
-local f0, order = f, {}
+local order = {}
 for r in pairs(pend) do
   if r <= reset - 2000 and r > f then
     table.insert(order, r)

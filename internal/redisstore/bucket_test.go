@@ -349,6 +349,17 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	require.EqualValues(t, 10, g.Used, "8.8 spent and 1 held, rounded up")
 	takes(4, 2)
 
+	// A record another program wrote with numbers take.lua accepts
+	// (fractions, a period counted ahead): both write it back alike.
+	k = short.keys.Key("bucket", "odd record")
+	for _, e := range []*env{short, long} {
+		require.NoError(t, e.primary.Client().HSet(ctx, k.BucketKey(), "d", "1500.5", "t", strconv.FormatInt(ms(-100).UnixMilli(), 10),
+			"f", "0", "n:"+strconv.FormatInt(ms(-5000).Truncate(time.Second).UnixMilli(), 10), "2.5", "x:7", "1").Err())
+	}
+	g = both(p, k, ms(300), true, false, 1, 10)
+	require.EqualValues(t, 6, g.Granted, "1.5 and the 2.5 counted ahead, less 0.8 refilled: 3.2 spent")
+	takes(5, 2)
+
 	// While a reseed lasts, bucket.lua reserves nothing: take.lua refuses.
 	require.NoError(t, short.primary.Client().Set(ctx, short.keys.ReseedKey(), "epoch", time.Minute).Err())
 	a := slideArgs(p, ms(0), "edge-a", 1, 1)
@@ -357,7 +368,7 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	_, err := short.store.Take(ctx, k, ms(0), a)
 	require.ErrorIs(t, err, redisstore.ErrReseeding)
 	require.Zero(t, short.primary.Client().Exists(ctx, k.BucketKey(), k.SliceKey(p.WindowAt(ms(0)).ResetAt)).Val(), "nothing written")
-	takes(4, 3)
+	takes(5, 3)
 	require.False(t, long.store.Compact(0), "take.lua alone all along")
 	_, handedOn := long.store.ShortTakes()
 	require.Zero(t, handedOn)

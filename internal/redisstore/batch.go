@@ -50,9 +50,11 @@ type takeCall struct {
 	// runs only when one is.
 	open *opening
 	// short, when set, is a lean script sent first: lua/own.lua in a
-	// window still the holder's own compact one (TakeArgs.Own), or
-	// lua/slide.lua in a sliding window's compact sub-windows. It is the
-	// whole take unless it answers that take.lua is the call to send.
+	// window still the holder's own compact one (TakeArgs.Own),
+	// lua/slide.lua in a sliding window's compact sub-windows, or
+	// lua/bucket.lua in a token bucket quiet near now (TakeArgs.Fresh). It
+	// is the whole take unless it answers that take.lua is the call to
+	// send.
 	short *shortCall
 	v     []int64
 	err   error
@@ -84,8 +86,8 @@ func (o *opening) reply() []int64 {
 	return []int64{o.want, o.want, o.reset.UnixMilli(), o.start.UnixMilli(), 1, 0, o.want, -1, 1}
 }
 
-// shortCall is a lean script of a take (own.lua, slide.lua): its keys and
-// arguments.
+// shortCall is a lean script of a take (own.lua, slide.lua, bucket.lua):
+// its keys and arguments.
 type shortCall struct {
 	script *redis.Script
 	keys   []string
@@ -271,7 +273,8 @@ func (c *takeCall) shortCmd(ctx context.Context, p redis.Cmdable) *redis.Cmd {
 func (c *takeCall) script() ([]string, []any) { return c.req.scriptArgs(c.key, c.compact) }
 
 // pipeline sends calls in one round trip: the SETs of the windows they
-// open, the short scripts of those that have one (own.lua, slide.lua), and the
+// open, the short scripts of those that have one (own.lua, slide.lua,
+// bucket.lua), and the
 // scripts of the others; then, in a second, the scripts of those whose SET
 // found a key or whose window was something else. The calls the node
 // answers NOSCRIPT (its script cache emptied) are sent again once the

@@ -48,7 +48,8 @@ func (s *Store) ScriptReloads() uint64 { return s.reloads.Load() }
 
 // ShortTakes is how many reservations the short scripts made whole
 // (lua/own.lua: the window was its holder's own compact one; lua/slide.lua:
-// a sliding window's sub-windows were compact or missing) and how many they
+// a sliding window's sub-windows were compact or missing; lua/bucket.lua:
+// no period of a token bucket near now was in Redis) and how many they
 // handed on to take.lua (the window was something else by then: another
 // edge reserved in it, it ended, it is gone, or a sub-window is full).
 func (s *Store) ShortTakes() (made, handedOn uint64) { return s.shortMade.Load(), s.shortHanded.Load() }

@@ -199,8 +199,8 @@ type Store struct {
 	placed, prevPlace []int
 	producers         sync.Map // producer id → its key (string)
 	reloads           atomic.Uint64
-	// own.lua's calls: takes it made, and those it handed on to take.lua
-	// (ShortTakes).
+	// The short scripts' calls (own.lua, slide.lua, bucket.lua): takes they
+	// made, and those they handed on to take.lua (ShortTakes).
 	shortMade, shortHanded atomic.Uint64
 
 	// Reseeds (reseed.go): what a reseed re-asserts, and its counters.

@@ -67,6 +67,9 @@ type takeReq struct {
 	moving string // the key's owner, when i is its previous owner (resharding)
 	moved  bool   // sent again to where a TALLYMOVED said the key went
 	done   func(limiter.Grant, error)
+	// span: the keys a sliding window's or a token bucket's take reads
+	// besides its window and the reseed marker (spanKeys), built once.
+	span []string
 }
 
 func (s *Store) newTake(k limiter.Key, now time.Time, a limiter.TakeArgs) (*takeReq, error) {
@@ -114,20 +117,13 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 		// A sliding window's sub-windows, compact: slide.lua counts the
 		// others of its spans. Never the plain SET or own.lua, which
 		// count one key.
-		keys := r.k.SpanKeys(append(make([]string, 0, 2*a.Slices), c.key, s.keys.ReseedKey()), r.opens.ResetAt, r.opens.Length(), a.Slices)
-		c.short = &shortCall{script: slideScript, keys: keys, args: []any{ms(r.now), r.opens.Length().Milliseconds(), a.Limit,
-			a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Slices}}
+		c.short = &shortCall{script: slideScript, keys: r.shortKeys(c.key), args: []any{ms(r.now), r.opens.Length().Milliseconds(),
+			a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Slices}}
 	case simple && a.Rate > 0 && a.Fresh:
 		// A token bucket none of whose periods near now this edge reserved
 		// in: bucket.lua reserves when Redis holds none of them either.
-		keys := r.k.SpanKeys(append(make([]string, 0, 8), c.key, s.keys.ReseedKey()), r.opens.ResetAt, r.opens.Length(), a.Slices)
-		keys = r.bucketKeys(keys)
-		spent := ""
-		if a.Spent {
-			spent = "1"
-		}
-		c.short = &shortCall{script: bucketScript, keys: keys, args: []any{ms(r.now), a.Limit, a.Need, a.Want,
-			s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Rate, a.Every.Milliseconds(), spent}}
+		c.short = &shortCall{script: bucketScript, keys: r.shortKeys(c.key), args: []any{ms(r.now), a.Limit, a.Need, a.Want,
+			s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Rate, a.Every.Milliseconds(), spentArg(a)}}
 	case simple && a.Slices == 0 && a.Fresh:
 		start, reset := r.opens.Start, r.opens.ResetAt
 		c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
@@ -153,30 +149,49 @@ func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
 	if a.Align {
 		args[14] = "1"
 	}
-	keys := []string{key, s.producerKey(a.Producer), s.keys.ReseedKey()}
+	keys := append([]string{key, s.producerKey(a.Producer), s.keys.ReseedKey()}, r.spanKeys()...)
 	if a.Slices > 0 {
-		// The sub-windows before this one, nearest first, then those after.
 		args = append(args, a.Slices)
-		keys = r.k.SpanKeys(keys, r.opens.ResetAt, r.opens.Length(), a.Slices)
 	}
 	if a.Rate > 0 {
-		// A token bucket's refill, and what bucketKeys adds.
-		spent := ""
-		if a.Spent {
-			spent = "1"
-		}
-		args = append(args, a.Rate, a.Every.Milliseconds(), spent)
-		keys = r.bucketKeys(keys)
+		args = append(args, a.Rate, a.Every.Milliseconds(), spentArg(a))
 	}
 	return keys, args
 }
 
-// bucketKeys appends to keys what a token bucket's take reads besides its
-// spans: the bucket's record, the two periods before the one before this,
-// and when the shard last began a reseed.
-func (r *takeReq) bucketKeys(keys []string) []string {
+// shortKeys are take.lua's keys less its KEYS[2] (the producer's): what
+// slide.lua and bucket.lua are given.
+func (r *takeReq) shortKeys(key string) []string {
+	return append([]string{key, r.s.keys.ReseedKey()}, r.spanKeys()...)
+}
+
+// spanKeys are the keys take.lua reads after its window, producer and
+// reseed marker: a sliding window's other sub-windows of its spans, those
+// before it nearest first, then those after; a token bucket's besides, its
+// record, the two periods before the one before this, and when the shard
+// last began a reseed. None for a window. Built once a take, whether a
+// short script or take.lua, or both, is sent.
+func (r *takeReq) spanKeys() []string {
+	a := r.a
+	if r.span != nil || a.Slices == 0 {
+		return r.span
+	}
 	at, period := r.opens.ResetAt, r.opens.Length()
-	return append(keys, r.k.BucketKey(), r.k.SliceKey(at.Add(-2*period)), r.k.SliceKey(at.Add(-3*period)), r.s.keys.RefillKey())
+	span := r.k.SpanKeys(make([]string, 0, 2*a.Slices+2), at, period, a.Slices)
+	if a.Rate > 0 {
+		span = append(span, r.k.BucketKey(), r.k.SliceKey(at.Add(-2*period)), r.k.SliceKey(at.Add(-3*period)), r.s.keys.RefillKey())
+	}
+	r.span = span
+	return span
+}
+
+// spentArg is take.lua's ARGV[21] and bucket.lua's ARGV[10]: "1" when the
+// caller spends what it is granted at once.
+func spentArg(a limiter.TakeArgs) string {
+	if a.Spent {
+		return "1"
+	}
+	return ""
 }
 
 // result reads the reply to r's call: the grant, or an error, or again when

@@ -45,6 +45,12 @@ type algorithm interface {
 	// ending is p's span that ends at reset: what a notice naming a reset
 	// is about.
 	ending(p limiter.Policy, reset time.Time) limiter.Span
+	// quiet reports, when ok, whether a reservation at now of an entry
+	// whose last one was at learnt (zero: none) finds in Redis nothing
+	// that entry wrote near now, so that its store may try the short way
+	// (limiter.TakeArgs.Fresh); ok false leaves that to whether the key
+	// was seen at all (Core.fresh).
+	quiet(learnt, now time.Time) (fresh, ok bool)
 	// blind is the reset of the span a charge made at now falls in when no
 	// span of the key is known (fail-open): zero when the primary places
 	// it by the charge's start. latest is the latest it can be.
@@ -86,6 +92,8 @@ func (fixedWindow) told(p limiter.Policy, reset time.Time, _ int64, _, _ time.Ti
 
 func (fixedWindow) ending(p limiter.Policy, reset time.Time) limiter.Span { return p.Ending(reset) }
 
+func (fixedWindow) quiet(_, _ time.Time) (bool, bool) { return false, false }
+
 func (fixedWindow) blind(p limiter.Policy, now time.Time) (reset, latest time.Time) {
 	if p.Fixed() {
 		r := p.WindowAt(now).ResetAt
@@ -121,6 +129,8 @@ func (slidingWindow) told(p limiter.Policy, reset time.Time, _ int64, _, _ time.
 func (slidingWindow) ending(p limiter.Policy, reset time.Time) limiter.Span {
 	return limiter.Span{Start: reset.Add(-p.Window), ResetAt: reset}
 }
+
+func (slidingWindow) quiet(_, _ time.Time) (bool, bool) { return false, false }
 
 func (slidingWindow) blind(p limiter.Policy, now time.Time) (reset, latest time.Time) {
 	r := p.WindowAt(now).ResetAt
@@ -161,3 +171,13 @@ func (tokenBucket) told(p limiter.Policy, _ time.Time, wait int64, learnt, now t
 	}
 	return p.Refill(p.Limit), at
 }
+
+// quiet: a reservation reads the period it reserves in, the one after it
+// and the three before it (lua/bucket.lua); one quietPeriods periods after
+// this entry's last finds none of them from that one.
+func (tokenBucket) quiet(learnt, now time.Time) (bool, bool) {
+	return learnt.IsZero() || now.Sub(learnt) >= quietPeriods*limiter.BucketPeriod, true
+}
+
+// quietPeriods: see tokenBucket.quiet.
+const quietPeriods = 4

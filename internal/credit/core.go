@@ -448,23 +448,16 @@ func (c *Core) windowEnded(e *entry, now time.Time) {
 	e.expire()
 }
 
-// fresh reports whether no window of e's key can be known to this edge: e
-// never reserved, and the key was not seen lately (seen). For a token
-// bucket, whether e reserved in none of the periods near now
-// (limiter.TakeArgs.Fresh): never, or quietPeriods periods ago or more.
-// Callers hold e.mu.
+// fresh reports whether no window of e's key can be known to this edge
+// (limiter.TakeArgs.Fresh): as its algorithm says (a token bucket quiet
+// near now), or else e never reserved and the key was not seen lately
+// (seen). Callers hold e.mu.
 func (c *Core) fresh(e *entry, now time.Time) bool {
-	if e.policy.Rate > 0 {
-		return e.lastTake.IsZero() || now.Sub(e.lastTake.Time()) >= quietPeriods*limiter.BucketPeriod
+	if fresh, ok := e.alg().quiet(e.lastTake.Time(), now); ok {
+		return fresh
 	}
 	return !e.asked && !c.seen.has(e.key.Digest())
 }
-
-// quietPeriods: a token bucket's reservation reads the period it reserves
-// in, the one after it and the three before it (lua/bucket.lua); a take
-// that many periods after the last one this edge made finds none of them
-// from that take.
-const quietPeriods = 4
 
 // asked records that a reservation of e's key is sent. Callers hold e.mu.
 func (c *Core) asked(e *entry) {

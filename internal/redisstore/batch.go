@@ -274,9 +274,9 @@ func (c *takeCall) script() ([]string, []any) { return c.req.scriptArgs(c.key, c
 
 // pipeline sends calls in one round trip: the SETs of the windows they
 // open, the short scripts of those that have one (own.lua, slide.lua,
-// bucket.lua), and the
-// scripts of the others; then, in a second, the scripts of those whose SET
-// found a key or whose window was something else. The calls the node
+// bucket.lua), and the scripts of the others; then, in a second, the
+// scripts of those whose SET found a key or whose window was something
+// else. The calls the node
 // answers NOSCRIPT (its script cache emptied) are sent again once the
 // script is loaded.
 func (q *takeQueue) pipeline(calls []*takeCall) {

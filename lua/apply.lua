@@ -443,6 +443,7 @@ end
 
 for i in pairs(touched) do
   local w = wins[i]
+  touch_span(KEYS[i], w.r)
   if still_compact(i) then
     -- One write, the expiry kept: what the holder was given stays as it
     -- was (w.mine), what its producer holds is the count.

@@ -15,10 +15,13 @@
 --            a reseed is in progress and expires when the reseed ends
 -- KEYS[3] -> the shard's window format record (keys.go): "compact" once
 --            every process of the deployment reads compact windows
---            (window.lua): set here when a deployment begins (4 below), when
---            a caller knew the shard's windows compact and the record is gone
---            (an emptied primary), and by the operator's `tally windows
---            compact` after a rolling upgrade
+--            (window.lua), "spans:<level>" (16 of [0-9a-f]) once every
+--            process besides keeps sliding windows' span records true
+--            (window.lua's touch_span; slide.lua trusts a record of the
+--            same level only): set here when a deployment begins (4
+--            below, spans), when a caller knew it and the record is gone
+--            (an emptied primary; spans at a new level), and by the
+--            operator's `tally windows compact` after a rolling upgrade
 -- KEYS[4] -> (optional) when the shard's primary last began a reseed
 --            (keys.go's RefillKey): ms since the Unix epoch by the caller's
 --            clock, set to ARGV[6] when a reseed begins. A token bucket with no record
@@ -32,7 +35,8 @@
 -- ARGV[4] -> ms (100 .. 600000): how long a reseed lasts at least after it
 --            begins or a process joins it (check), or the least it lasts
 --            from now (extend)
--- ARGV[5] -> "1" when the caller knew the shard's windows compact, else ""
+-- ARGV[5] -> "2" when the caller knew the shard's span records kept, "1"
+--            when it knew its windows compact only, else ""
 -- ARGV[6] -> now, ms since the Unix epoch (the caller's clock): with
 --            KEYS[4], what a reseed that begins records there
 --
@@ -49,11 +53,12 @@
 --   otherwise (another primary's record, or none while the caller knew an
 --   epoch): a reseed begins (1).
 --
--- Returns: {state, epoch, pttl, compact}
+-- Returns: {state, epoch, pttl, compact, level}
 --   state  0 same epoch, 1 began a reseed, 2 joined a reseed, 3 late, 4 adopted
 --   epoch  the shard's epoch id now ("" when extend finds no reseed)
 --   pttl   ms until the reseed in progress ends; 0 when none is
 --   compact 1 when the shard's windows may be compact, else 0
+--   level  the shard's format level when span records are kept, else ""
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
 local mode = ARGV[1]
 if mode ~= "check" and mode ~= "extend" then return redis.error_reply("ERR tally: invalid mode") end
@@ -70,25 +75,36 @@ if type(span) ~= "string" or #span > 6 or not string.match(span, "^%d+$") or ton
   return redis.error_reply("ERR tally: invalid span")
 end
 span = tonumber(span)
-local knewCompact = ARGV[5] == "1"
-if ARGV[5] ~= nil and ARGV[5] ~= "" and ARGV[5] ~= "1" then
+local knew = ARGV[5] or ""
+if knew ~= "" and knew ~= "1" and knew ~= "2" then
   return redis.error_reply("ERR tally: invalid format")
 end
 if KEYS[4] ~= nil and (type(ARGV[6]) ~= "string" or #ARGV[6] < 1 or #ARGV[6] > 15 or string.find(ARGV[6], "%D")) then
   return redis.error_reply("ERR tally: invalid now")
 end
 
--- compact reports whether the shard's windows may be compact, recording it
--- when the caller says they were (or, for a new deployment, will be).
+-- compact reports whether the shard's windows may be compact, and the
+-- level of its span records when they are kept, recording it when the
+-- caller says it was (or, for a new deployment, will be). A record the
+-- operator lowered to "compact" stays so.
 local function compact(adopted)
-  if redis.call("GET", KEYS[3]) == "compact" then
-    return 1
+  local v = redis.call("GET", KEYS[3])
+  if v == "compact" then
+    return 1, ""
   end
-  if adopted or knewCompact then
+  local level = type(v) == "string" and string.match(v, "^spans:(%x+)$")
+  if level and #level == 16 then
+    return 1, level
+  end
+  if adopted or knew == "2" then
+    redis.call("SET", KEYS[3], "spans:" .. fresh)
+    return 1, fresh
+  end
+  if knew == "1" then
     redis.call("SET", KEYS[3], "compact")
-    return 1
+    return 1, ""
   end
-  return 0
+  return 0, ""
 end
 
 -- left is ms until the reseed in progress ends: 0 for none, and for a

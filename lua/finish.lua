@@ -158,6 +158,7 @@ end
 local field = "c:" .. producer
 local have = held_by(KEYS[1], w, producer)
 local amount = math.min(back, w.u, have)
+touch_span(KEYS[1], w.r)
 expand(KEYS[1], w, grace + linger)
 w.u = w.u - amount
 redis.call("HSET", KEYS[1], "u", num(w.u), field, num(have - amount))

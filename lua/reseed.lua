@@ -107,6 +107,7 @@ end
 if reset + linger <= now then
   return { 4, 0, 0 }
 end
+touch_span(KEYS[1], reset)
 local gf, cf, zf, tf, vf = "g:" .. holder, "c:" .. producer, "z:" .. holder, "t:" .. holder, "v:" .. producer
 local cw, form = read(KEYS[1], grace)
 if form == "compact" then

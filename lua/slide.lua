@@ -17,6 +17,13 @@
 -- KEYS[3 .. 1 + slices] -> the slices - 1 sub-windows before KEYS[1],
 --            nearest first; KEYS[2 + slices .. 2 * slices] the slices - 1
 --            after it, nearest first (take.lua's order, less its KEYS[2])
+-- KEYS[2 * slices + 1] -> the window's span record (keys.go's
+--            SpanRecordKey; window.lua's touch_span):
+--            "<reset s>:<len s>:<slices>:<extra>:<level>", extra what the
+--            other sub-windows of KEYS[1]'s spans hold at most in one span
+--            (below), level the shard's format level that wrote it
+-- Or, for the record alone: KEYS[1], KEYS[2] as above, KEYS[3] the span
+--            record; with a level, and {-1} when the record does not hold
 -- ARGV[1] -> now, ms since the Unix epoch (the edge's clock)
 -- ARGV[2] -> sub-window length, ms, whole seconds (1000 .. 1e12)
 -- ARGV[3] -> limit, units (1 .. 1e9): of any slices consecutive sub-windows
@@ -27,25 +34,39 @@
 -- ARGV[8] -> reset of KEYS[1], ms, a whole second after now, at most
 --            ARGV[2] after it
 -- ARGV[9] -> slices (2 .. 60)
+-- ARGV[10] -> the shard's format level, 16 of [0-9a-f] (epoch.lua: every
+--            process keeps span records true), or "": no record is read or
+--            written
 --
 -- The decision is take.lua's: the units reserved leave every span of
 -- slices consecutive sub-windows that holds KEYS[1] within the limit
 -- (those after it included), a sub-window counting only when it holds the
 -- window its key names. A missing KEYS[1] is opened compact (SET ... PXAT
 -- reset + grace + (slices - 1) * len, as take.lua's expiry of a
--- sub-window); the holder's own grows (SET ... KEEPTTL). One MGET reads
--- every sub-window (a hash reads as nil there), one EXISTS tells a missing
--- key from a hash.
+-- sub-window); the holder's own grows (SET ... KEEPTTL).
+--
+-- With a level, the span record is read first, with KEYS[1] and the
+-- marker in one MGET: a record of KEYS[1]'s sub-window, length, slices and
+-- the shard's level says what the others hold, and none of them is read.
+-- Otherwise one MGET reads every sub-window (a hash reads as nil there),
+-- one EXISTS tells a missing key from a hash, and the record is written
+-- for the next reservation here (SET ... PXAT reset + grace). The record
+-- is true while none of the others changes: every script that changes one
+-- removes it (window.lua's touch_span), and a level is given only once
+-- every process of the deployment runs scripts that do.
 --
 -- Returns: take.lua's reply, {granted, used, reset_at, start, opened, 0,
---          mine, -1, 0}; or {-1} when a reseed lasts, a sub-window here is
+--          mine, -1, own}, own 1 when a level was given and KEYS[1] was
+--          the holder's own (the record holds for it after the call: the
+--          caller may send the record alone next); or {-1} when a reseed
+--          lasts, a sub-window here is
 --          a hash, KEYS[1] is another holder's or another window's, or
 --          there is no room in a KEYS[1] that is missing: nothing is
 --          written, and take.lua is the call to send.
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
-local now, len, limit, need, want, grace, holder, reset, slices = string.match(table.concat(ARGV, " "),
-  "^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([%w_.-]+) (%d+) (%d+)$")
-if now == nil or #ARGV ~= 9 then
+local now, len, limit, need, want, grace, holder, reset, slices, level = string.match(table.concat(ARGV, " "),
+  "^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([%w_.-]+) (%d+) (%d+) ?([0-9a-f]*)$")
+if now == nil or #ARGV ~= 10 then
   return redis.error_reply("ERR tally: invalid arguments")
 end
 now, len, limit, need, want = tonumber(now), tonumber(len), tonumber(limit), tonumber(need), tonumber(want)
@@ -59,93 +80,142 @@ if grace < 1000 or grace > 1000000000000 then return redis.error_reply("ERR tall
 if reset % 1000 ~= 0 or reset <= now or reset - len > now or reset > 100000000000000 then
   return redis.error_reply("ERR tally: invalid window")
 end
-if slices < 2 or slices > 60 or #KEYS ~= 2 * slices then return redis.error_reply("ERR tally: invalid slices") end
+if slices < 2 or slices > 60 or (#KEYS ~= 2 * slices + 1 and #KEYS ~= 3) then
+  return redis.error_reply("ERR tally: invalid slices")
+end
 if #holder < 3 or #holder > 100 or not string.find(holder, "^[%w_-][%w_.-]*%.[%w_-]+$") or string.find(holder, "..", 1, true) then
   return redis.error_reply("ERR tally: invalid holder")
 end
+if level ~= "" and #level ~= 16 then return redis.error_reply("ERR tally: invalid level") end
+local alone = #KEYS == 3 -- the record, without the other sub-windows
+if alone and level == "" then return redis.error_reply("ERR tally: invalid level") end
 
--- One MGET reads the reseed marker and every sub-window, vs[i] KEYS[i]'s.
-local vs = redis.call("MGET", unpack(KEYS))
-if vs[2] then
-  return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
-end
-local strings = 0
-for i = 1, #KEYS do
-  if vs[i] then
-    strings = strings + 1
+local n = #KEYS - 1 -- KEYS[n + 1] is the span record
+-- the record this sub-window's spans have: what it says, when it is one
+local record = string.format("%.0f:%.0f:%.0f:", reset / 1000, len / 1000, slices)
+-- extra: the fullest span holding KEYS[1], less KEYS[1]'s own units; v,
+-- KEYS[1]'s value (nil: missing); stored, the record as it was.
+local extra, v, stored = nil, nil, nil
+if level ~= "" then
+  local q = redis.call("MGET", KEYS[1], KEYS[2], KEYS[n + 1])
+  if q[2] then
+    return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
+  end
+  stored = q[3]
+  if stored and string.sub(stored, 1, #record) == record and string.sub(stored, -17) == ":" .. level then
+    local x = string.match(stored, "^(%d+):", #record + 1)
+    if x ~= nil and #x <= 15 and (q[1] or redis.call("EXISTS", KEYS[1]) == 0) then
+      extra, v = tonumber(x), q[1]
+    end
   end
 end
-if strings < #KEYS - 1 and redis.call("EXISTS", unpack(KEYS)) ~= strings then
-  return { -1 } -- a hash among them: a full sub-window, or a key that moved
+if extra == nil and alone then
+  return { -1 } -- no record of this sub-window: the caller sends every key
 end
--- us[m]: the units of the sub-window m after KEYS[1] (m < 0: before).
-local us, mine = { [0] = 0 }, nil
-for i = 1, #KEYS do
-  local m = 0
-  if i > 2 and i <= 1 + slices then
-    m = 2 - i
-  elseif i > 1 + slices then
-    m = i - 1 - slices
+if extra == nil then
+  -- One MGET reads the reseed marker and every sub-window, vs[i] KEYS[i]'s.
+  local vs = redis.call("MGET", unpack(KEYS))
+  if vs[2] then
+    return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
   end
-  if i ~= 2 then
+  stored = vs[n + 1]
+  local strings = 0
+  for i = 1, n do
+    if vs[i] then
+      strings = strings + 1
+    end
+  end
+  if strings < n - 1 and redis.call("EXISTS", unpack(KEYS, 1, n)) ~= strings then
+    return { -1 } -- a hash among them: a full sub-window, or a key that moved
+  end
+  -- us[m]: the units of the sub-window m after KEYS[1] (m < 0: before).
+  local us = { [0] = 0 }
+  for i = 3, n do
+    local m = 2 - i
+    if i > 1 + slices then
+      m = i - 1 - slices
+    end
     us[m] = 0
-  end
-  local v = vs[i]
-  if v then
-    local u, r, l, h, tail = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+)(.*)$")
-    if u == nil or #u > 10 or #r > 11 or #l > 9 then
-      return { -1 } -- take.lua tells what is wrong with it
-    end
-    local same = tonumber(r) * 1000 == reset + m * len
-    if same then
-      us[m] = tonumber(u)
-    end
-    if m == 0 then
-      if h ~= holder or not same or tonumber(l) * 1000 ~= len then
-        return { -1 } -- another holder's, or another window
+    local w = vs[i]
+    if w then
+      local u, r, l = string.match(w, "^(%d+):(%d+):(%d+):[%w_.-]+")
+      if u == nil or #u > 10 or #r > 11 or #l > 9 then
+        return { -1 } -- take.lua tells what is wrong with it
       end
-      local given = nil
-      if tail ~= "" and not string.find(tail, "^:%d+$") then
-        given = string.match(tail, "^:%d*:(%d+)$")
-        if given == nil or #given > 15 then
-          return { -1 }
-        end
+      if tonumber(r) * 1000 == reset + m * len then
+        us[m] = tonumber(u)
       end
-      mine = { v = v, u = u, given = given, tail = tail }
     end
   end
+  -- the spans end at 0 .. slices - 1, each the one before moved by one
+  local sum = 0
+  for m = 1 - slices, -1 do
+    sum = sum + us[m]
+  end
+  extra = sum
+  for e = 1, slices - 1 do
+    sum = sum + us[e] - us[e - slices]
+    if sum > extra then
+      extra = sum
+    end
+  end
+  v = vs[1]
 end
--- extra: the fullest span holding KEYS[1], less KEYS[1]'s own units; the
--- spans end at 0 .. slices - 1, each the one before moved by one.
-us[0] = 0
-local sum = 0
-for m = 1 - slices, -1 do
-  sum = sum + us[m]
+
+-- KEYS[1]: missing, or the holder's own compact sub-window of this window.
+local mine = nil
+if v then
+  local u, r, l, h, tail = string.match(v, "^(%d+):(%d+):(%d+):([%w_.-]+)(.*)$")
+  if u == nil or #u > 10 or #r > 11 or #l > 9 then
+    return { -1 } -- take.lua tells what is wrong with it
+  end
+  if h ~= holder or tonumber(r) * 1000 ~= reset or tonumber(l) * 1000 ~= len then
+    return { -1 } -- another holder's, or another window
+  end
+  local given = nil
+  if tail ~= "" and not string.find(tail, "^:%d+$") then
+    given = string.match(tail, "^:%d*:(%d+)$")
+    if given == nil or #given > 15 then
+      return { -1 }
+    end
+  end
+  mine = { v = v, u = u, given = given, tail = tail }
 end
-local extra = sum
-for e = 1, slices - 1 do
-  sum = sum + us[e] - us[e - slices]
-  if sum > extra then
-    extra = sum
+local own = level ~= "" and 1 or 0
+-- keep keeps the record true as KEYS[1] changes (window.lua's touch_span,
+-- whatever the level: other callers may trust it): with a level, and
+-- write, it writes this sub-window's record when it says something else
+-- (with a take, never without it, and not with the sub-window's first: a
+-- key seen once a sub-window would pay for it and never read it);
+-- otherwise it removes a record of another sub-window.
+local function keep(write)
+  if write and level ~= "" then
+    local rec = record .. string.format("%.0f", extra) .. ":" .. level
+    if stored ~= rec then
+      redis.call("SET", KEYS[n + 1], rec, "PXAT", string.format("%.0f", reset + grace))
+    end
+  elseif stored and string.match(stored, "^(%d+):") ~= string.format("%.0f", reset / 1000) then
+    redis.call("DEL", KEYS[n + 1])
   end
 end
-us[0] = mine and tonumber(mine.u) or 0
-local room = limit - us[0] - extra
+local u = mine and tonumber(mine.u) or 0
+local room = limit - u - extra
 local start = reset - len
 if mine == nil then
   if room < need then
     return { -1 } -- take.lua opens the sub-window empty
   end
   local granted = math.min(want, room)
+  keep(false)
   redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s", granted, reset / 1000, len / 1000, holder), "PXAT",
     string.format("%.0f", reset + grace + (slices - 1) * len))
   return { granted, granted + extra, reset, start, 1, 0, granted, -1, 0 }
 end
-local u = us[0]
 local given = u
 if mine.given ~= nil then
   given = tonumber(mine.given)
 end
+keep(true)
 local granted = 0
 if room >= need then
   granted = math.min(want, room)
@@ -158,4 +228,4 @@ if room >= need then
       "KEEPTTL")
   end
 end
-return { granted, u + extra, reset, start, 0, 0, given, -1, 0 }
+return { granted, u + extra, reset, start, 0, 0, given, -1, own }

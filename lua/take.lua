@@ -422,6 +422,9 @@ end
 if need > 0 and reseeding(KEYS[3]) then
   return redis.error_reply("TALLYRESEEDING the shard's windows are being re-asserted")
 end
+if slices > 0 and rate == nil then
+  touch_span(KEYS[1], opens + len)
+end
 local mine, held_now, moved = 0, 0, nil
 if form == "compact" then
   if w.holder == holder then

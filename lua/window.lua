@@ -99,6 +99,28 @@ local function reseeding(key)
   return t > 0 and t <= 600000
 end
 
+-- touch_span keeps a sliding window's span record true after a script
+-- changes the sub-window stored at key, which resets at r (ms). The record
+-- (keys.go's SpanRecordKey: the window key and ":s"; a sub-window's key is
+-- the window key, ":" and its reset in whole seconds) says what the other
+-- sub-windows of one sub-window's spans hold, for slide.lua to reserve
+-- there without reading them: "<reset s>:<len s>:<slices>:<extra>:<level>".
+-- It holds while none of those others changes, so a change to a sub-window
+-- other than the one it names removes it; a change to that one keeps it
+-- (slide.lua reads that sub-window itself). A key that is no sub-window's
+-- is left alone; a record that is not a string is removed.
+local function touch_span(key, r)
+  local base = string.match(key, "^(.*}):%d+$")
+  if base == nil then
+    return
+  end
+  local rec = base .. ":s"
+  local v = redis.pcall("GET", rec)
+  if v and (type(v) ~= "string" or string.match(v, "^(%d+):") ~= string.format("%.0f", r / 1000)) then
+    redis.call("DEL", rec)
+  end
+end
+
 -- read returns the window stored at key and its form: nil, nil when the key
 -- holds nothing; w, "compact" (w.holder and w.producer set); w, "full"; or
 -- nil, "full" for a hash without a window (a key that moved: field "m").

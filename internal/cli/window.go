@@ -266,12 +266,15 @@ func operator(c *call, by string) (string, error) {
 
 func init() {
 	register(&command{name: "windows compact", args: "[--yes]",
-		summary: "let every process open windows compact (after upgrading every edge and accountant)",
-		help: `Records on every shard's primary that windows may be stored compact: one string per window
-that one edge alone reserved in, opened by one SET (docs/windows.md). A deployment that began on
-this version has it from the start; one upgraded from 0.1 runs this once every edge-checker and
-accountant runs a version that reads compact windows — an older one fails on them. Processes
-learn it within redis.epoch_check. It cannot be undone while compact windows live.`,
+		summary: "let every process open windows compact and trust span records (after upgrading every edge and accountant)",
+		help: `Records on every shard's primary the deployment's window format: windows may be stored compact,
+one string per window that one edge alone reserved in, opened by one SET; and a sliding window's
+reservations may trust its span record, what the other sub-windows of its spans hold, kept true by
+every script that changes a sub-window (docs/windows.md). A deployment that began on this version has
+it from the start; one upgraded from 0.1 runs this once every edge-checker and accountant runs this
+version — 0.1 fails on compact windows and keeps no span record true. Processes learn it within
+redis.epoch_check. Each run begins a new level, which no earlier span record is of. It cannot be undone
+while compact windows live.`,
 		setup: func(c *call) func(context.Context) error {
 			yes := c.flags.Bool("yes", false, "do not ask for confirmation")
 			return func(ctx context.Context) error {
@@ -279,15 +282,15 @@ learn it within redis.epoch_check. It cannot be undone while compact windows liv
 				if err != nil {
 					return err
 				}
-				if err := c.confirm(*yes, "Every edge-checker and accountant runs a version that reads compact windows?"); err != nil {
+				if err := c.confirm(*yes, "Every edge-checker and accountant runs this version?"); err != nil {
 					return err
 				}
 				was, err := st.MakeCompact(ctx)
 				for i, w := range was {
 					if w {
-						c.out("shard %s: compact already\n", st.ShardName(i))
+						c.out("shard %s: compact, span records kept already (a new level)\n", st.ShardName(i))
 					} else {
-						c.out("shard %s: compact from now on\n", st.ShardName(i))
+						c.out("shard %s: compact, span records kept from now on\n", st.ShardName(i))
 					}
 				}
 				return err

@@ -249,10 +249,13 @@ func TestWindowsCompact(t *testing.T) {
 
 	r = d.tally(ctx, "yes\n", "windows", "compact")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "compact from now on")
-	require.Equal(t, "compact", rdb.Get(ctx, "tally:windows").Val())
+	require.Contains(t, r.stdout, "compact, span records kept from now on")
+	first := rdb.Get(ctx, "tally:windows").Val()
+	require.Regexp(t, "^spans:[0-9a-f]{16}$", first)
 
 	r = d.tally(ctx, "", "windows", "compact", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "compact already")
+	require.Contains(t, r.stdout, "span records kept already (a new level)")
+	require.Regexp(t, "^spans:[0-9a-f]{16}$", rdb.Get(ctx, "tally:windows").Val())
+	require.NotEqual(t, first, rdb.Get(ctx, "tally:windows").Val(), "each run begins a new level")
 }

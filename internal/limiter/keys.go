@@ -247,6 +247,14 @@ func (k Key) SpanKeys(keys []string, reset time.Time, length time.Duration, slic
 // shard as its periods are.
 func (k Key) BucketKey() string { return k.redis + ":b" }
 
+// SpanRecordKey is the Redis key of the record of k's sliding window that
+// says what the other sub-windows of one sub-window's spans hold
+// (lua/slide.lua writes it, lua/window.lua's touch_span removes it): the
+// window key and ":s", on k's shard as its sub-windows are. The scripts
+// that change a sub-window derive it from the sub-window's key (SliceKey)
+// as this does.
+func (k Key) SpanRecordKey() string { return k.redis + ":s" }
+
 // WindowKey is the Redis key of k's window that resets at reset: k's own
 // key, or for a sliding window of slices sub-windows (slices > 0) the
 // sub-window's (SliceKey).

@@ -50,7 +50,10 @@ type TakeArgs struct {
 	// Own says the caller's last reservation found the window its holder's
 	// own compact one (Grant.Own): where it may still be, the store first
 	// sends the short script of that case (lua/own.lua), and the whole
-	// reservation only when the window is something else by now.
+	// reservation only when the window is something else by now. For a
+	// sliding window's sub-window, it says the last reservation left the
+	// window's span record true (lua/slide.lua): the store first sends the
+	// record alone.
 	Own bool
 	// Align opens a window aligned to the clock (Policy.Align) when none is
 	// live.
@@ -65,8 +68,8 @@ type TakeArgs struct {
 	// that many sub-windows of Window (Policy.Slices): it reserves in the
 	// sub-window Opens names (Key.SliceKey), at most what leaves every
 	// span of Slices sub-windows that holds it within Limit, and
-	// Grant.Used is the fullest of those spans. Own and Freeze do not
-	// apply, nor Fresh but to a token bucket (below).
+	// Grant.Used is the fullest of those spans. Freeze does not apply,
+	// nor Fresh but to a token bucket (below).
 	Slices int
 	// Rate and Every, when Rate is above 0, make the take one in a token
 	// bucket (Policy.Rate, Policy.Every; Slices 2, Window BucketPeriod):
@@ -120,7 +123,8 @@ type Grant struct {
 	// set and the window held TakeArgs.Share; -1 otherwise (nothing frozen).
 	Frozen int64
 	// Own reports that the window is, after the call, the holder's own
-	// compact one (TakeArgs.Own).
+	// compact one, and for a sliding window's sub-window that its span
+	// record holds (TakeArgs.Own).
 	Own bool
 	// Shard is the shard that holds the window (the Reserver's numbering):
 	// the key's owner, or, while shards are added or removed, its previous

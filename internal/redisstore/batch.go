@@ -87,11 +87,14 @@ func (o *opening) reply() []int64 {
 }
 
 // shortCall is a lean script of a take (own.lua, slide.lua, bucket.lua):
-// its keys and arguments.
+// its keys (built when it is sent) and arguments, and the lean script to
+// send when it hands the take on, if any (slide.lua with every key after
+// slide.lua with its span record alone), before take.lua.
 type shortCall struct {
 	script *redis.Script
-	keys   []string
+	keys   func() []string
 	args   []any
+	next   *shortCall
 }
 
 // tried takes in the reply to c's short script and reports whether it was
@@ -104,9 +107,11 @@ func (c *takeCall) tried(ctx context.Context, q *takeQueue, cmd *redis.Cmd) bool
 	switch {
 	case err == nil && len(v) == 1 && v[0] == -1:
 		q.s.shortHanded.Add(1)
+		c.short = c.short.next
 		return false
 	case noScript(err):
 		_ = q.s.reload(ctx, q.c, c.short.script)
+		c.short = nil
 		return false
 	case err == nil:
 		q.s.shortMade.Add(1)
@@ -253,6 +258,7 @@ func (q *takeQueue) send() {
 			switch {
 			case c.open != nil && c.opened(c.set(c.ctx, q.c).Result()):
 			case c.short != nil && c.tried(c.ctx, q, c.shortCmd(c.ctx, q.c)):
+			case c.short != nil && c.tried(c.ctx, q, c.shortCmd(c.ctx, q.c)): // the next one
 			default:
 				keys, args := c.script()
 				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, keys, args...).Int64Slice()
@@ -266,7 +272,7 @@ func (q *takeQueue) send() {
 
 // shortCmd is c's short script, on p.
 func (c *takeCall) shortCmd(ctx context.Context, p redis.Cmdable) *redis.Cmd {
-	return p.EvalSha(ctx, c.short.script.Hash(), c.short.keys, c.short.args...)
+	return p.EvalSha(ctx, c.short.script.Hash(), c.short.keys(), c.short.args...)
 }
 
 // script is lua/take.lua's keys and arguments for c.
@@ -285,8 +291,20 @@ func (q *takeQueue) pipeline(calls []*takeCall) {
 	// The pipeline's span, if any, joins the first caller's trace.
 	ctx = trace.ContextWithSpan(ctx, trace.SpanFromContext(calls[0].ctx))
 	scripts := q.exec(ctx, calls, true)
-	if len(scripts) > 0 {
-		q.exec(ctx, scripts, false)
+	// Those handed on to another lean script go once more; then take.lua.
+	var lean, rest []*takeCall
+	for _, c := range scripts {
+		if c.short != nil {
+			lean = append(lean, c)
+		} else {
+			rest = append(rest, c)
+		}
+	}
+	if len(lean) > 0 {
+		rest = append(rest, q.exec(ctx, lean, true)...)
+	}
+	if len(rest) > 0 {
+		q.exec(ctx, rest, false)
 	}
 	var again []*takeCall
 	for _, c := range calls {

@@ -118,7 +118,9 @@ func BenchmarkTakePrimary(b *testing.B) {
 // 8 concurrent callers per core, every key new; and a key's next
 // reservation in the window it opened (tally-take-again: take.lua;
 // tally-take-own: own.lua, the holder knowing the window its own); a
-// sliding window's sub-window (tally-slide: slide.lua) and a new token
+// sliding window's sub-window (tally-slide: slide.lua; tally-slide-again:
+// one its holder reserved in twice, slide.lua reading its span record
+// first; tally-slide-own: the record alone) and a new token
 // bucket (tally-bucket: bucket.lua; tally-bucket-take: take.lua), and one
 // reserved in four seconds before (tally-bucket-again: bucket.lua reads
 // its record).
@@ -126,7 +128,7 @@ func BenchmarkTakePrimary(b *testing.B) {
 // and system) per request, client-µs/op this process's; commands/op the
 // primary's commands per request (those a script runs counted).
 func BenchmarkColdWindow(b *testing.B) {
-	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-own", "tally-take-full", "tally-slide", "tally-slide-again", "tally-bucket",
+	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-own", "tally-take-full", "tally-slide", "tally-slide-again", "tally-slide-own", "tally-bucket",
 		"tally-bucket-again", "tally-bucket-take", "incrby+pexpireat"} {
 		b.Run(name, func(b *testing.B) {
 			p, r := redistest.StartPair(b)
@@ -165,12 +167,16 @@ func BenchmarkColdWindow(b *testing.B) {
 				}
 				time.Sleep(4 * limiter.BucketPeriod)
 			}
-			if name == "tally-slide-again" {
+			if name == "tally-slide-again" || name == "tally-slide-own" {
+				// Every key's sub-window reserved in twice: the second
+				// wrote its span record.
 				key = func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("slide-%d", n%again)) }
-				for n := range uint64(again) {
-					now := time.Now()
-					if _, err := st.Take(context.Background(), key(n), now, slideArgs(now)); err != nil {
-						b.Fatal(err)
+				for range 2 {
+					for n := range uint64(again) {
+						now := time.Now()
+						if _, err := st.Take(context.Background(), key(n), now, slideArgs(now)); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
 			}
@@ -204,7 +210,14 @@ func BenchmarkColdWindow(b *testing.B) {
 							Want: 1, Producer: "bench", Holder: "bench.1", Own: true})
 					case "tally-slide", "tally-slide-again": // a sub-window: the script, which reads the span's
 						now := time.Now()
-						_, err = st.Take(ctx, k, now, slideArgs(now))
+						a := slideArgs(now)
+						a.Fresh = name == "tally-slide" // a key the edge never reserved, as an edge says
+						_, err = st.Take(ctx, k, now, a)
+					case "tally-slide-own": // the holder's own sub-window, its span record holding: the record alone
+						now := time.Now()
+						a := slideArgs(now)
+						a.Own = true
+						_, err = st.Take(ctx, k, now, a)
 					case "tally-bucket", "tally-bucket-again", "tally-bucket-take": // bucket.lua; without Fresh, take.lua
 						now := time.Now()
 						_, err = st.Take(ctx, k, now, bucketArgs(now, name != "tally-bucket-take"))

@@ -165,6 +165,9 @@ func (s *Store) inspectKey(ctx context.Context, i int, key string, now time.Time
 // docs/operations.md for the bound.
 func (s *Store) Reset(ctx context.Context, k limiter.Key, p limiter.Policy, now time.Time) (bool, error) {
 	keys, _ := spanKeys(k, p, now)
+	if p.Slices > 0 {
+		keys = append(keys, k.SpanRecordKey()) // what the span held, which a reservation would trust
+	}
 	shards := []int{s.ShardOf(k)}
 	if j, moving := s.previousOwner(k); moving {
 		shards = append(shards, j)

@@ -106,7 +106,8 @@ type epochReply struct {
 	state   int64 // 0 same, 1 began, 2 joined, 3 late, 4 adopted
 	epoch   string
 	pttl    time.Duration
-	compact bool // the shard's windows may be compact
+	compact bool   // the shard's windows may be compact
+	level   string // the shard's format level when span records are kept
 }
 
 const (
@@ -227,17 +228,19 @@ func (s *Store) check(ctx context.Context, i int, c redis.Scripter) error {
 }
 
 func parseEpoch(v []any) (epochReply, error) {
-	if len(v) != 4 {
+	if len(v) != 5 {
 		return epochReply{}, fmt.Errorf("unexpected reseed reply %v", v)
 	}
 	state, ok1 := v[0].(int64)
 	epoch, ok2 := v[1].(string)
 	pttl, ok3 := v[2].(int64)
 	compact, ok4 := v[3].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 {
+	level, ok5 := v[4].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
 		return epochReply{}, fmt.Errorf("unexpected reseed reply %v", v)
 	}
-	return epochReply{state: state, epoch: epoch, pttl: time.Duration(pttl) * time.Millisecond, compact: compact == 1}, nil
+	return epochReply{state: state, epoch: epoch, pttl: time.Duration(pttl) * time.Millisecond, compact: compact == 1,
+		level: level}, nil
 }
 
 // epochKeys are the keys epoch.lua takes.
@@ -245,14 +248,60 @@ func (s *Store) epochKeys() []string {
 	return []string{s.keys.EpochKey(), s.keys.ReseedKey(), s.keys.FormatKey(), s.keys.RefillKey()}
 }
 
-// knewCompact is epoch.lua's ARGV[5] for shard i: "1" once this process has
-// seen the shard's windows compact, so that a primary that lost its format
-// record gets it back.
+// knewCompact is epoch.lua's ARGV[5] for shard i: "2" while this process
+// knows the shard's span records kept, "1" once it has seen the shard's
+// windows compact, so that a primary that lost its format record gets it
+// back.
 func (s *Store) knewCompact(i int) string {
-	if s.shards[i].compact.Load() {
+	switch {
+	case s.shards[i].level() != "":
+		return "2"
+	case s.shards[i].compact.Load():
 		return "1"
 	}
 	return ""
+}
+
+// learnFormat takes shard i's format record, as epoch.lua or a probe read
+// it, into the shard's state: compact windows once and for all, the level
+// of its span records as the record says now (an operator may lower it).
+func (s *Store) learnFormat(n *shardNodes, compact bool, level string) {
+	if compact && n.compact.CompareAndSwap(false, true) {
+		s.log().Info("the shard's windows are compact from now on", "shard", n.name)
+	}
+	if level == n.level() {
+		return
+	}
+	if level == "" {
+		n.spans.Store(nil)
+		s.log().Info("the shard's sliding windows' span records are no longer trusted", "shard", n.name)
+		return
+	}
+	n.spans.Store(&level)
+	s.log().Info("the shard's sliding windows keep span records from now on", "shard", n.name, "level", level)
+}
+
+// parseFormat reads a format record (lua/epoch.lua's KEYS[3]): whether the
+// shard's windows may be compact, and the level of its span records when
+// they are kept.
+func parseFormat(v string) (compact bool, level string) {
+	if v == "compact" {
+		return true, ""
+	}
+	if l, ok := strings.CutPrefix(v, "spans:"); ok && len(l) == 16 && isHex(l) {
+		return true, l
+	}
+	return false, ""
+}
+
+// isHex reports whether s is made of [0-9a-f] only.
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // observe takes a epoch.lua answer into shard i's state, starting this
@@ -260,9 +309,7 @@ func (s *Store) knewCompact(i int) string {
 // not know. It reports whether the shard takes no writes now.
 func (s *Store) observe(i int, r epochReply) bool {
 	n := s.shards[i]
-	if r.compact && n.compact.CompareAndSwap(false, true) {
-		s.log().Info("the shard's windows are compact from now on", "shard", n.name)
-	}
+	s.learnFormat(n, r.compact, r.level)
 	h := &n.reseed
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -500,13 +547,14 @@ func (s *Store) probe(i int) {
 	known := n.reseed.epoch
 	n.reseed.mu.Unlock()
 	marked := left.Val() > 0 && left.Val() <= maxReseedFor
-	compact := format.Val() == "compact"
-	if compact && n.compact.CompareAndSwap(false, true) {
-		s.log().Info("the shard's windows are compact from now on", "shard", n.name)
+	compact, level := parseFormat(format.Val())
+	knewLevel := n.level() != ""
+	if compact {
+		s.learnFormat(n, compact, level)
 	}
 	// A format record gone while this process knew it: the check puts it
 	// back.
-	if !marked && known != "" && epochOf(rec.Val()) == known && (compact || !n.compact.Load()) {
+	if !marked && known != "" && epochOf(rec.Val()) == known && (compact || !n.compact.Load()) && (compact || !knewLevel) {
 		return
 	}
 	if err := s.check(ctx, i, n.primary); err != nil && !errors.Is(err, ErrReseeding) {
@@ -570,20 +618,24 @@ func newEpoch() string {
 func (s *Store) Compact(i int) bool { return s.shards[i].compact.Load() }
 
 // MakeCompact records on every shard's primary that the deployment's windows
-// may be compact (lua/window.lua): what an operator does once every process
-// runs a version that reads them (`tally windows compact`). Processes learn
+// may be compact (lua/window.lua) and that every process keeps sliding
+// windows' span records true (lua/window.lua's touch_span), at a new level
+// no earlier record is of: what an operator does once every process runs
+// this version (`tally windows compact`). Processes learn
 // it within EpochCheck. It reports, for each shard it recorded it on, in
-// order, whether the record was there already; an error stops it at the
+// order, whether span records were kept there already; an error stops it at the
 // shard that failed.
 func (s *Store) MakeCompact(ctx context.Context) ([]bool, error) {
 	var was []bool
 	for _, n := range s.shards {
-		prev, err := n.primary.SetArgs(ctx, s.keys.FormatKey(), "compact", redis.SetArgs{Get: true}).Result()
+		level := newEpoch()
+		prev, err := n.primary.SetArgs(ctx, s.keys.FormatKey(), "spans:"+level, redis.SetArgs{Get: true}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return was, fmt.Errorf("limiter: shard %s: recording the window format: %w", n.name, err)
 		}
-		was = append(was, prev == "compact")
-		n.compact.Store(true)
+		_, old := parseFormat(prev)
+		was = append(was, old != "")
+		s.learnFormat(n, true, level)
 	}
 	return was, nil
 }

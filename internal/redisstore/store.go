@@ -224,6 +224,19 @@ type shardNodes struct {
 	// compact: the shard's windows may be compact (its format record says
 	// so, read with every epoch check and probe; lua/window.lua).
 	compact atomic.Bool
+	// spans is the shard's format level when its format record says that
+	// every process keeps sliding windows' span records true (lua/slide.lua
+	// reads and writes them then), else nil; read as compact is.
+	spans atomic.Pointer[string]
+}
+
+// level is lua/slide.lua's ARGV[10]: the shard's format level, or "" while
+// span records are not to be trusted.
+func (n *shardNodes) level() string {
+	if p := n.spans.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // Log is where a store says what an operator should know.

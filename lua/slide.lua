@@ -2,7 +2,7 @@
 -- ARGV[18]) when the sub-windows of its spans are all compact or missing
 -- and the one reserved in is missing or its holder's own: over many keys,
 -- nearly every reservation of a sliding window or a concurrency limit. It
--- is take.lua's decision for that one case, with nine arguments and
+-- is take.lua's decision for that one case, with ten arguments and
 -- nothing prepended (take.lua defines its codec and checks its twenty-one
 -- arguments on every call). In any other case it writes nothing and
 -- answers so, and the caller sends take.lua, which decides as it always
@@ -49,11 +49,13 @@
 -- marker in one MGET: a record of KEYS[1]'s sub-window, length, slices and
 -- the shard's level says what the others hold, and none of them is read.
 -- Otherwise one MGET reads every sub-window (a hash reads as nil there),
--- one EXISTS tells a missing key from a hash, and the record is written
--- for the next reservation here (SET ... PXAT reset + grace). The record
--- is true while none of the others changes: every script that changes one
--- removes it (window.lua's touch_span), and a level is given only once
--- every process of the deployment runs scripts that do.
+-- one EXISTS tells a missing key from a hash, and, when KEYS[1] was the
+-- holder's own (not with a sub-window's first take), the record is
+-- written for the next reservation here (SET ... PXAT reset + grace). The
+-- record is true while none of the others changes: every script that
+-- changes one removes it (window.lua's touch_span; this one too, with or
+-- without a level), and a level is given only once every process of the
+-- deployment runs scripts that do.
 --
 -- Returns: take.lua's reply, {granted, used, reset_at, start, opened, 0,
 --          mine, -1, own}, own 1 when a level was given and KEYS[1] was

@@ -45,26 +45,27 @@
 -- reset + grace + (slices - 1) * len, as take.lua's expiry of a
 -- sub-window); the holder's own grows (SET ... KEEPTTL).
 --
--- With a level, the span record is read first, with KEYS[1] and the
+-- Given the record alone (three keys), it reads it with KEYS[1] and the
 -- marker in one MGET: a record of KEYS[1]'s sub-window, length, slices and
--- the shard's level says what the others hold, and none of them is read.
--- Otherwise one MGET reads every sub-window (a hash reads as nil there),
--- one EXISTS tells a missing key from a hash, and, when KEYS[1] was the
--- holder's own (not with a sub-window's first take), the record is
--- written for the next reservation here (SET ... PXAT reset + grace). The
--- record is true while none of the others changes: every script that
--- changes one removes it (window.lua's touch_span; this one too, with or
--- without a level), and a level is given only once every process of the
--- deployment runs scripts that do.
+-- the shard's level says what the others hold, and none of them is read;
+-- without one it hands on. Given every key, one MGET reads every
+-- sub-window and the record (a hash reads as nil there), one EXISTS tells
+-- a missing key from a hash, and with a level the record is written for
+-- the next reservations here (SET ... PXAT reset + grace) when the
+-- holder's own sub-window grows, or where the key had a record of another
+-- sub-window (keep, below). The record is true while none of the others
+-- changes: every script that changes one removes it (window.lua's
+-- touch_span; this one too, with or without a level), and a level is
+-- given only once every process of the deployment runs scripts that do.
 --
 -- Returns: take.lua's reply, {granted, used, reset_at, start, opened, 0,
---          mine, -1, own}, own 1 when a level was given and KEYS[1] was
---          the holder's own (the record holds for it after the call: the
---          caller may send the record alone next); or {-1} when a reseed
---          lasts, a sub-window here is
---          a hash, KEYS[1] is another holder's or another window's, or
---          there is no room in a KEYS[1] that is missing: nothing is
---          written, and take.lua is the call to send.
+--          mine, -1, own}, own 1 when the record holds for KEYS[1] after
+--          the call (the caller may send the record alone next); or {-1}
+--          when a reseed lasts, a sub-window here is a hash, KEYS[1] is
+--          another holder's or another window's, there is no room in a
+--          KEYS[1] that is missing, or the record alone does not hold:
+--          nothing is written, and the caller sends every key, or
+--          take.lua.
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
 local now, len, limit, need, want, grace, holder, reset, slices, level = string.match(table.concat(ARGV, " "),
   "^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ([%w_.-]+) (%d+) (%d+) ?([0-9a-f]*)$")
@@ -98,8 +99,8 @@ local record = string.format("%.0f:%.0f:%.0f:", reset / 1000, len / 1000, slices
 -- extra: the fullest span holding KEYS[1], less KEYS[1]'s own units; v,
 -- KEYS[1]'s value (nil: missing); stored, the record as it was.
 local extra, v, stored = nil, nil, nil
-if level ~= "" then
-  local q = redis.call("MGET", KEYS[1], KEYS[2], KEYS[n + 1])
+if alone then
+  local q = redis.call("MGET", KEYS[1], KEYS[2], KEYS[3])
   if q[2] then
     return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
   end
@@ -110,11 +111,10 @@ if level ~= "" then
       extra, v = tonumber(x), q[1]
     end
   end
-end
-if extra == nil and alone then
-  return { -1 } -- no record of this sub-window: the caller sends every key
-end
-if extra == nil then
+  if extra == nil then
+    return { -1 } -- no record of this sub-window: the caller sends every key
+  end
+else
   -- One MGET reads the reseed marker and every sub-window, vs[i] KEYS[i]'s.
   local vs = redis.call("MGET", unpack(KEYS))
   if vs[2] then
@@ -183,22 +183,27 @@ if v then
   end
   mine = { v = v, u = u, given = given, tail = tail }
 end
-local own = level ~= "" and 1 or 0
 -- keep keeps the record true as KEYS[1] changes (window.lua's touch_span,
--- whatever the level: other callers may trust it): with a level, and
--- write, it writes this sub-window's record when it says something else
--- (with a take, never without it, and not with the sub-window's first: a
--- key seen once a sub-window would pay for it and never read it);
--- otherwise it removes a record of another sub-window.
-local function keep(write)
-  if write and level ~= "" then
+-- whatever the level: other callers may trust it), and returns the reply's
+-- own: 1 when the record holds for KEYS[1] after the call. With a level it
+-- writes this sub-window's record, when it says something else, as the
+-- holder's own sub-window grows (grown) or where the key had a record of
+-- another sub-window (a client seen before, likely to come back) — not
+-- with the first take of a key that had none, which a key seen once a
+-- sub-window would pay for and never read; without one it removes a
+-- record of another sub-window. With a take, never without it.
+local function keep(grown)
+  local other = stored and string.match(stored, "^(%d+):") ~= string.format("%.0f", reset / 1000)
+  if level ~= "" and (grown or other) then
     local rec = record .. string.format("%.0f", extra) .. ":" .. level
     if stored ~= rec then
       redis.call("SET", KEYS[n + 1], rec, "PXAT", string.format("%.0f", reset + grace))
     end
-  elseif stored and string.match(stored, "^(%d+):") ~= string.format("%.0f", reset / 1000) then
+    return 1
+  elseif other then
     redis.call("DEL", KEYS[n + 1])
   end
+  return 0
 end
 local u = mine and tonumber(mine.u) or 0
 local room = limit - u - extra
@@ -208,16 +213,16 @@ if mine == nil then
     return { -1 } -- take.lua opens the sub-window empty
   end
   local granted = math.min(want, room)
-  keep(false)
+  local own = keep(false)
   redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s", granted, reset / 1000, len / 1000, holder), "PXAT",
     string.format("%.0f", reset + grace + (slices - 1) * len))
-  return { granted, granted + extra, reset, start, 1, 0, granted, -1, 0 }
+  return { granted, granted + extra, reset, start, 1, 0, granted, -1, own }
 end
 local given = u
 if mine.given ~= nil then
   given = tonumber(mine.given)
 end
-keep(true)
+local own = keep(true)
 local granted = 0
 if room >= need then
   granted = math.min(want, room)

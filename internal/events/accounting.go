@@ -218,7 +218,7 @@ func (e *Accounting) Validate() error {
 	return nil
 }
 
-func validKeyID(s string) bool { return len(s) == 16 && isLowerHex(s) }
+func validKeyID(s string) bool { return len(s) == 16 && limiter.IsLowerHex(s) }
 
 // ID is the event's CloudEvents id: "<producer>.<shard>.<seq>".
 func (e *Accounting) ID(shard string) string {
@@ -393,20 +393,11 @@ func ValidTraceParent(s string) bool {
 	if len(s) != 55 || s[0] != '0' || s[1] != '0' || s[2] != '-' || s[35] != '-' || s[52] != '-' {
 		return false
 	}
-	return isLowerHex(s[3:35]) && isLowerHex(s[36:52]) && isLowerHex(s[53:55]) &&
+	return limiter.IsLowerHex(s[3:35]) && limiter.IsLowerHex(s[36:52]) && limiter.IsLowerHex(s[53:55]) &&
 		s[3:35] != "00000000000000000000000000000000" && s[36:52] != "0000000000000000"
 }
 
-func isLowerHex(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-func validDigest(s string) bool { return len(s) == 32 && isLowerHex(s) }
+func validDigest(s string) bool { return len(s) == 32 && limiter.IsLowerHex(s) }
 
 // validShard reports whether s can name a shard in a subject: 1 to 32 of
 // [a-z0-9_-] (shard.Validate's rule).

@@ -57,14 +57,16 @@ func (d Digest) AppendHex(b []byte) []byte { return hex.AppendEncode(b, d[:]) }
 // ParseDigest reads 32 lower-case hex digits. Errors wrap ErrInvalidKey.
 func ParseDigest(s string) (Digest, error) {
 	var d Digest
-	if len(s) != 2*len(d) || !isLowerHex(s) {
+	if len(s) != 2*len(d) || !IsLowerHex(s) {
 		return d, fmt.Errorf("%w: digest %q: want 32 lower-case hex digits", ErrInvalidKey, truncate(s, 40))
 	}
 	_, _ = hex.Decode(d[:], []byte(s))
 	return d, nil
 }
 
-func isLowerHex(s string) bool {
+// IsLowerHex reports whether s is made of [0-9a-f] only: digests, key ids
+// and epoch and format levels as Tally writes them.
+func IsLowerHex(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false

@@ -87,14 +87,15 @@ func (o *opening) reply() []int64 {
 }
 
 // shortCall is a lean script of a take (own.lua, slide.lua, bucket.lua):
-// its keys (built when it is sent) and arguments, and the lean script to
-// send when it hands the take on, if any (slide.lua with every key after
-// slide.lua with its span record alone), before take.lua.
+// its keys and arguments, and, when set, then builds the lean script to
+// send when this one hands the take on, before take.lua (slide.lua with
+// every key after slide.lua with its span record alone: the keys of the
+// spans are built only then).
 type shortCall struct {
 	script *redis.Script
-	keys   func() []string
+	keys   []string
 	args   []any
-	next   *shortCall
+	then   func() *shortCall
 }
 
 // tried takes in the reply to c's short script and reports whether it was
@@ -107,7 +108,11 @@ func (c *takeCall) tried(ctx context.Context, q *takeQueue, cmd *redis.Cmd) bool
 	switch {
 	case err == nil && len(v) == 1 && v[0] == -1:
 		q.s.shortHanded.Add(1)
-		c.short = c.short.next
+		if then := c.short.then; then != nil {
+			c.short = then()
+		} else {
+			c.short = nil
+		}
 		return false
 	case noScript(err):
 		_ = q.s.reload(ctx, q.c, c.short.script)
@@ -257,8 +262,7 @@ func (q *takeQueue) send() {
 			c := live[0] // on its caller's context
 			switch {
 			case c.open != nil && c.opened(c.set(c.ctx, q.c).Result()):
-			case c.short != nil && c.tried(c.ctx, q, c.shortCmd(c.ctx, q.c)):
-			case c.short != nil && c.tried(c.ctx, q, c.shortCmd(c.ctx, q.c)): // the next one
+			case c.triedShort(q):
 			default:
 				keys, args := c.script()
 				c.v, c.err = q.s.run(c.ctx, q.c, takeScript, false, keys, args...).Int64Slice()
@@ -272,7 +276,18 @@ func (q *takeQueue) send() {
 
 // shortCmd is c's short script, on p.
 func (c *takeCall) shortCmd(ctx context.Context, p redis.Cmdable) *redis.Cmd {
-	return p.EvalSha(ctx, c.short.script.Hash(), c.short.keys(), c.short.args...)
+	return p.EvalSha(ctx, c.short.script.Hash(), c.short.keys, c.short.args...)
+}
+
+// triedShort sends c's short scripts in turn, alone on q's client, and
+// reports whether one was the whole take.
+func (c *takeCall) triedShort(q *takeQueue) bool {
+	for c.short != nil {
+		if c.tried(c.ctx, q, c.shortCmd(c.ctx, q.c)) {
+			return true
+		}
+	}
+	return false
 }
 
 // script is lua/take.lua's keys and arguments for c.

@@ -288,20 +288,10 @@ func parseFormat(v string) (compact bool, level string) {
 	if v == "compact" {
 		return true, ""
 	}
-	if l, ok := strings.CutPrefix(v, "spans:"); ok && len(l) == 16 && isHex(l) {
+	if l, ok := strings.CutPrefix(v, "spans:"); ok && len(l) == 16 && limiter.IsLowerHex(l) {
 		return true, l
 	}
 	return false, ""
-}
-
-// isHex reports whether s is made of [0-9a-f] only.
-func isHex(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // observe takes a epoch.lua answer into shard i's state, starting this
@@ -548,13 +538,12 @@ func (s *Store) probe(i int) {
 	n.reseed.mu.Unlock()
 	marked := left.Val() > 0 && left.Val() <= maxReseedFor
 	compact, level := parseFormat(format.Val())
-	knewLevel := n.level() != ""
 	if compact {
 		s.learnFormat(n, compact, level)
 	}
-	// A format record gone while this process knew it: the check puts it
-	// back.
-	if !marked && known != "" && epochOf(rec.Val()) == known && (compact || !n.compact.Load()) && (compact || !knewLevel) {
+	// A format record gone while this process knew it (compact, or a
+	// level, which it knows only with compact): the check puts it back.
+	if !marked && known != "" && epochOf(rec.Val()) == known && (compact || !n.compact.Load()) {
 		return
 	}
 	if err := s.check(ctx, i, n.primary); err != nil && !errors.Is(err, ErrReseeding) {

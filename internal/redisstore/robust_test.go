@@ -194,6 +194,8 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			{"slide: short grace", lua.Slide, slideKeys, []string{now, "60000", "100", "1", "2", "999", "edge-a.1", r, "2", "0123456789abcdef"}},
 			{"slide: an eleventh argument", lua.Slide, slideKeys, []string{now, "60000", "100", "1", "2", "60000", "edge-a.1", r, "2",
 				"0123456789abcdef", "x"}},
+			{"slide: the record alone without a level", lua.Slide, []string{k.String(), e.keys.ReseedKey(), k.SpanRecordKey()},
+				[]string{now, "60000", "100", "1", "2", "60000", "edge-a.1", r, "2", ""}},
 			{"slide: the keys of three sub-windows", lua.Slide, append(slideKeys, k.SliceKey(reset.Add(2*minute))),
 				[]string{now, "60000", "100", "1", "2", "60000", "edge-a.1", r, "2", "0123456789abcdef"}},
 			{"take: want without need", lua.Take, []string{k.String(), pk}, []string{now, "60000", "100", "0", "4", "60000", "h", "h", ""}},

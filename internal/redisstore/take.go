@@ -117,35 +117,37 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 		// A sliding window's sub-windows, compact: slide.lua counts the
 		// others of its spans. Never the plain SET or own.lua, which
 		// count one key.
-		// With the shard's format level, its span record first (not for
-		// a key this edge never reserved, TakeArgs.Fresh); for a holder
-		// whose last reservation left the record true (TakeArgs.Own), the
-		// record alone, and every key only when it no longer holds.
+		// With the shard's format level it keeps the window's span record
+		// (none for a key this edge never reserved, TakeArgs.Fresh: its
+		// first take reads none and writes none); for a holder whose last
+		// reservation left the record true (TakeArgs.Own), the record
+		// alone first, and every key only when it no longer holds.
 		level := s.shards[r.i].level()
 		if a.Fresh {
-			level = "" // no record to read: slide.lua writes none with a sub-window's first take
+			level = ""
 		}
 		args := []any{ms(r.now), r.opens.Length().Milliseconds(), a.Limit, a.Need, a.Want, s.opts.Grace.Milliseconds(), r.holder,
 			ms(r.opens.ResetAt), a.Slices, level}
-		c.short = &shortCall{script: slideScript, args: args, keys: func() []string {
-			return append(r.shortKeys(c.key), r.k.SpanRecordKey())
-		}}
+		every := func() *shortCall {
+			return &shortCall{script: slideScript, keys: append(r.shortKeys(c.key), r.k.SpanRecordKey()), args: args}
+		}
 		if a.Own && level != "" {
-			c.short = &shortCall{script: slideScript, args: args, next: c.short, keys: func() []string {
-				return []string{c.key, s.keys.ReseedKey(), r.k.SpanRecordKey()}
-			}}
+			c.short = &shortCall{script: slideScript, keys: []string{c.key, s.keys.ReseedKey(), r.k.SpanRecordKey()}, args: args,
+				then: every}
+		} else {
+			c.short = every()
 		}
 	case simple && a.Rate > 0 && a.Fresh:
 		// A token bucket none of whose periods near now this edge reserved
 		// in: bucket.lua reserves when Redis holds none of them either.
-		c.short = &shortCall{script: bucketScript, keys: func() []string { return r.shortKeys(c.key) }, args: []any{ms(r.now), a.Limit, a.Need, a.Want,
+		c.short = &shortCall{script: bucketScript, keys: r.shortKeys(c.key), args: []any{ms(r.now), a.Limit, a.Need, a.Want,
 			s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Rate, a.Every.Milliseconds(), spentArg(a)}}
 	case simple && a.Slices == 0 && a.Fresh:
 		start, reset := r.opens.Start, r.opens.ResetAt
 		c.open = &opening{value: limiter.AppendCompact(make([]byte, 0, 48), a.Want, start, reset, r.holder), start: start,
 			reset: reset, expires: reset.Add(s.opts.Grace), want: a.Want}
 	case simple && a.Slices == 0 && a.Own:
-		c.short = &shortCall{script: ownScript, keys: func() []string { return []string{c.key} }, args: []any{ms(r.now), a.Limit, a.Need, a.Want, r.holder}}
+		c.short = &shortCall{script: ownScript, keys: []string{c.key}, args: []any{ms(r.now), a.Limit, a.Need, a.Want, r.holder}}
 	}
 	return c, nil
 }

@@ -2,10 +2,11 @@
 -- of whose periods near now is in Redis and no reseed is in progress: a
 -- client's first reservation, or its first after a few quiet seconds — over
 -- many keys nearly every reservation of a bucket. It is take.lua's
--- decision for that case, with ten arguments and nothing prepended, and it
--- opens the period compact. In any other case it writes nothing and answers
--- so, and the caller sends take.lua, which decides as it always has.
--- Runs on: the shard primary. Nothing is prepended.
+-- decision for that case, with ten arguments and only the record's codec
+-- prepended, and it opens the period compact. In any other case it writes
+-- nothing and answers so, and the caller sends take.lua, which decides as
+-- it always has.
+-- Runs on: the shard primary. lua.go prepends record.lua.
 --
 -- KEYS[1] -> the period reserved in (keys.go's SliceKey): a sub-window of
 --            one second of a span of two
@@ -32,22 +33,23 @@
 --
 -- When none of the periods KEYS[1, 3, 4, 6, 7] and no reseed marker
 -- exists, the decision is take.lua's with every one of those periods
--- empty. The record (take.lua's header, windows.md) is read whole: with
+-- empty. The record (record.lua, windows.md) is read whole: with
 -- none, what was spent and has not refilled (d, in unit-ms) is limit *
 -- every less rate * (now - the time in KEYS[8]) when that time is at or
 -- before now, else 0; with one, each period it names not counted yet
--- ("n:<reset>") whose hold has ended is counted in d at the end of its
+-- (its n) whose hold has ended is counted in d at the end of its
 -- hold, and d refills at rate up to now. room is limit - ceil(d / every)
 -- less what the record says was spent at once in the three periods held;
 -- when room >= need, min(want, room) are granted. One SET opens KEYS[1]
 -- compact, "<granted>:<reset s>:1:<holder>" (PXAT reset + grace + one
 -- second, as take.lua's expiry of a bucket's period), and the record is
--- written as take.lua writes it (HDEL of what is counted, HSET, PEXPIRE
--- ceil(d / rate) + 3 s + grace).
+-- written as take.lua writes it (one SET ... PX ceil(d / rate) + 3 s +
+-- grace, record.lua's save_bucket; none where none was and the bucket's
+-- units refill within a second: then the period is the one write).
 --
 -- Returns: take.lua's reply, {granted, used, reset_at, start, 1, 0,
 --          granted, -1, 0}; or {-1} when a period or the reseed marker
---          exists, the record is not a hash of numbers, or room < need
+--          exists, the record is not one (record.lua), or room < need
 --          (take.lua then opens the period empty): nothing is written, and
 --          take.lua is the call to send.
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
@@ -80,42 +82,19 @@ end
 if redis.call("EXISTS", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]) ~= 0 then
   return { -1 }
 end
--- num writes a number as take.lua's compact.lua does.
-local function num(v)
-  if v < 1e14 and v > -1e14 then
-    return tostring(v)
-  end
-  return string.format("%.0f", v)
+-- The record (record.lua), as take.lua reads it.
+local v = redis.pcall("GET", KEYS[5])
+local b = bucket_of(v, now)
+if b == nil then
+  return { -1 } -- not a record: take.lua says so
 end
--- The record, as take.lua reads it.
-local all = redis.pcall("HGETALL", KEYS[5])
-if type(all) ~= "table" or all.err ~= nil then
-  return { -1 } -- not a hash: take.lua says so
-end
-local d, t, f, pend, x = 0, now, 0, {}, {}
-if #all == 0 then
+if v == false then
   local at = tonumber(redis.call("GET", KEYS[8]) or "")
   if at ~= nil and at <= now then
-    d = math.max(0, limit * every - rate * (now - at))
+    b.d = math.max(0, limit * every - rate * (now - at))
   end
 end
-for k = 1, #all, 2 do
-  local name, v = all[k], tonumber(all[k + 1])
-  local tag = string.sub(name, 1, 2)
-  if v == nil then
-    return { -1 } -- take.lua refuses it
-  elseif name == "d" then
-    d = v
-  elseif name == "t" then
-    t = v
-  elseif name == "f" then
-    f = v
-  elseif tag == "n:" then
-    pend[tonumber(string.sub(name, 3)) or 0] = v
-  elseif tag == "x:" then
-    x[tonumber(string.sub(name, 3)) or 0] = v
-  end
-end
+local d, t, f, pend, x = b.d, b.t, b.f, b.pend, b.spent
 -- The periods whose hold has ended, oldest first (those two and three
 -- before this one are not in Redis: the record's count of them stands).
 local order = {}
@@ -147,32 +126,10 @@ if spent == "1" then
   d = d + granted * every
   x[reset] = (x[reset] or 0) + granted
 end
-redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", granted, reset / 1000, holder), "PXAT", num(reset + grace + 1000))
--- The record as take.lua leaves it: the three periods held, less what is
+redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", granted, reset / 1000, holder), "PXAT", int(reset + grace + 1000))
+-- The record as take.lua leaves it: the periods held, less what is
 -- counted in d now.
-local fields = { "d", num(d), "t", num(t), "f", num(f) }
-for r = reset - 1000, reset + 1000, 1000 do
-  if r > f and r == reset then
-    table.insert(fields, "n:" .. num(r))
-    table.insert(fields, num(granted))
-  end
-  if r > f and (x[r] or 0) ~= 0 then
-    table.insert(fields, "x:" .. num(r))
-    table.insert(fields, num(x[r]))
-  end
-end
-local gone = {}
-for _, m in ipairs({ pend, x }) do
-  for r in pairs(m) do
-    if r <= f then
-      table.insert(gone, "n:" .. num(r))
-      table.insert(gone, "x:" .. num(r))
-    end
-  end
-end
-if #gone > 0 then
-  redis.call("HDEL", KEYS[5], unpack(gone))
-end
-redis.call("HSET", KEYS[5], unpack(fields))
-redis.call("PEXPIRE", KEYS[5], num(math.ceil(d / rate) + 3000 + grace))
+b.d, b.t, b.f = d, t, f
+pend[reset] = granted
+save_bucket(KEYS[5], b, math.ceil(d / rate) + 3000 + grace, v ~= false, rate, every)
 return { granted, granted + extra, reset, reset - 1000, 1, 0, granted, -1, 0 }

@@ -30,7 +30,7 @@ var (
 	Check = withCompact("check.lua")
 	// Take reserves units of a key's window for an edge, opening the window
 	// when none is live.
-	Take = withWindowAt("take.lua")
+	Take = withWindowAt("take.lua", "record.lua")
 	// Own reserves units of a holder's own compact window, live, or
 	// answers that take.lua is the call to send.
 	Own = read("own.lua")
@@ -40,7 +40,7 @@ var (
 	Slide = read("slide.lua")
 	// Bucket reserves units of a token bucket with no period near now in
 	// Redis, or answers that take.lua is the call to send.
-	Bucket = read("bucket.lua")
+	Bucket = read("record.lua") + "\n" + read("bucket.lua")
 	// Apply applies a run of producers' accounting events, each once.
 	Apply = withWindow("apply.lua")
 	// Lease holds or frees an accountant's lease on a shard.
@@ -77,14 +77,18 @@ func withCompact(name string) string {
 const windowMark = "-- (window.lua)\n"
 
 // withWindowAt is the script name with compact.lua before it and
-// window.lua in place of its windowMark line: what runs before that line
-// pays for compact.lua's functions only.
-func withWindowAt(name string) string {
+// window.lua, then the scripts more, in place of its windowMark line: what
+// runs before that line pays for compact.lua's functions only.
+func withWindowAt(name string, more ...string) string {
 	before, after, ok := strings.Cut(read(name), windowMark)
 	if !ok {
 		panic("lua: " + name + " has no line " + strings.TrimSpace(windowMark)) // a build defect, caught by any test
 	}
-	return read("compact.lua") + "\n" + before + read("window.lua") + "\n" + after
+	rest := read("window.lua") + "\n"
+	for _, m := range more {
+		rest += read(m) + "\n"
+	}
+	return read("compact.lua") + "\n" + before + rest + after
 }
 
 // withWindow is the script name with the window model before it:

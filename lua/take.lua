@@ -348,34 +348,21 @@ end
 -- periods whose units are no longer held are counted in it, each when its
 -- hold ended (the end of the period after it), and d refilled at rate.
 -- Units reserved by a caller that spends them at once (ARGV[21]) are
--- counted in d when they are reserved, and in their period's "x:<reset>"
+-- counted in d when they are reserved, and in their period's x (record.lua)
 -- (the period holds its count less those).
 local bucket = nil
 if rate ~= nil then
   local r0 = opens + len
-  bucket = { d = 0, t = now, f = 0, pend = {}, spent = {} }
-  local all = redis.call("HGETALL", KEYS[6])
-  if #all == 0 then
+  local v = redis.pcall("GET", KEYS[6])
+  bucket = bucket_of(v, now)
+  if bucket == nil then
+    return redis.error_reply("ERR tally: unreadable bucket at " .. KEYS[6])
+  end
+  bucket.had = v ~= false
+  if v == false then
     local at = tonumber(redis.call("GET", KEYS[9]) or "")
     if at ~= nil and at <= now then
       bucket.d = math.max(0, limit * every - rate * (now - at))
-    end
-  end
-  for k = 1, #all, 2 do
-    local name, v = all[k], tonumber(all[k + 1])
-    local tag = string.sub(name, 1, 2)
-    if v == nil then
-      return redis.error_reply("ERR tally: unreadable bucket at " .. KEYS[6])
-    elseif name == "d" then
-      bucket.d = v
-    elseif name == "t" then
-      bucket.t = v
-    elseif name == "f" then
-      bucket.f = v
-    elseif tag == "n:" then
-      bucket.pend[tonumber(string.sub(name, 3)) or 0] = v
-    elseif tag == "x:" then
-      bucket.spent[tonumber(string.sub(name, 3)) or 0] = v
     end
   end
   bucket.f0 = bucket.f
@@ -532,37 +519,13 @@ elseif granted > 0 then
 end
 -- A bucket's record: what is counted in it now, and the periods held,
 -- as this call leaves them (written when it reserved, or counted a
--- period); it lasts until what it counts has refilled.
+-- period); it lasts until what it counts has refilled. One SET
+-- (record.lua's save_bucket), or none where there was none and every
+-- period's units refill within a second.
 if bucket ~= nil and (granted > 0 or bucket.f ~= bucket.f0) then
   local r0 = opens + len
-  local fields = { "d", num(bucket.d), "t", num(bucket.t), "f", num(bucket.f) }
-  local function keep(r, n, x)
-    if r > bucket.f and n ~= 0 then
-      table.insert(fields, "n:" .. num(r))
-      table.insert(fields, num(n))
-    end
-    if r > bucket.f and x ~= 0 then
-      table.insert(fields, "x:" .. num(r))
-      table.insert(fields, num(x))
-    end
-  end
-  keep(r0 - len, us[-1], bucket.spent[r0 - len] or 0)
-  keep(r0, w.u, bucket.spent[r0] or 0)
-  keep(r0 + len, us[1], bucket.spent[r0 + len] or 0)
-  local gone = {}
-  for _, m in ipairs({ bucket.pend, bucket.spent }) do
-    for r in pairs(m) do
-      if r <= bucket.f then
-        table.insert(gone, "n:" .. num(r))
-        table.insert(gone, "x:" .. num(r))
-      end
-    end
-  end
-  if #gone > 0 then
-    redis.call("HDEL", KEYS[6], unpack(gone))
-  end
-  redis.call("HSET", KEYS[6], unpack(fields))
-  redis.call("PEXPIRE", KEYS[6], num(math.ceil(bucket.d / rate) + 3 * len + grace))
+  bucket.pend[r0 - len], bucket.pend[r0], bucket.pend[r0 + len] = us[-1], w.u, us[1]
+  save_bucket(KEYS[6], bucket, math.ceil(bucket.d / rate) + 3 * len + grace, bucket.had, rate, every)
 end
 -- What the caller will not spend yet, frozen in the same call.
 local frozen = -1

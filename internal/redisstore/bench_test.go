@@ -122,8 +122,8 @@ func BenchmarkTakePrimary(b *testing.B) {
 // one its holder reserved in twice, slide.lua reading its span record
 // first; tally-slide-own: the record alone) and a new token
 // bucket (tally-bucket: bucket.lua; tally-bucket-take: take.lua), and one
-// reserved in four seconds before (tally-bucket-again: bucket.lua reads
-// its record).
+// of a slow refill reserved in four seconds before (tally-bucket-again:
+// bucket.lua reads and writes its record).
 // primary-µs/op and replica-µs/op are each server's CPU (INFO cpu, user
 // and system) per request, client-µs/op this process's; commands/op the
 // primary's commands per request (those a script runs counted).
@@ -151,8 +151,14 @@ func BenchmarkColdWindow(b *testing.B) {
 				return limiter.TakeArgs{Window: slide.Window, Limit: slide.Limit, Need: 1, Want: 1, Producer: "bench",
 					Holder: "bench.1", Align: true, Opens: slide.WindowAt(now), Slices: slide.Slices}
 			}
-			// A token bucket of a billion a minute, as make bench's.
+			// A token bucket of a billion a minute, as make bench's: its
+			// units refill within a second, and it keeps no record. The
+			// bucket reserved in before refills a thousand an hour, and
+			// keeps one.
 			bucket := limiter.Policy{Name: "bucket"}.Bucket(limiter.MaxLimit, limiter.MaxLimit, time.Minute)
+			if name == "tally-bucket-again" {
+				bucket = limiter.Policy{Name: "bucket"}.Bucket(1_000_000, 1000, time.Hour)
+			}
 			bucketArgs := func(now time.Time, fresh bool) limiter.TakeArgs {
 				return limiter.TakeArgs{Window: bucket.Window, Limit: bucket.Limit, Need: 1, Want: 1, Producer: "bench", Holder: "bench.1",
 					Align: true, Opens: bucket.WindowAt(now), Slices: bucket.Slices, Rate: bucket.Rate, Every: bucket.Every, Fresh: fresh}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -200,18 +201,28 @@ func TestTokenBucketRecordOfAnotherProgram(t *testing.T) {
 	c := e.primary.Client()
 	ctx := context.Background()
 	require.NoError(t, e.store.LoadScripts(ctx, 0))
-	require.NoError(t, c.HSet(ctx, k.BucketKey(), "d", "lots").Err())
-	for _, fresh := range []bool{true, false} {
-		a := slideArgs(p, t0, "edge-a", 1, 1)
-		a.Rate, a.Every, a.Fresh = p.Rate, p.Every, fresh
-		_, err := e.store.Take(ctx, k, t0, a)
-		require.ErrorContains(t, err, "unreadable bucket at "+k.BucketKey())
-		n, err := c.Exists(ctx, k.SliceKey(p.WindowAt(t0).ResetAt)).Result()
-		require.NoError(t, err)
-		require.Zero(t, n, "nothing written")
+	// Strings that are not a record (record.lua), and a hash.
+	records := []string{"lots", "", "1:2", "1:2:3:4", "-1:2:3", "1.5:2:3", "1:2:3 4:5", "1:2:3 4:5:6 ", "1:2:3  4:5:6",
+		"1:2:3 4:5:6x", "12345678901234567:2:3", "1:2:3 4:5:6 7:8:9" + strings.Repeat(" 1:1:1", 700), "hash"}
+	for i, v := range records {
+		for _, fresh := range []bool{true, false} {
+			require.NoError(t, c.Del(ctx, k.BucketKey()).Err())
+			if v == "hash" {
+				require.NoError(t, c.HSet(ctx, k.BucketKey(), "d", "1").Err())
+			} else {
+				require.NoError(t, c.Set(ctx, k.BucketKey(), v, 0).Err())
+			}
+			a := slideArgs(p, t0, "edge-a", 1, 1)
+			a.Rate, a.Every, a.Fresh = p.Rate, p.Every, fresh
+			_, err := e.store.Take(ctx, k, t0, a)
+			require.ErrorContains(t, err, "unreadable bucket at "+k.BucketKey(), "record %d", i)
+			n, err := c.Exists(ctx, k.SliceKey(p.WindowAt(t0).ResetAt)).Result()
+			require.NoError(t, err)
+			require.Zero(t, n, "nothing written")
+		}
 	}
 	made, handedOn := e.store.ShortTakes()
-	require.Equal(t, [2]uint64{0, 1}, [2]uint64{made, handedOn}, "bucket.lua handed the fresh take on")
+	require.Equal(t, [2]uint64{0, uint64(len(records))}, [2]uint64{made, handedOn}, "bucket.lua handed the fresh takes on")
 
 	for _, v := range []string{strconv.FormatInt(t0.Add(time.Hour).UnixMilli(), 10), "soon"} {
 		other := e.keys.Key("bucket", "trent-"+v)
@@ -271,7 +282,7 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 		gl, err := long.store.Take(ctx, k, at, a)
 		require.NoError(t, err)
 		require.Equal(t, gl, gs, "the short way's grant at %v", at.Sub(t0))
-		rs, rl := short.primary.Client().HGetAll(ctx, k.BucketKey()).Val(), long.primary.Client().HGetAll(ctx, k.BucketKey()).Val()
+		rs, rl := short.primary.Client().Get(ctx, k.BucketKey()).Val(), long.primary.Client().Get(ctx, k.BucketKey()).Val()
 		require.Equal(t, rl, rs, "the short way's record at %v", at.Sub(t0))
 		ts, tl := short.primary.Client().PTTL(ctx, k.BucketKey()).Val(), long.primary.Client().PTTL(ctx, k.BucketKey()).Val()
 		require.InDelta(t, tl.Milliseconds(), ts.Milliseconds(), 1000, "the record's expiry")
@@ -279,7 +290,8 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	}
 	ms := func(d int) time.Time { return t0.Add(time.Duration(d) * time.Millisecond) }
 
-	// A new bucket: the burst, one script call and three writes.
+	// A new bucket: the burst, one script call and two writes, each one
+	// effect to replicate.
 	p := bucketPolicy(10, 2)
 	k := short.keys.Key("bucket", "new")
 	short.replica.WaitSynced(short.primary)
@@ -288,14 +300,17 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	counted = func() {
 		short.replica.WaitSynced(short.primary)
 		pc, rc := commandCalls(t, short.primary.Client()), commandCalls(t, short.replica.Client())
-		for _, c := range []string{"evalsha", "exists", "hgetall", "get", "set", "hset", "pexpire"} {
+		for _, c := range []string{"evalsha", "exists"} {
 			require.EqualValues(t, 1, pc[c], "primary ran %s: %v", c, pc)
 		}
-		for _, c := range []string{"set", "hset", "pexpireat"} { // a PEXPIRE replicates as PEXPIREAT
-			require.EqualValues(t, 1, rc[c], "replica ran %s: %v", c, rc)
-		}
-		for _, c := range []string{"hmget", "pexpireat", "hdel"} {
+		// The record and the time of the last reseed (none) read; the
+		// period and the record written.
+		require.EqualValues(t, 2, pc["get"], "primary ran get: %v", pc)
+		require.EqualValues(t, 2, pc["set"], "primary ran set: %v", pc)
+		require.EqualValues(t, 2, rc["set"], "replica ran set: %v", rc)
+		for _, c := range []string{"hgetall", "hmget", "hset", "hdel", "pexpire", "pexpireat"} {
 			require.Zero(t, pc[c], "primary ran %s: %v", c, pc)
+			require.Zero(t, rc[c], "replica ran %s: %v", c, rc)
 		}
 	}
 	g := both(p, k, ms(0), true, false, 1, 6)
@@ -349,15 +364,15 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	require.EqualValues(t, 10, g.Used, "8.8 spent and 1 held, rounded up")
 	takes(4, 2)
 
-	// A record another program wrote with numbers take.lua accepts
-	// (fractions, a period counted ahead): both write it back alike.
-	k = short.keys.Key("bucket", "odd record")
+	// A record with a period whose key is gone, its hold long ended: both
+	// count it and write the record back alike.
+	k = short.keys.Key("bucket", "old period")
 	for _, e := range []*env{short, long} {
-		require.NoError(t, e.primary.Client().HSet(ctx, k.BucketKey(), "d", "1500.5", "t", strconv.FormatInt(ms(-100).UnixMilli(), 10),
-			"f", "0", "n:"+strconv.FormatInt(ms(-5000).Truncate(time.Second).UnixMilli(), 10), "2.5", "x:7", "1").Err())
+		require.NoError(t, e.primary.Client().Set(ctx, k.BucketKey(), fmt.Sprintf("1500:%d:0 %d:2:0", ms(-100).UnixMilli(),
+			ms(-5000).Truncate(time.Second).UnixMilli()), time.Minute).Err())
 	}
 	g = both(p, k, ms(300), true, false, 1, 10)
-	require.EqualValues(t, 6, g.Granted, "1.5 and the 2.5 counted ahead, less 0.8 refilled: 3.2 spent")
+	require.EqualValues(t, 7, g.Granted, "1.5 and the period's 2 counted, less 0.8 refilled: 2.7 spent")
 	takes(5, 2)
 
 	// While a reseed lasts, bucket.lua reserves nothing: take.lua refuses.
@@ -372,6 +387,105 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	require.False(t, long.store.Compact(0), "take.lua alone all along")
 	_, handedOn := long.store.ShortTakes()
 	require.Zero(t, handedOn)
+}
+
+// A bucket whose units refill within a second of their hold's end writes
+// no record while it would count nothing else: a new bucket's reservation
+// is then one write, its period, replicated as one SET; spent at once, or
+// slower, it writes its record. However takes come (three edges, the short
+// way and take.lua, at random steps of time, a few units or the burst), no
+// stretch of time between two takes is granted more than the burst and the
+// rate over it, and once it has had time to refill the whole burst is
+// there.
+func TestTokenBucketOfAFastRateWritesNoRecord(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, redisstore.Options{Grace: slideGrace})
+	require.NoError(t, e.store.LoadScripts(ctx, 0))
+	c := e.primary.Client()
+	p := bucketPolicy(10, 10)
+	fresh := func(k limiter.Key, at time.Time, spent bool, want int64) limiter.Grant {
+		t.Helper()
+		a := slideArgs(p, at, "edge-a", 1, want)
+		a.Rate, a.Every, a.Fresh, a.Spent = p.Rate, p.Every, true, spent
+		g, err := e.store.Take(ctx, k, at, a)
+		require.NoError(t, err)
+		return g
+	}
+	k := e.keys.Key("bucket", "fast")
+	e.replica.WaitSynced(e.primary)
+	require.NoError(t, e.replica.Client().ConfigResetStat(ctx).Err())
+	require.EqualValues(t, 10, fresh(k, t0, false, 10).Granted)
+	require.Zero(t, c.Exists(ctx, k.BucketKey()).Val(), "no record")
+	e.replica.WaitSynced(e.primary)
+	rc := commandCalls(t, e.replica.Client())
+	require.EqualValues(t, 1, rc["set"], "the replica's writes: %v", rc)
+	require.Zero(t, rc["multi"], "the replica's writes: %v", rc)
+	require.EqualValues(t, 1, rc["set"]+rc["multi"]+rc["exec"]+rc["hset"]+rc["del"]+rc["pexpireat"], "the replica's writes: %v", rc)
+	// Spent at once, the units are counted in a record.
+	spent := e.keys.Key("bucket", "fast spent")
+	require.EqualValues(t, 1, fresh(spent, t0, true, 1).Granted)
+	require.NotEmpty(t, c.Get(ctx, spent.BucketKey()).Val())
+	// Slower: 10 units take five seconds to refill.
+	slow := e.keys.Key("bucket", "slow")
+	q := bucketPolicy(10, 2)
+	a := slideArgs(q, t0, "edge-a", 1, 10)
+	a.Rate, a.Every, a.Fresh = q.Rate, q.Every, true
+	_, err := e.store.Take(ctx, slow, t0, a)
+	require.NoError(t, err)
+	require.NotEmpty(t, c.Get(ctx, slow.BucketKey()).Val())
+
+	rnd := rand.New(rand.NewPCG(7, 11))
+	type grant struct {
+		at time.Time
+		n  int64
+	}
+	steps := []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, 900 * time.Millisecond, 1200 * time.Millisecond,
+		2500 * time.Millisecond, 3100 * time.Millisecond, 4500 * time.Millisecond}
+	for run := range 12 {
+		// Fast, as fast as the rule allows for the burst, and slower.
+		p := []limiter.Policy{bucketPolicy(10, 10), bucketPolicy(10, 4), bucketPolicy(10, 2), bucketPolicy(30, 20)}[run%4]
+		k := e.keys.Key("bucket", fmt.Sprintf("fast-%d", run))
+		at := t0.Add(time.Duration(run) * time.Hour)
+		var grants []grant
+		last := map[string]time.Time{}
+		for op := range 120 {
+			at = at.Add(steps[rnd.IntN(len(steps))] + time.Duration(rnd.IntN(200))*time.Millisecond)
+			edge := fmt.Sprintf("edge-%d", rnd.IntN(3))
+			want := 1 + rnd.Int64N(3)
+			if rnd.IntN(2) == 0 {
+				want = p.Limit
+			}
+			if op < 2 {
+				// The burst just before a period's reset, and again just
+				// after the three seconds a period is read for.
+				at = t0.Truncate(time.Second).Add(time.Duration(run)*time.Hour + time.Duration(op)*3100*time.Millisecond + 950*time.Millisecond)
+				want = p.Limit
+			}
+			a := slideArgs(p, at, edge, 1, want)
+			a.Rate, a.Every = p.Rate, p.Every
+			a.Fresh = last[edge].IsZero() || at.Sub(last[edge]) >= 4*limiter.BucketPeriod
+			g, err := e.store.Take(ctx, k, at, a)
+			require.NoError(t, err)
+			last[edge] = at
+			grants = append(grants, grant{at, g.Granted})
+			for i := range grants {
+				var sum int64
+				for _, h := range grants[i:] {
+					sum += h.n
+				}
+				if bound := float64(p.Limit) + float64(p.Rate)*at.Sub(grants[i].at).Seconds(); float64(sum) > bound {
+					t.Fatalf("run %d op %d: %d granted from %v to %v, more than %.1f", run, op, sum, grants[i].at.Sub(t0), at.Sub(t0), bound)
+				}
+			}
+		}
+		// Quiet long enough for the burst to refill after the last hold.
+		at = at.Add(4*limiter.BucketPeriod + time.Duration(p.Limit)*time.Second/time.Duration(p.Rate))
+		a := slideArgs(p, at, "edge-a", 1, p.Limit)
+		a.Rate, a.Every, a.Fresh = p.Rate, p.Every, true
+		g, err := e.store.Take(ctx, k, at, a)
+		require.NoError(t, err)
+		require.Equal(t, p.Limit, g.Granted, "run %d: the burst once refilled", run)
+	}
 }
 
 // bucket.lua and take.lua decide alike over random runs: takes at random
@@ -394,7 +508,8 @@ func TestTokenBucketShortWayDecidesAsTakeLua(t *testing.T) {
 	}{{bucketPolicy(10, 2), false, true}, {bucketPolicy(10, 2), true, true}, {bucketPolicy(4, 1), false, true},
 		{bucketPolicy(3, 10), true, true}, {limiter.Policy{Name: "bucket"}.Bucket(20, 5, time.Minute), false, true},
 		{limiter.Policy{Name: "bucket"}.Bucket(100, 30, time.Minute), false, false},
-		{limiter.Policy{Name: "bucket"}.Bucket(100, 30, time.Minute), true, false}} {
+		{limiter.Policy{Name: "bucket"}.Bucket(100, 30, time.Minute), true, false},
+		{bucketPolicy(10, 10), false, true}, {bucketPolicy(20, 40), false, false}} { // fast: records skipped
 		k := short.keys.Key("bucket", fmt.Sprintf("random-%d", i))
 		at, last := t0, time.Time{}
 		granted := map[time.Time]int64{} // by period reset: granted and not given back
@@ -441,7 +556,7 @@ func TestTokenBucketShortWayDecidesAsTakeLua(t *testing.T) {
 			gl, err := long.store.Take(ctx, k, at, a)
 			require.NoError(t, err)
 			require.Equal(t, gl, gs, "case %d op %d at %v: the grant", i, op, at.Sub(t0))
-			require.Equal(t, long.primary.Client().HGetAll(ctx, k.BucketKey()).Val(), short.primary.Client().HGetAll(ctx, k.BucketKey()).Val(),
+			require.Equal(t, long.primary.Client().Get(ctx, k.BucketKey()).Val(), short.primary.Client().Get(ctx, k.BucketKey()).Val(),
 				"case %d op %d: the record", i, op)
 			last = at
 			if !c.spent {

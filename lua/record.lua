@@ -1,0 +1,89 @@
+-- record.lua: a token bucket's record (keys.go's BucketKey), read and
+-- written by take.lua and bucket.lua (lua.go prepends it to both); never run
+-- on its own.
+--
+-- The record is one string, so that writing it is one SET with its expiry
+-- and one effect to replicate:
+--   "<d>:<t>:<f>" and, for each period after f that holds units, in order
+--   of reset, " <r>:<n>:<x>"
+-- d  what was spent and has not refilled yet at time t, unit-ms (units
+--    times the bucket's every)
+-- t  ms since the Unix epoch
+-- f  the reset of the last period counted in d (0 for none)
+-- r  a period's reset, ms; n its units when last seen (counted in d at the
+--    end of its hold, when its key may be gone); x its units spent at once
+--    (counted in d already, and not again with n)
+-- Every number is a decimal integer of at most 16 digits.
+
+-- int renders an integer-valued number without an exponent.
+local function int(v)
+  return string.format("%.0f", v)
+end
+
+-- bucket_of returns the record held in v (GET's answer) as
+-- {d, t, f, pend = {[r] = n}, spent = {[r] = x}}, with t = now when there
+-- is no record (v false), or nil when v is not one.
+local function bucket_of(v, now)
+  local b = { d = 0, t = now, f = 0, pend = {}, spent = {} }
+  if v == false then
+    return b
+  end
+  if type(v) ~= "string" or #v > 4096 then
+    return nil
+  end
+  local d, t, f, rest = string.match(v, "^(%d+):(%d+):(%d+)(.*)$")
+  if d == nil or #d > 16 or #t > 16 or #f > 16 then
+    return nil
+  end
+  b.d, b.t, b.f = tonumber(d), tonumber(t), tonumber(f)
+  local seen = 0
+  for r, n, x in string.gmatch(rest, " (%d+):(%d+):(%d+)") do
+    if #r > 16 or #n > 16 or #x > 16 then
+      return nil
+    end
+    seen = seen + #r + #n + #x + 3
+    r = tonumber(r)
+    b.pend[r], b.spent[r] = tonumber(n), tonumber(x)
+  end
+  if seen ~= #rest then
+    return nil -- anything besides the periods
+  end
+  return b
+end
+
+-- save_bucket writes b as the record at key, for ttl ms: the periods after
+-- b.f that hold units, and nothing of those counted. had says whether a
+-- record was read (bucket_of of a string). A bucket that had none writes
+-- none while it would count nothing but periods each of whose units
+-- refill within a second of its hold's end (n * every <= rate * 1000, and
+-- nothing spent at once or left to refill): a reservation reads a period
+-- until three seconds after its reset, from its key (which lives at least
+-- a second past its hold's end), and its units have refilled before then
+-- — so a record would tell nothing a later reservation needs. Over many
+-- keys each seen now and then, a bucket of a fast rate is then one write.
+local function save_bucket(key, b, ttl, had, rate, every)
+  local rs, quiet = {}, not had and b.d == 0
+  for r, n in pairs(b.pend) do
+    if r > b.f and (n ~= 0 or (b.spent[r] or 0) ~= 0) then
+      table.insert(rs, r)
+      quiet = quiet and n * every <= rate * 1000
+    end
+  end
+  for r, x in pairs(b.spent) do
+    if r > b.f and x ~= 0 then
+      quiet = false
+      if b.pend[r] == nil then
+        table.insert(rs, r)
+      end
+    end
+  end
+  if quiet then
+    return
+  end
+  table.sort(rs)
+  local parts = { int(b.d) .. ":" .. int(b.t) .. ":" .. int(b.f) }
+  for _, r in ipairs(rs) do
+    table.insert(parts, int(r) .. ":" .. int(b.pend[r] or 0) .. ":" .. int(b.spent[r] or 0))
+  end
+  redis.call("SET", key, table.concat(parts, " "), "PX", int(ttl))
+end

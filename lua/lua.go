@@ -4,10 +4,11 @@
 // returns, and which node it runs on. The scripts that change windows (take,
 // apply, finish, hold, reseed) share the window model in window.lua, which
 // is prepended to them here; own is take's path for a holder's own compact
-// window alone, slide its path for a sliding window's compact
-// sub-windows and bucket its path for a token bucket with no period near
-// now in Redis, each with nothing prepended; check runs alone, read-only, on
-// replicas; lease
+// window alone and slide its path for a sliding window's compact
+// sub-windows, each with nothing prepended, and bucket its path for a
+// token bucket with no period near now in Redis, with record.lua (a
+// bucket's record, which take reads and writes too); check runs alone,
+// read-only, on replicas; lease
 // keeps one accountant active per shard; reseed tells when a shard's primary
 // changed and its windows must be re-asserted.
 //

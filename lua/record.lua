@@ -13,7 +13,10 @@
 -- r  a period's reset, ms; n its units when last seen (counted in d at the
 --    end of its hold, when its key may be gone); x its units spent at once
 --    (counted in d already, and not again with n)
--- Every number is a decimal integer of at most 16 digits.
+-- Every number is a decimal integer of at most 16 digits. A record holds
+-- the periods a reservation has not counted yet: those near now, and those
+-- an edge whose clock runs ahead reserved in; 64 KB (over a thousand
+-- periods) is read, anything longer is not a record.
 
 -- int renders an integer-valued number without an exponent.
 local function int(v)
@@ -28,7 +31,7 @@ local function bucket_of(v, now)
   if v == false then
     return b
   end
-  if type(v) ~= "string" or #v > 4096 then
+  if type(v) ~= "string" or #v > 65536 then
     return nil
   end
   local d, t, f, rest = string.match(v, "^(%d+):(%d+):(%d+)(.*)$")

@@ -203,7 +203,7 @@ func TestTokenBucketRecordOfAnotherProgram(t *testing.T) {
 	require.NoError(t, e.store.LoadScripts(ctx, 0))
 	// Strings that are not a record (record.lua), and a hash.
 	records := []string{"lots", "", "1:2", "1:2:3:4", "-1:2:3", "1.5:2:3", "1:2:3 4:5", "1:2:3 4:5:6 ", "1:2:3  4:5:6",
-		"1:2:3 4:5:6x", "12345678901234567:2:3", "1:2:3 4:5:6 7:8:9" + strings.Repeat(" 1:1:1", 700), "hash"}
+		"1:2:3 4:5:6x", "12345678901234567:2:3", "1:2:3 4:5:6 7:8:9" + strings.Repeat(" 1:1:1", 11000), "hash"}
 	for i, v := range records {
 		for _, fresh := range []bool{true, false} {
 			require.NoError(t, c.Del(ctx, k.BucketKey()).Err())

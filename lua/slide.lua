@@ -48,9 +48,11 @@
 -- Given the record alone (three keys), it reads it with KEYS[1] and the
 -- marker in one MGET: a record of KEYS[1]'s sub-window, length, slices and
 -- the shard's level says what the others hold, and none of them is read;
--- without one it hands on. Given every key, one MGET reads every
--- sub-window and the record (a hash reads as nil there), one EXISTS tells
--- a missing key from a hash, and with a level the record is written for
+-- without one it hands on. Given every key, one EXISTS counts the
+-- sub-windows and the marker; when any is there, one MGET reads them and
+-- the record (a hash reads as nil there, and EXISTS tells it from a
+-- missing key); when none is, nothing else is read (a record can outlive
+-- none of its spans' sub-windows, so there is none to keep true), and with a level the record is written for
 -- the next reservations here (SET ... PXAT reset + grace) when the
 -- holder's own sub-window grows, or where the key had a record of another
 -- sub-window (keep, below). The record is true while none of the others
@@ -115,20 +117,28 @@ if alone then
     return { -1 } -- no record of this sub-window: the caller sends every key
   end
 else
-  -- One MGET reads the reseed marker and every sub-window, vs[i] KEYS[i]'s.
-  local vs = redis.call("MGET", unpack(KEYS))
-  if vs[2] then
-    return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
-  end
-  stored = vs[n + 1]
-  local strings = 0
-  for i = 1, n do
-    if vs[i] then
-      strings = strings + 1
+  -- One EXISTS of every sub-window and the reseed marker. None there (a
+  -- key not seen for a whole window, as most over many keys): the span
+  -- holds nothing, and nothing is read. Else one MGET reads them and the
+  -- record, vs[i] KEYS[i]'s, and a hash among them (a full sub-window, or
+  -- a key that moved) is what MGET reads as nil and EXISTS counts.
+  local there = redis.call("EXISTS", unpack(KEYS, 1, n))
+  local vs = {}
+  if there > 0 then
+    vs = redis.call("MGET", unpack(KEYS))
+    if vs[2] then
+      return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
     end
-  end
-  if strings < n - 1 and redis.call("EXISTS", unpack(KEYS, 1, n)) ~= strings then
-    return { -1 } -- a hash among them: a full sub-window, or a key that moved
+    stored = vs[n + 1]
+    local strings = 0
+    for i = 1, n do
+      if vs[i] then
+        strings = strings + 1
+      end
+    end
+    if strings ~= there then
+      return { -1 } -- a hash among them: take.lua reads it
+    end
   end
   -- us[m]: the units of the sub-window m after KEYS[1] (m < 0: before).
   local us = { [0] = 0 }

@@ -32,8 +32,10 @@
 --            (take.lua's ARGV[21]), else ""
 --
 -- When none of the periods KEYS[1, 3, 4, 6, 7] and no reseed marker
--- exists, the decision is take.lua's with every one of those periods
--- empty. The record (record.lua, windows.md) is read whole: with
+-- exists (one EXISTS counts them and the record, which is read only when
+-- that count says it may be there), the decision is take.lua's with every
+-- one of those periods empty. The record (record.lua, windows.md) is read
+-- whole: with
 -- none, what was spent and has not refilled (d, in unit-ms) is limit *
 -- every less rate * (now - the time in KEYS[8]) when that time is at or
 -- before now, else 0; with one, each period it names not counted yet
@@ -78,12 +80,20 @@ if #holder < 3 or #holder > 100 or not string.find(holder, "^[%w_-][%w_.-]*%.[%w
   return redis.error_reply("ERR tally: invalid holder")
 end
 
--- One EXISTS: a period near now, or a reseed, is take.lua's.
-if redis.call("EXISTS", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]) ~= 0 then
+-- One EXISTS: a period near now, or a reseed, is take.lua's; the record
+-- is counted too, and read only when it may be there.
+local there = redis.call("EXISTS", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+if there > 1 then
   return { -1 }
 end
 -- The record (record.lua), as take.lua reads it.
-local v = redis.pcall("GET", KEYS[5])
+local v = false
+if there == 1 then
+  v = redis.pcall("GET", KEYS[5])
+  if not v then
+    return { -1 } -- what is there is a period or the marker
+  end
+end
 local b = bucket_of(v, now)
 if b == nil then
   return { -1 } -- not a record: take.lua says so

@@ -256,7 +256,11 @@ func fullEnv(t *testing.T, opts redisstore.Options) *env {
 // the same grants after it.
 func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	ctx := context.Background()
-	short, long := newEnv(t, redisstore.Options{Grace: slideGrace}), fullEnv(t, redisstore.Options{Grace: slideGrace})
+	// Times from now, not from the package's start: the periods' keys
+	// expire by Redis's clock, a few seconds after their reset.
+	t0 := time.Now().Truncate(time.Second).Add(300 * time.Millisecond)
+	// No epoch check between the counts of commands below.
+	short, long := newEnv(t, redisstore.Options{Grace: slideGrace, EpochCheck: time.Minute}), fullEnv(t, redisstore.Options{Grace: slideGrace})
 	require.NoError(t, short.store.LoadScripts(ctx, 0))
 	require.True(t, short.store.Compact(0), "a new deployment's windows are compact")
 	require.False(t, long.store.Compact(0))
@@ -399,7 +403,9 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 // there.
 func TestTokenBucketOfAFastRateWritesNoRecord(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, redisstore.Options{Grace: slideGrace})
+	// Times from now: the periods' keys expire by Redis's clock.
+	t0 := time.Now().Truncate(time.Second).Add(300 * time.Millisecond)
+	e := newEnv(t, redisstore.Options{Grace: slideGrace, EpochCheck: time.Minute}) // no epoch check between the counts
 	require.NoError(t, e.store.LoadScripts(ctx, 0))
 	c := e.primary.Client()
 	p := bucketPolicy(10, 10)

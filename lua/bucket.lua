@@ -94,15 +94,9 @@ if there == 1 then
     return { -1 } -- what is there is a period or the marker
   end
 end
-local b = bucket_of(v, now)
+local b = bucket_of(v, now, KEYS[8], limit, rate, every)
 if b == nil then
   return { -1 } -- not a record: take.lua says so
-end
-if v == false then
-  local at = tonumber(redis.call("GET", KEYS[8]) or "")
-  if at ~= nil and at <= now then
-    b.d = math.max(0, limit * every - rate * (now - at))
-  end
 end
 local d, t, f, pend, x = b.d, b.t, b.f, b.pend, b.spent
 -- The periods whose hold has ended, oldest first (those two and three
@@ -141,5 +135,5 @@ redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", granted, reset / 1000
 -- counted in d now.
 b.d, b.t, b.f = d, t, f
 pend[reset] = granted
-save_bucket(KEYS[5], b, math.ceil(d / rate) + 3000 + grace, v ~= false, rate, every)
+save_bucket(KEYS[5], b, math.ceil(d / rate) + 3000 + grace, rate, every)
 return { granted, granted + extra, reset, reset - 1000, 1, 0, granted, -1, 0 }

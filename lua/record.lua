@@ -1,6 +1,7 @@
 -- record.lua: a token bucket's record (keys.go's BucketKey), read and
--- written by take.lua and bucket.lua (lua.go prepends it to both); never run
--- on its own.
+-- written by take.lua and bucket.lua (lua.go prepends it to both), and
+-- what a bucket with none is taken as (the shard's refill time, keys.go's
+-- RefillKey); never run on its own.
 --
 -- The record is one string, so that writing it is one SET with its expiry
 -- and one effect to replicate:
@@ -24,11 +25,18 @@ local function int(v)
 end
 
 -- bucket_of returns the record held in v (GET's answer) as
--- {d, t, f, pend = {[r] = n}, spent = {[r] = x}}, with t = now when there
--- is no record (v false), or nil when v is not one.
-local function bucket_of(v, now)
-  local b = { d = 0, t = now, f = 0, pend = {}, spent = {} }
+-- {d, t, f, pend = {[r] = n}, spent = {[r] = x}, had}, or nil when v is
+-- not one. With no record (v false, had false), t is now and the bucket is
+-- taken as emptied when the shard's primary last began a reseed (the time
+-- at refill_key, when at or before now: a record lost with the primary's
+-- data), refilled at rate every ms since; else d is 0.
+local function bucket_of(v, now, refill_key, limit, rate, every)
+  local b = { d = 0, t = now, f = 0, pend = {}, spent = {}, had = v ~= false }
   if v == false then
+    local at = tonumber(redis.call("GET", refill_key) or "")
+    if at ~= nil and at <= now then
+      b.d = math.max(0, limit * every - rate * (now - at))
+    end
     return b
   end
   if type(v) ~= "string" or #v > 65536 then
@@ -55,8 +63,8 @@ local function bucket_of(v, now)
 end
 
 -- save_bucket writes b as the record at key, for ttl ms: the periods after
--- b.f that hold units, and nothing of those counted. had says whether a
--- record was read (bucket_of of a string). A bucket that had none writes
+-- b.f that hold units, and nothing of those counted. A bucket that had none
+-- (b.had false) writes
 -- none while it would count nothing but periods each of whose units
 -- refill within a second of its hold's end (n * every <= rate * 1000, and
 -- nothing spent at once or left to refill): a reservation reads a period
@@ -64,8 +72,8 @@ end
 -- a second past its hold's end), and its units have refilled before then
 -- — so a record would tell nothing a later reservation needs. Over many
 -- keys each seen now and then, a bucket of a fast rate is then one write.
-local function save_bucket(key, b, ttl, had, rate, every)
-  local rs, quiet = {}, not had and b.d == 0
+local function save_bucket(key, b, ttl, rate, every)
+  local rs, quiet = {}, not b.had and b.d == 0
   for r, n in pairs(b.pend) do
     if r > b.f and (n ~= 0 or (b.spent[r] or 0) ~= 0) then
       table.insert(rs, r)

@@ -52,8 +52,8 @@
 -- sub-windows and the marker; when any is there, one MGET reads them and
 -- the record (a hash reads as nil there, and EXISTS tells it from a
 -- missing key); when none is, nothing else is read (a record can outlive
--- none of its spans' sub-windows, so there is none to keep true), and with a level the record is written for
--- the next reservations here (SET ... PXAT reset + grace) when the
+-- none of its spans' sub-windows, so there is none to keep true). With a
+-- level the record is written for the next reservations here (SET ... PXAT reset + grace) when the
 -- holder's own sub-window grows, or where the key had a record of another
 -- sub-window (keep, below). The record is true while none of the others
 -- changes: every script that changes one removes it (window.lua's

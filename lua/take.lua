@@ -353,17 +353,9 @@ end
 local bucket = nil
 if rate ~= nil then
   local r0 = opens + len
-  local v = redis.pcall("GET", KEYS[6])
-  bucket = bucket_of(v, now)
+  bucket = bucket_of(redis.pcall("GET", KEYS[6]), now, KEYS[9], limit, rate, every)
   if bucket == nil then
     return redis.error_reply("ERR tally: unreadable bucket at " .. KEYS[6])
-  end
-  bucket.had = v ~= false
-  if v == false then
-    local at = tonumber(redis.call("GET", KEYS[9]) or "")
-    if at ~= nil and at <= now then
-      bucket.d = math.max(0, limit * every - rate * (now - at))
-    end
   end
   bucket.f0 = bucket.f
   local due, order = {}, {}
@@ -525,7 +517,7 @@ end
 if bucket ~= nil and (granted > 0 or bucket.f ~= bucket.f0) then
   local r0 = opens + len
   bucket.pend[r0 - len], bucket.pend[r0], bucket.pend[r0 + len] = us[-1], w.u, us[1]
-  save_bucket(KEYS[6], bucket, math.ceil(bucket.d / rate) + 3 * len + grace, bucket.had, rate, every)
+  save_bucket(KEYS[6], bucket, math.ceil(bucket.d / rate) + 3 * len + grace, rate, every)
 end
 -- What the caller will not spend yet, frozen in the same call.
 local frozen = -1

@@ -229,6 +229,20 @@ func TestTokenBucketRecordOfAnotherProgram(t *testing.T) {
 		require.NoError(t, c.Set(ctx, e.keys.RefillKey(), v, 0).Err())
 		require.EqualValues(t, 10, e.bucketTake(t, p, other, t0, "edge-a", 1, 10).Granted, "refill time %q", v)
 	}
+
+	// The edge of the trust boundary: a well-formed record is believed.
+	// A bucket emptied, its record then rewritten to say nothing was
+	// spent, grants its burst again — what deleting the record would do.
+	// Times from now: the periods' keys expire by Redis's clock.
+	now := time.Now().Truncate(time.Second).Add(300 * time.Millisecond)
+	forged := e.keys.Key("bucket", "forged")
+	require.NoError(t, c.Del(ctx, e.keys.RefillKey()).Err())
+	require.EqualValues(t, 10, e.bucketTake(t, p, forged, now, "edge-a", 1, 10).Granted)
+	require.Zero(t, e.bucketTake(t, p, forged, now.Add(time.Second), "edge-a", 1, 10).Granted, "emptied")
+	later := now.Add(5 * time.Second) // the periods near now: none of those reserved in
+	require.NoError(t, c.Set(ctx, forged.BucketKey(), fmt.Sprintf("0:%d:%d", later.UnixMilli(), later.Truncate(time.Second).UnixMilli()),
+		time.Minute).Err())
+	require.EqualValues(t, 10, e.bucketTake(t, p, forged, later, "edge-a", 1, 10).Granted, "the forged record believed")
 }
 
 // fullEnv is an env whose shard's windows are never compact, as a

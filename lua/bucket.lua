@@ -1,11 +1,12 @@
--- bucket.lua: reserve units of a token bucket (take.lua's ARGV[19]) none
--- of whose periods near now is in Redis and no reseed is in progress: a
--- client's first reservation, or its first after a few quiet seconds — over
--- many keys nearly every reservation of a bucket. It is take.lua's
--- decision for that case, with ten arguments and only the record's codec
--- prepended, and it opens the period compact. In any other case it writes
--- nothing and answers so, and the caller sends take.lua, which decides as
--- it always has.
+-- bucket.lua: reserve units of a token bucket (take.lua's ARGV[19]) whose
+-- periods near now are missing or compact and the one reserved in missing
+-- or the holder's own, with no reseed in progress: a client's first
+-- reservation, its first after a few quiet seconds — over many keys nearly
+-- every reservation of a bucket — and, while one edge alone reserves in a
+-- bucket, its next ones. It is take.lua's decision for those cases, with
+-- ten arguments and only the record's codec prepended, and it keeps the
+-- periods compact. In any other case it writes nothing and answers so, and
+-- the caller sends take.lua, which decides as it always has.
 -- Runs on: the shard primary. lua.go prepends record.lua.
 --
 -- KEYS[1] -> the period reserved in (keys.go's SliceKey): a sub-window of
@@ -31,29 +32,35 @@
 -- ARGV[10] -> "1" when the caller spends what it is granted at once
 --            (take.lua's ARGV[21]), else ""
 --
--- When none of the periods KEYS[1, 3, 4, 6, 7] and no reseed marker
--- exists (one EXISTS counts them and the record, which is read only when
--- that count says it may be there), the decision is take.lua's with every
--- one of those periods empty. The record (record.lua, windows.md) is read
--- whole: with
--- none, what was spent and has not refilled (d, in unit-ms) is limit *
--- every less rate * (now - the time in KEYS[8]) when that time is at or
--- before now, else 0; with one, each period it names not counted yet
--- (its n) whose hold has ended is counted in d at the end of its
--- hold, and d refills at rate up to now. room is limit - ceil(d / every)
--- less what the record says was spent at once in the three periods held;
--- when room >= need, min(want, room) are granted. One SET opens KEYS[1]
--- compact, "<granted>:<reset s>:1:<holder>" (PXAT reset + grace + one
--- second, as take.lua's expiry of a bucket's period), and the record is
--- written as take.lua writes it (one SET ... PX ceil(d / rate) + 3 s +
--- grace, record.lua's save_bucket; none where none was and the bucket's
--- units refill within a second: then the period is the one write).
+-- One EXISTS counts the periods KEYS[1, 3, 4, 6, 7], the reseed marker
+-- and the record; with none there nothing is read, else one MGET reads
+-- them. The decision is take.lua's when the marker is missing, every
+-- period there is a compact string, and KEYS[1] is missing or the
+-- holder's own compact period of this reset. The record (record.lua,
+-- windows.md) is read whole: with none, what was spent and has not
+-- refilled (d, in unit-ms) is limit * every less rate * (now - the time in
+-- KEYS[8]) when that time is at or before now, else 0; with one, each
+-- period not counted yet (its n, or its key's count while the key is
+-- there) whose hold has ended is counted in d at the end of its hold, and
+-- d refills at rate up to now. room is limit - ceil(d / every) less
+-- KEYS[1]'s count, less the counts of the periods before and after it,
+-- plus what the record says was spent at once in the three periods held;
+-- when room >= need, min(want, room) are granted. A missing KEYS[1] is
+-- opened compact, "<granted>:<reset s>:1:<holder>" (PXAT reset + grace + one
+-- second, as take.lua's expiry of a bucket's period); the holder's own
+-- grows, its expiry kept (as own.lua writes it). The record is written as
+-- take.lua writes it (one SET ... PX ceil(d / rate) + 3 s + grace,
+-- record.lua's save_bucket; none where none was and the bucket's units
+-- refill within a second: then the period is the one write).
 --
--- Returns: take.lua's reply, {granted, used, reset_at, start, 1, 0,
---          granted, -1, 0}; or {-1} when a period or the reseed marker
---          exists, the record is not one (record.lua), or room < need
---          (take.lua then opens the period empty): nothing is written, and
---          take.lua is the call to send.
+-- Returns: take.lua's reply, {granted, used, reset_at, start, opened, 0,
+--          mine, -1, 1}, the last 1 saying KEYS[1] is the holder's own
+--          compact period, so that the holder's next reservation may come
+--          here first (TakeArgs.Own); or {-1} when the reseed marker
+--          exists, a period is a hash, KEYS[1] is another holder's, the
+--          record or a period is not one (record.lua, window.lua), or room
+--          < need (take.lua then opens the period empty, or grants none):
+--          nothing is written, and take.lua is the call to send.
 -- Errors: "ERR tally: invalid <argument>"; nothing is written then.
 if #ARGV ~= 10 or #KEYS ~= 8 then
   return redis.error_reply("ERR tally: invalid arguments")
@@ -80,32 +87,89 @@ if #holder < 3 or #holder > 100 or not string.find(holder, "^[%w_-][%w_.-]*%.[%w
   return redis.error_reply("ERR tally: invalid holder")
 end
 
--- One EXISTS: a period near now, or a reseed, is take.lua's; the record
--- is counted too, and read only when it may be there.
+-- One EXISTS: the record and every period near now are counted, and read
+-- only when that count says one may be there. A reseed is take.lua's.
 local there = redis.call("EXISTS", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
-if there > 1 then
+local vs = { false, false, false, false, false, false, false }
+if there > 0 then
+  vs = redis.call("MGET", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+  if vs[2] then
+    return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
+  end
+  local strings = 0
+  for i = 1, 7 do
+    if vs[i] then
+      strings = strings + 1
+    end
+  end
+  if strings ~= there then
+    return { -1 } -- a hash among them (a full period): take.lua reads it
+  end
+end
+-- count_of is the units of the compact period v (MGET's answer) and
+-- whether it is the one that resets at r (as take.lua's count_of: a period
+-- of another reset counts nothing), or nil when v is no compact period
+-- (take.lua tells what is wrong with it).
+local function count_of(v, r)
+  if not v then
+    return 0, false
+  end
+  local u, rs, l = string.match(v, "^(%d+):(%d+):(%d+):[%w_.-]+")
+  if u == nil or #u > 10 or #rs > 11 or #l > 9 then
+    return nil
+  end
+  if tonumber(rs) * 1000 ~= r then
+    return 0, false
+  end
+  return tonumber(u), true
+end
+-- The period reserved in: missing, or the holder's own compact one.
+local mine = nil
+if vs[1] then
+  local u, rs, l, h, tail = string.match(vs[1], "^(%d+):(%d+):(%d+):([%w_.-]+)(.*)$")
+  if u == nil or #u > 10 or #rs > 11 or #l > 9 or h ~= holder or tonumber(rs) * 1000 ~= reset or l ~= "1" then
+    return { -1 } -- another holder's (take.lua expands it), or no period
+  end
+  local back, given = nil, nil
+  if tail ~= "" and not string.find(tail, "^:%d+$") then
+    back, given = string.match(tail, "^:(%d*):(%d+)$")
+    if given == nil or #given > 15 then
+      return { -1 }
+    end
+  end
+  mine = { v = vs[1], u = u, back = back, given = given }
+end
+-- The periods held besides this one: the one before it and the one after
+-- it (an edge's clock ahead); those two and three before are counted in d.
+local before = count_of(vs[3], reset - 1000)
+local after = count_of(vs[4], reset + 1000)
+local two, two_is = count_of(vs[6], reset - 2000)
+local three, three_is = count_of(vs[7], reset - 3000)
+if before == nil or after == nil or two == nil or three == nil then
   return { -1 }
 end
 -- The record (record.lua), as take.lua reads it.
-local v = false
-if there == 1 then
-  v = redis.pcall("GET", KEYS[5])
-  if not v then
-    return { -1 } -- what is there is a period or the marker
-  end
-end
-local b = bucket_of(v, now, KEYS[8], limit, rate, every)
+local b = bucket_of(vs[5], now, KEYS[8], limit, rate, every)
 if b == nil then
   return { -1 } -- not a record: take.lua says so
 end
 local d, t, f, pend, x = b.d, b.t, b.f, b.pend, b.spent
--- The periods whose hold has ended, oldest first (those two and three
--- before this one are not in Redis: the record's count of them stands).
-local order = {}
-for r in pairs(pend) do
+-- The periods whose hold has ended, oldest first: the record's, and those
+-- two and three before this one from their keys where they are there.
+local due, order = {}, {}
+for r, n in pairs(pend) do
   if r <= reset - 2000 and r > f then
-    table.insert(order, r)
+    due[r] = n
   end
+end
+if two_is and reset - 2000 > f then
+  due[reset - 2000] = two
+end
+if three_is and reset - 3000 > f then
+  due[reset - 3000] = three
+end
+for r in pairs(due) do
+  table.insert(order, r)
 end
 table.sort(order)
 for _, r in ipairs(order) do
@@ -113,27 +177,48 @@ for _, r in ipairs(order) do
     d = math.max(0, d - rate * (r + 1000 - t))
     t = r + 1000
   end
-  d = math.min(1000000000 * every, math.max(0, d + (pend[r] - (x[r] or 0)) * every))
+  d = math.min(1000000000 * every, math.max(0, d + (due[r] - (x[r] or 0)) * every))
   f = r
 end
 if now > t then
   d = math.max(0, d - rate * (now - t))
   t = now
 end
-local extra = math.ceil(d / every) - (x[reset - 1000] or 0) - (x[reset + 1000] or 0) - (x[reset] or 0)
-local room = limit - extra
+-- Held: the periods before and after this one, and this one's units that
+-- were not spent at once (its own count is u).
+local extra = before - (x[reset - 1000] or 0) + after - (x[reset + 1000] or 0) - (x[reset] or 0) + math.ceil(d / every)
+local u = mine and tonumber(mine.u) or 0
+local room = limit - u - extra
 if room < need then
-  return { -1 }
+  return { -1 } -- take.lua opens the period empty, or grants none
 end
 local granted = math.min(want, room)
 if spent == "1" then
   d = d + granted * every
   x[reset] = (x[reset] or 0) + granted
 end
-redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", granted, reset / 1000, holder), "PXAT", int(reset + grace + 1000))
+local given = granted
+if mine == nil then
+  redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", granted, reset / 1000, holder), "PXAT", int(reset + grace + 1000))
+else
+  -- The holder's own period grows, compact, its expiry kept (own.lua's
+  -- write).
+  given = (mine.given and tonumber(mine.given) or u) + granted
+  if mine.given == nil then
+    redis.call("SET", KEYS[1], int(u + granted) .. string.sub(mine.v, #mine.u + 1), "KEEPTTL")
+  else
+    redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s:%s:%.0f", u + granted, reset / 1000, holder, mine.back, given),
+      "KEEPTTL")
+  end
+end
+u = u + granted
 -- The record as take.lua leaves it: the periods held, less what is
 -- counted in d now.
 b.d, b.t, b.f = d, t, f
-pend[reset] = granted
+pend[reset - 1000], pend[reset], pend[reset + 1000] = before, u, after
 save_bucket(KEYS[5], b, math.ceil(d / rate) + 3000 + grace, rate, every)
-return { granted, granted + extra, reset, reset - 1000, 1, 0, granted, -1, 0 }
+local opened = 0
+if mine == nil then
+  opened = 1
+end
+return { granted, u + extra, reset, reset - 1000, opened, 0, given, -1, 1 }

@@ -514,7 +514,9 @@ func TestOwnAfterTheWindowWasOwn(t *testing.T) {
 // A token bucket's reservation is Fresh (the store may send lua/bucket.lua)
 // when this edge reserved in none of the periods it reads: its first, and
 // each that comes quietPeriods periods or more after the last — whatever
-// the table or the keys seen remember; not one sooner.
+// the table or the keys seen remember; not one sooner. It is Own (the
+// store sends lua/bucket.lua first as well) after a reservation that left
+// its period the holder's own, in a period since.
 func TestFreshBucketAfterQuietPeriods(t *testing.T) {
 	p := limiter.Policy{Name: "api", Mode: limiter.ModeExact}.Bucket(100, 100, time.Second)
 	h := newHarness(t, p, true, Config{})
@@ -535,6 +537,12 @@ func TestFreshBucketAfterQuietPeriods(t *testing.T) {
 	defer h.redis.mu.Unlock()
 	if want := []bool{true, false, false, true, true}; !slices.Equal(h.redis.fresh, want) {
 		t.Fatalf("Fresh of each reservation: %v, want %v", h.redis.fresh, want)
+	}
+	// Own: the last reservation left its period the holder's own (the fake
+	// says so of a window one holder alone reserved in), whatever period
+	// the next one is in; a new entry knows of none.
+	if want := []bool{false, true, true, true, false}; !slices.Equal(h.redis.own, want) {
+		t.Fatalf("Own of each reservation: %v, want %v", h.redis.own, want)
 	}
 }
 

@@ -201,7 +201,7 @@ func (e *entry) adopt(p limiter.Policy) {
 		if e.policy.Algorithm.OrDefault() != p.Algorithm.OrDefault() || e.policy.Slices != p.Slices ||
 			(p.Slices > 0 && e.policy.Window != p.Window) {
 			e.expire()
-			e.past = nil
+			e.past, e.own = nil, false
 		}
 		e.policy = p
 	}
@@ -212,7 +212,11 @@ func (e *entry) live(now time.Time) bool { return !e.reset.IsZero() && now.Befor
 
 // expire forgets the window: it has reset.
 func (e *entry) expire() {
-	e.reset, e.start, e.used, e.credit, e.full, e.doubtful, e.own = 0, 0, 0, 0, false, false, false
+	// A token bucket's periods are read together (lua/bucket.lua): that
+	// its last reservation left its period the holder's own says the
+	// next one, in another period, may go the short way too.
+	own := e.own && e.policy.Algorithm == limiter.TokenBucket
+	e.reset, e.start, e.used, e.credit, e.full, e.doubtful, e.own = 0, 0, 0, 0, false, false, own
 	e.frozen, e.held = 0, 0 // the share went with the window
 	e.served = 0
 	e.charged, e.givenBack, e.sentFrom, e.sentTo = 0, 0, 0, 0

@@ -53,7 +53,9 @@ type TakeArgs struct {
 	// reservation only when the window is something else by now. For a
 	// sliding window's sub-window, it says the last reservation left the
 	// window's span record true (lua/slide.lua): the store first sends the
-	// record alone.
+	// record alone. For a token bucket, that the last reservation left its
+	// period the holder's own compact one (lua/bucket.lua, whatever the
+	// period since): the store first sends lua/bucket.lua, as for Fresh.
 	Own bool
 	// Align opens a window aligned to the clock (Policy.Align) when none is
 	// live.

@@ -123,13 +123,15 @@ func BenchmarkTakePrimary(b *testing.B) {
 // first; tally-slide-own: the record alone) and a new token
 // bucket (tally-bucket: bucket.lua; tally-bucket-take: take.lua), and one
 // of a slow refill reserved in four seconds before (tally-bucket-again:
-// bucket.lua reads and writes its record).
+// bucket.lua reads and writes its record), and 10,000 buckets each reserved
+// in again and again by one holder (tally-bucket-warm: its periods near
+// now there, compact; bucket.lua, asked as an edge asks after its take).
 // primary-µs/op and replica-µs/op are each server's CPU (INFO cpu, user
 // and system) per request, client-µs/op this process's; commands/op the
 // primary's commands per request (those a script runs counted).
 func BenchmarkColdWindow(b *testing.B) {
 	for _, name := range []string{"tally-take", "tally-take-again", "tally-take-own", "tally-take-full", "tally-slide", "tally-slide-again", "tally-slide-own", "tally-bucket",
-		"tally-bucket-again", "tally-bucket-take", "incrby+pexpireat"} {
+		"tally-bucket-again", "tally-bucket-warm", "tally-bucket-take", "incrby+pexpireat"} {
 		b.Run(name, func(b *testing.B) {
 			p, r := redistest.StartPair(b)
 			ks, _ := limiter.NewKeySpace("tally", []byte("limiter-bench-secret-0123456789abcdef"))
@@ -172,6 +174,15 @@ func BenchmarkColdWindow(b *testing.B) {
 					}
 				}
 				time.Sleep(4 * limiter.BucketPeriod)
+			}
+			if name == "tally-bucket-warm" {
+				key = func(n uint64) limiter.Key { return ks.Key("core", fmt.Sprintf("warm-%d", n%again)) }
+				for n := range uint64(again) {
+					now := time.Now()
+					if _, err := st.Take(context.Background(), key(n), now, bucketArgs(now, true)); err != nil {
+						b.Fatal(err)
+					}
+				}
 			}
 			if name == "tally-slide-again" || name == "tally-slide-own" {
 				// Every key's sub-window reserved in twice: the second
@@ -227,6 +238,11 @@ func BenchmarkColdWindow(b *testing.B) {
 					case "tally-bucket", "tally-bucket-again", "tally-bucket-take": // bucket.lua; without Fresh, take.lua
 						now := time.Now()
 						_, err = st.Take(ctx, k, now, bucketArgs(now, name != "tally-bucket-take"))
+					case "tally-bucket-warm":
+						now := time.Now()
+						a := bucketArgs(now, false)
+						a.Own = true
+						_, err = st.Take(ctx, k, now, a)
 					case "tally-take-full": // 0.1.0's path: the script, the hash
 						_, err = st.Take(ctx, k, time.Now(), limiter.TakeArgs{Window: time.Hour, Limit: limiter.MaxLimit, Need: 1,
 							Want: 1, Producer: "bench", Holder: "bench"})

@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -286,11 +287,17 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	// counted, when set, runs after the next take on the short shard,
 	// before anything else reads it.
 	var counted func()
-	// both takes on both shards and requires the same grant and record.
+	// own, when set, is the next take's TakeArgs.Own; producer, when set,
+	// its producer (else edge-a).
+	var own bool
+	var producer string
+	// both takes on both shards and requires the same grant and record;
+	// the grant's Own is the short shard's (take.lua says false).
 	both := func(p limiter.Policy, k limiter.Key, at time.Time, fresh, spent bool, need, want int64) limiter.Grant {
 		t.Helper()
-		a := slideArgs(p, at, "edge-a", need, want)
-		a.Rate, a.Every, a.Spent, a.Fresh = p.Rate, p.Every, spent, fresh
+		a := slideArgs(p, at, cmp.Or(producer, "edge-a"), need, want)
+		a.Rate, a.Every, a.Spent, a.Fresh, a.Own = p.Rate, p.Every, spent, fresh, own
+		own, producer = false, ""
 		gs, err := short.store.Take(ctx, k, at, a)
 		require.NoError(t, err)
 		if counted != nil {
@@ -299,6 +306,8 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 		}
 		gl, err := long.store.Take(ctx, k, at, a)
 		require.NoError(t, err)
+		require.False(t, gl.Own, "take.lua's bucket")
+		gl.Own = gs.Own
 		require.Equal(t, gl, gs, "the short way's grant at %v", at.Sub(t0))
 		rs, rl := short.primary.Client().Get(ctx, k.BucketKey()).Val(), long.primary.Client().Get(ctx, k.BucketKey()).Val()
 		require.Equal(t, rl, rs, "the short way's record at %v", at.Sub(t0))
@@ -402,6 +411,62 @@ func TestTokenBucketOpensTheShortWay(t *testing.T) {
 	require.ErrorIs(t, err, redisstore.ErrReseeding)
 	require.Zero(t, short.primary.Client().Exists(ctx, k.BucketKey(), k.SliceKey(p.WindowAt(ms(0)).ResetAt)).Val(), "nothing written")
 	takes(5, 3)
+	require.NoError(t, short.primary.Client().Del(ctx, short.keys.ReseedKey()).Err())
+	for _, e := range []*env{short, long} {
+		require.NoError(t, e.primary.Client().Del(ctx, e.keys.RefillKey()).Err())
+	}
+
+	// One edge reserving in a bucket every few hundred milliseconds, as
+	// its entry asks (Own after bucket.lua's take): bucket.lua makes every
+	// take, reading the periods before, counting those whose hold ended,
+	// and growing its own; every period stays compact, nothing is a hash.
+	k = short.keys.Key("bucket", "warm")
+	short.replica.WaitSynced(short.primary)
+	require.NoError(t, short.primary.Client().ConfigResetStat(ctx).Err())
+	require.NoError(t, short.replica.Client().ConfigResetStat(ctx).Err())
+	g = both(p, k, ms(0), true, false, 1, 3)
+	require.True(t, g.Own, "bucket.lua's take: the period is the holder's own")
+	for i, at := range []int{300, 700, 1100, 1400, 2200, 2600, 3100, 3900, 4500} {
+		own = g.Own
+		g = both(p, k, ms(at), false, false, 1, 1)
+		require.True(t, g.Own, "take %d at %d ms: bucket.lua's", i, at)
+		require.EqualValues(t, 1, g.Granted, "take %d at %d ms", i, at)
+	}
+	// Take.lua's count (both shards' grants are the same). Periods turn at
+	// 700, 1700, 2700, 3700 and 4700 ms, holding 4, 3, 2, 1 and 2 units;
+	// each is counted in d when the period after it ends, d refilling at 2
+	// a second: 4 at 1.7 s, 2 + 3 at 2.7 s, 3 + 2 at 3.7 s, 3.4 at 4.5 s.
+	require.EqualValues(t, 2+1+4, g.Used, "this period's 2, the 1 before it, and 3.4 spent and not refilled, rounded up")
+	takes(15, 3)
+	short.replica.WaitSynced(short.primary)
+	pc, rc := commandCalls(t, short.primary.Client()), commandCalls(t, short.replica.Client())
+	// (The record is written with each: this bucket refills slower than
+	// its periods hold.)
+	for _, c := range []string{"hgetall", "hmget", "hset", "hdel", "pexpire", "pexpireat"} {
+		require.Zero(t, pc[c], "primary ran %s: %v", c, pc)
+		require.Zero(t, rc[c], "replica ran %s: %v", c, rc)
+	}
+	require.EqualValues(t, 10, pc["evalsha"], "one script call a take: %v", pc)
+	for _, at := range []int{0, 1100, 2200, 3100, 4500} {
+		r := p.WindowAt(ms(at)).ResetAt
+		v := short.primary.Client().Get(ctx, k.SliceKey(r)).Val()
+		require.Regexp(t, fmt.Sprintf(`^\d+:%d:1:edge-a\.1$`, r.Unix()), v, "the period at %d ms, compact", at)
+	}
+	// Another edge's take in the same period: its period is not edge-b's,
+	// so take.lua makes it (and holds both edges' shares in a hash); then
+	// edge-a's next take in that period is handed on, and so is one in the
+	// next period (a hash before it).
+	producer = "edge-b"
+	g = both(p, k, ms(4600), true, false, 1, 1)
+	require.False(t, g.Own)
+	takes(15, 4)
+	own = true
+	both(p, k, ms(4700), false, false, 1, 1)
+	takes(15, 5)
+	own = true
+	both(p, k, ms(5200), false, false, 1, 1)
+	takes(15, 6)
+
 	require.False(t, long.store.Compact(0), "take.lua alone all along")
 	_, handedOn := long.store.ShortTakes()
 	require.Zero(t, handedOn)
@@ -531,7 +596,7 @@ func TestTokenBucketShortWayDecidesAsTakeLua(t *testing.T) {
 		{limiter.Policy{Name: "bucket"}.Bucket(100, 30, time.Minute), true, false},
 		{bucketPolicy(10, 10), false, true}, {bucketPolicy(20, 40), false, false}} { // fast: records skipped
 		k := short.keys.Key("bucket", fmt.Sprintf("random-%d", i))
-		at, last := t0, time.Time{}
+		at, last, own := t0, time.Time{}, false
 		granted := map[time.Time]int64{} // by period reset: granted and not given back
 		var seq uint64
 		for op := range 60 {
@@ -571,10 +636,13 @@ func TestTokenBucketShortWayDecidesAsTakeLua(t *testing.T) {
 			a := slideArgs(c.p, at, "edge-a", need, want)
 			a.Rate, a.Every, a.Spent = c.p.Rate, c.p.Every, c.spent
 			a.Fresh = last.IsZero() || at.Sub(last) >= 4*limiter.BucketPeriod || rnd.IntN(5) == 0
+			a.Own = own || rnd.IntN(5) == 0 // as an edge asks, and at random besides
 			gs, err := short.store.Take(ctx, k, at, a)
 			require.NoError(t, err)
 			gl, err := long.store.Take(ctx, k, at, a)
 			require.NoError(t, err)
+			require.False(t, gl.Own, "take.lua's bucket")
+			own, gl.Own = gs.Own, gs.Own
 			require.Equal(t, gl, gs, "case %d op %d at %v: the grant", i, op, at.Sub(t0))
 			require.Equal(t, long.primary.Client().Get(ctx, k.BucketKey()).Val(), short.primary.Client().Get(ctx, k.BucketKey()).Val(),
 				"case %d op %d: the record", i, op)

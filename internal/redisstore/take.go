@@ -137,9 +137,11 @@ func (r *takeReq) call(ctx context.Context) (*takeCall, error) {
 		} else {
 			c.short = every()
 		}
-	case simple && a.Rate > 0 && a.Fresh:
+	case simple && a.Rate > 0 && (a.Fresh || a.Own):
 		// A token bucket none of whose periods near now this edge reserved
-		// in: bucket.lua reserves when Redis holds none of them either.
+		// in, or whose last reservation bucket.lua made: bucket.lua
+		// reserves while they are missing or compact, and the one reserved
+		// in missing or the holder's own.
 		c.short = &shortCall{script: bucketScript, keys: r.shortKeys(c.key), args: []any{ms(r.now), a.Limit, a.Need, a.Want,
 			s.opts.Grace.Milliseconds(), r.holder, ms(r.opens.ResetAt), a.Rate, a.Every.Milliseconds(), spentArg(a)}}
 	case simple && a.Slices == 0 && a.Fresh:

@@ -84,6 +84,8 @@ type KeySpace struct {
 	secret []byte
 	keyID  string
 	pool   sync.Pool // of *hasher
+	// The shard's keys every reservation of some names, built once.
+	refillKey, reseedKey string
 }
 
 type hasher struct {
@@ -105,7 +107,7 @@ func NewKeySpace(prefix string, secret []byte) (*KeySpace, error) {
 		return nil, fmt.Errorf("%w: secret of %d bytes: want at least %d random bytes", ErrInvalidKey, len(secret), MinSecretLen)
 	}
 	secret = append([]byte(nil), secret...)
-	ks := &KeySpace{prefix: prefix, secret: secret}
+	ks := &KeySpace{prefix: prefix, secret: secret, refillKey: prefix + ":refill", reseedKey: prefix + ":reseed"}
 	ks.pool.New = func() any { return &hasher{mac: hmac.New(sha256.New, secret)} }
 	ks.keyID = hex.EncodeToString(ks.Derive("tally/key-id/v1")[:8])
 	return ks, nil
@@ -244,6 +246,36 @@ func (k Key) SpanKeys(keys []string, reset time.Time, length time.Duration, slic
 	return keys
 }
 
+// BucketKeys appends to keys what a token bucket's reservation in the
+// period that resets at reset reads besides that period and the shard's
+// own keys, in lua/take.lua's and lua/bucket.lua's order: the period
+// before it and the one after it, the bucket's record (BucketKey), and the
+// periods two and three before it. They are SliceKey's and BucketKey's,
+// built in one allocation: over many keys every reservation of a bucket
+// names them.
+func (k Key) BucketKeys(keys []string, reset time.Time) []string {
+	var b strings.Builder // its String is its buffer: no copy
+	b.Grow(5 * (len(k.redis) + 12))
+	var ends [5]int
+	var num [20]byte
+	for i, d := range [...]time.Duration{-1, 1, 0, -2, -3} {
+		b.WriteString(k.redis)
+		b.WriteByte(':')
+		if d == 0 {
+			b.WriteByte('b')
+		} else {
+			b.Write(strconv.AppendInt(num[:0], reset.Add(d*BucketPeriod).Unix(), 10))
+		}
+		ends[i] = b.Len()
+	}
+	all, start := b.String(), 0
+	for _, end := range ends {
+		keys = append(keys, all[start:end])
+		start = end
+	}
+	return keys
+}
+
 // BucketKey is the Redis key of what k's token bucket spent and has not
 // refilled yet (lua/take.lua's bucket): the window key and ":b", on k's
 // shard as its periods are.
@@ -373,10 +405,10 @@ func (ks *KeySpace) EpochKey() string { return ks.prefix + ":epoch" }
 // RefillKey is when a shard's primary last began a reseed (lua/epoch.lua),
 // ms since the Unix epoch: a token bucket that has no record of what it
 // spent is taken as emptied then (lua/take.lua's bucket).
-func (ks *KeySpace) RefillKey() string { return ks.prefix + ":refill" }
+func (ks *KeySpace) RefillKey() string { return ks.refillKey }
 
 // ReseedKey: see EpochKey.
-func (ks *KeySpace) ReseedKey() string { return ks.prefix + ":reseed" }
+func (ks *KeySpace) ReseedKey() string { return ks.reseedKey }
 
 // SharedSecretKey is the key, on the first shard's primary, that holds the
 // key secret every tally serve started with envoyproxy/ratelimit's settings

@@ -154,4 +154,9 @@ func TestSlidingPolicy(t *testing.T) {
 	require.Equal(t, []string{"first", key(-10 * time.Second), key(-20 * time.Second), key(10 * time.Second), key(20 * time.Second)},
 		k.SpanKeys([]string{"first"}, r, 10*time.Second, 3))
 	require.Empty(t, k.SpanKeys(nil, r, 10*time.Second, 0), "a window has no span")
+	// A token bucket's: the period before and after, the record, the
+	// periods two and three before.
+	require.Equal(t, []string{"first", key(-time.Second), key(time.Second), k.BucketKey(), key(-2 * time.Second), key(-3 * time.Second)},
+		k.BucketKeys([]string{"first"}, r))
+	require.Equal(t, k.String()+":b", k.BucketKey())
 }

@@ -182,7 +182,8 @@ func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
 // shortKeys are take.lua's keys less its KEYS[2] (the producer's): what
 // slide.lua and bucket.lua are given.
 func (r *takeReq) shortKeys(key string) []string {
-	return append([]string{key, r.s.keys.ReseedKey()}, r.spanKeys()...)
+	span := r.spanKeys()
+	return append(append(make([]string, 0, 3+len(span)), key, r.s.keys.ReseedKey()), span...)
 }
 
 // spanKeys are the keys take.lua reads after its window, producer and
@@ -196,13 +197,12 @@ func (r *takeReq) spanKeys() []string {
 	if r.span != nil || a.Slices == 0 {
 		return r.span
 	}
-	at, period := r.opens.ResetAt, r.opens.Length()
-	span := r.k.SpanKeys(make([]string, 0, 2*a.Slices+2), at, period, a.Slices)
 	if a.Rate > 0 {
-		span = append(span, r.k.BucketKey(), r.k.SliceKey(at.Add(-2*period)), r.k.SliceKey(at.Add(-3*period)), r.s.keys.RefillKey())
+		r.span = append(r.k.BucketKeys(make([]string, 0, 6), r.opens.ResetAt), r.s.keys.RefillKey())
+	} else {
+		r.span = r.k.SpanKeys(make([]string, 0, 2*a.Slices-2), r.opens.ResetAt, r.opens.Length(), a.Slices)
 	}
-	r.span = span
-	return span
+	return r.span
 }
 
 // spentArg is take.lua's ARGV[21] and bucket.lua's ARGV[10]: "1" when the

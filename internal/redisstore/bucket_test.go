@@ -225,6 +225,32 @@ func TestTokenBucketRecordOfAnotherProgram(t *testing.T) {
 	made, handedOn := e.store.ShortTakes()
 	require.Equal(t, [2]uint64{0, uint64(len(records))}, [2]uint64{made, handedOn}, "bucket.lua handed the fresh takes on")
 
+	// Periods near now that are no period: bucket.lua, asked first (fresh,
+	// or as the holder of the last one), counts nothing of them and writes
+	// nothing; take.lua refuses them.
+	require.NoError(t, c.Del(ctx, k.BucketKey()).Err())
+	reset := p.WindowAt(t0).ResetAt
+	for i, at := range []time.Time{reset, reset.Add(-time.Second), reset.Add(-3 * time.Second), reset.Add(time.Second)} {
+		for _, v := range []string{"lots", "1:2:3", "1:x:1:edge-a.1", "12345678901:1:1:edge-a.1"} {
+			for _, own := range []bool{false, true} {
+				require.NoError(t, c.Set(ctx, k.SliceKey(at), v, time.Minute).Err())
+				a := slideArgs(p, t0, "edge-a", 1, 1)
+				a.Rate, a.Every, a.Fresh, a.Own = p.Rate, p.Every, !own, own
+				_, err := e.store.Take(ctx, k, t0, a)
+				require.ErrorContains(t, err, "unreadable window at "+k.SliceKey(at), "period %d holding %q", i, v)
+				if at != reset {
+					n, err := c.Exists(ctx, k.SliceKey(reset)).Result()
+					require.NoError(t, err)
+					require.Zero(t, n, "nothing written")
+				}
+				require.Equal(t, v, c.Get(ctx, k.SliceKey(at)).Val(), "left as it was")
+			}
+		}
+		require.NoError(t, c.Del(ctx, k.SliceKey(at)).Err())
+	}
+	made, handedOn = e.store.ShortTakes()
+	require.Equal(t, [2]uint64{0, uint64(len(records) + 4*4*2)}, [2]uint64{made, handedOn}, "bucket.lua handed them on")
+
 	for _, v := range []string{strconv.FormatInt(t0.Add(time.Hour).UnixMilli(), 10), "soon"} {
 		other := e.keys.Key("bucket", "trent-"+v)
 		require.NoError(t, c.Set(ctx, e.keys.RefillKey(), v, 0).Err())

@@ -153,40 +153,18 @@ local b = bucket_of(vs[5], now, KEYS[8], limit, rate, every)
 if b == nil then
   return { -1 } -- not a record: take.lua says so
 end
-local d, t, f, pend, x = b.d, b.t, b.f, b.pend, b.spent
--- The periods whose hold has ended, oldest first: the record's, and those
--- two and three before this one from their keys where they are there.
-local due, order = {}, {}
-for r, n in pairs(pend) do
-  if r <= reset - 2000 and r > f then
-    due[r] = n
-  end
+-- The periods whose hold has ended counted in d (the record's, and those
+-- two and three before this one from their keys where they are there),
+-- and what the bucket holds besides this period.
+local keyed = {}
+if two_is then
+  keyed[reset - 2000] = two
 end
-if two_is and reset - 2000 > f then
-  due[reset - 2000] = two
+if three_is then
+  keyed[reset - 3000] = three
 end
-if three_is and reset - 3000 > f then
-  due[reset - 3000] = three
-end
-for r in pairs(due) do
-  table.insert(order, r)
-end
-table.sort(order)
-for _, r in ipairs(order) do
-  if r + 1000 > t then
-    d = math.max(0, d - rate * (r + 1000 - t))
-    t = r + 1000
-  end
-  d = math.min(1000000000 * every, math.max(0, d + (due[r] - (x[r] or 0)) * every))
-  f = r
-end
-if now > t then
-  d = math.max(0, d - rate * (now - t))
-  t = now
-end
--- Held: the periods before and after this one, and this one's units that
--- were not spent at once (its own count is u).
-local extra = before - (x[reset - 1000] or 0) + after - (x[reset + 1000] or 0) - (x[reset] or 0) + math.ceil(d / every)
+settle(b, reset, keyed, now, rate, every)
+local extra = held(b, reset, before, after, every)
 local u = mine and tonumber(mine.u) or 0
 local room = limit - u - extra
 if room < need then
@@ -194,8 +172,8 @@ if room < need then
 end
 local granted = math.min(want, room)
 if spent == "1" then
-  d = d + granted * every
-  x[reset] = (x[reset] or 0) + granted
+  b.d = b.d + granted * every
+  b.spent[reset] = (b.spent[reset] or 0) + granted
 end
 local given = granted
 if mine == nil then
@@ -214,9 +192,7 @@ end
 u = u + granted
 -- The record as take.lua leaves it: the periods held, less what is
 -- counted in d now.
-b.d, b.t, b.f = d, t, f
-pend[reset - 1000], pend[reset], pend[reset + 1000] = before, u, after
-save_bucket(KEYS[5], b, math.ceil(d / rate) + 3000 + grace, rate, every)
+save_bucket(KEYS[5], b, reset, before, u, after, grace, rate, every)
 local opened = 0
 if mine == nil then
   opened = 1

@@ -6,8 +6,9 @@
 // is prepended to them here; own is take's path for a holder's own compact
 // window alone and slide its path for a sliding window's compact
 // sub-windows, each with nothing prepended, and bucket its path for a
-// token bucket with no period near now in Redis, with record.lua (a
-// bucket's record, which take reads and writes too); check runs alone,
+// token bucket whose periods near now are missing or compact, with
+// record.lua (a bucket's record and arithmetic, which take uses too);
+// check runs alone,
 // read-only, on replicas; lease
 // keeps one accountant active per shard; reseed tells when a shard's primary
 // changed and its windows must be re-asserted.
@@ -39,8 +40,9 @@ var (
 	// sub-windows of its spans are compact or missing, or answers that
 	// take.lua is the call to send.
 	Slide = read("slide.lua")
-	// Bucket reserves units of a token bucket with no period near now in
-	// Redis, or answers that take.lua is the call to send.
+	// Bucket reserves units of a token bucket whose periods near now are
+	// missing or compact, the one reserved in missing or the holder's own,
+	// or answers that take.lua is the call to send.
 	Bucket = read("record.lua") + "\n" + read("bucket.lua")
 	// Apply applies a run of producers' accounting events, each once.
 	Apply = withWindow("apply.lua")

@@ -1,7 +1,8 @@
 -- record.lua: a token bucket's record (keys.go's BucketKey), read and
--- written by take.lua and bucket.lua (lua.go prepends it to both), and
--- what a bucket with none is taken as (the shard's refill time, keys.go's
--- RefillKey); never run on its own.
+-- written by take.lua and bucket.lua (lua.go prepends it to both), what a
+-- bucket with none is taken as (the shard's refill time, keys.go's
+-- RefillKey), and the bucket's arithmetic both decide by; never run on
+-- its own.
 --
 -- The record is one string, so that writing it is one SET with its expiry
 -- and one effect to replicate:
@@ -62,8 +63,57 @@ local function bucket_of(v, now, refill_key, limit, rate, every)
   return b
 end
 
--- save_bucket writes b as the record at key, for ttl ms: the periods after
--- b.f that hold units, and nothing of those counted. A bucket that had none
+-- settle counts in b.d, oldest first and each at the end of its hold (the
+-- end of the period after it), every period not counted yet (after b.f)
+-- whose hold has ended before the period that resets at r0 — those of the
+-- record, or, where keyed holds it, its count as its key holds it now —
+-- less what was spent of it at once (counted already), refilling d at
+-- rate between; then it refills d up to now. At most a billion units are
+-- overdrawn: every number stays exact.
+local function settle(b, r0, keyed, now, rate, every)
+  local due, order = {}, {}
+  for r, n in pairs(b.pend) do
+    if r <= r0 - 2000 and r > b.f then
+      due[r] = n
+    end
+  end
+  for r, n in pairs(keyed) do
+    if r > b.f then
+      due[r] = n
+    end
+  end
+  for r in pairs(due) do
+    table.insert(order, r)
+  end
+  table.sort(order)
+  for _, r in ipairs(order) do
+    if r + 1000 > b.t then
+      b.d = math.max(0, b.d - rate * (r + 1000 - b.t))
+      b.t = r + 1000
+    end
+    b.d = math.min(1000000000 * every, math.max(0, b.d + (due[r] - (b.spent[r] or 0)) * every))
+    b.f = r
+  end
+  if now > b.t then
+    b.d = math.max(0, b.d - rate * (now - b.t))
+    b.t = now
+  end
+end
+
+-- held is what b holds besides the count of the period that resets at r0:
+-- the periods before and after it (their counts, before and after), less
+-- what the three periods' callers spent at once (in d already), and what
+-- was spent and has not refilled, in units rounded up.
+local function held(b, r0, before, after, every)
+  local x = b.spent
+  return before - (x[r0 - 1000] or 0) + after - (x[r0 + 1000] or 0) - (x[r0] or 0) + math.ceil(b.d / every)
+end
+
+-- save_bucket writes b as the record at key, with the counts of the periods
+-- before, at and after r0 as a reservation leaves them, until what it
+-- counts has refilled (and the periods' three seconds and grace ms): the
+-- periods after b.f that hold units, and nothing of those counted. A
+-- bucket that had none
 -- (b.had false) writes
 -- none while it would count nothing but periods each of whose units
 -- refill within a second of its hold's end (n * every <= rate * 1000, and
@@ -72,7 +122,9 @@ end
 -- a second past its hold's end), and its units have refilled before then
 -- — so a record would tell nothing a later reservation needs. Over many
 -- keys each seen now and then, a bucket of a fast rate is then one write.
-local function save_bucket(key, b, ttl, rate, every)
+local function save_bucket(key, b, r0, before, u, after, grace, rate, every)
+  b.pend[r0 - 1000], b.pend[r0], b.pend[r0 + 1000] = before, u, after
+  local ttl = math.ceil(b.d / rate) + 3000 + grace
   local rs, quiet = {}, not b.had and b.d == 0
   for r, n in pairs(b.pend) do
     if r > b.f and (n ~= 0 or (b.spent[r] or 0) ~= 0) then

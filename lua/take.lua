@@ -358,43 +358,15 @@ if rate ~= nil then
     return redis.error_reply("ERR tally: unreadable bucket at " .. KEYS[6])
   end
   bucket.f0 = bucket.f
-  local due, order = {}, {}
-  for r, n in pairs(bucket.pend) do
-    if r <= r0 - 2 * len and r > bucket.f then
-      due[r] = n
-    end
-  end
+  local keyed = {}
   for j = 2, 3 do
     local r = r0 - j * len
     if r > bucket.f then
-      local n = count_of(KEYS[5 + j], r)
-      if n ~= nil then
-        due[r] = n
-      end
+      keyed[r] = count_of(KEYS[5 + j], r)
     end
   end
-  for r in pairs(due) do
-    table.insert(order, r)
-  end
-  table.sort(order)
-  for _, r in ipairs(order) do
-    local at = r + len
-    if at > bucket.t then
-      bucket.d = math.max(0, bucket.d - rate * (at - bucket.t))
-      bucket.t = at
-    end
-    -- At most a billion units overdrawn: every number stays exact.
-    bucket.d = math.min(MAX_UNITS * every, math.max(0, bucket.d + (due[r] - (bucket.spent[r] or 0)) * every))
-    bucket.f = r
-  end
-  if now > bucket.t then
-    bucket.d = math.max(0, bucket.d - rate * (now - bucket.t))
-    bucket.t = now
-  end
-  -- Held: the periods before and after this one, and this one's units
-  -- that were not spent at once (its own count is the window's, w.u).
-  local x = function(r) return bucket.spent[r] or 0 end
-  extra = us[-1] - x(r0 - len) + us[1] - x(r0 + len) - x(r0) + math.ceil(bucket.d / every)
+  settle(bucket, r0, keyed, now, rate, every)
+  extra = held(bucket, r0, us[-1], us[1], every)
 end
 -- Every write here waits for a reseed in progress (the cold path above
 -- touched only what is the holder's alone).
@@ -515,9 +487,7 @@ end
 -- (record.lua's save_bucket), or none where there was none and every
 -- period's units refill within a second.
 if bucket ~= nil and (granted > 0 or bucket.f ~= bucket.f0) then
-  local r0 = opens + len
-  bucket.pend[r0 - len], bucket.pend[r0], bucket.pend[r0 + len] = us[-1], w.u, us[1]
-  save_bucket(KEYS[6], bucket, math.ceil(bucket.d / rate) + 3 * len + grace, rate, every)
+  save_bucket(KEYS[6], bucket, opens + len, us[-1], w.u, us[1], grace, rate, every)
 end
 -- What the caller will not spend yet, frozen in the same call.
 local frozen = -1

@@ -84,7 +84,8 @@ type KeySpace struct {
 	secret []byte
 	keyID  string
 	pool   sync.Pool // of *hasher
-	// The shard's keys every reservation of some names, built once.
+	// Shard-wide key names that reservations send (RefillKey,
+	// ReseedKey), built once.
 	refillKey, reseedKey string
 }
 

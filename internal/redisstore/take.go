@@ -180,7 +180,8 @@ func (r *takeReq) scriptArgs(key string, compact bool) ([]string, []any) {
 }
 
 // shortKeys are take.lua's keys less its KEYS[2] (the producer's): what
-// slide.lua and bucket.lua are given.
+// slide.lua and bucket.lua are given, with room for slide.lua's span
+// record after them.
 func (r *takeReq) shortKeys(key string) []string {
 	span := r.spanKeys()
 	return append(append(make([]string, 0, 3+len(span)), key, r.s.keys.ReseedKey()), span...)

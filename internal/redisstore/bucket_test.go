@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallyhq/tally/internal/limiter"
@@ -270,6 +271,30 @@ func TestTokenBucketRecordOfAnotherProgram(t *testing.T) {
 	require.NoError(t, c.Set(ctx, forged.BucketKey(), fmt.Sprintf("0:%d:%d", later.UnixMilli(), later.Truncate(time.Second).UnixMilli()),
 		time.Minute).Err())
 	require.EqualValues(t, 10, e.bucketTake(t, p, forged, later, "edge-a", 1, 10).Granted, "the forged record believed")
+
+	// So is a well-formed compact period, which bucket.lua reads as
+	// take.lua does: a period emptied by its holder, rewritten to count
+	// nothing, grants the burst again to the holder's next take in it.
+	period := e.keys.Key("bucket", "forged period")
+	g, err := e.store.Take(ctx, period, later, func() limiter.TakeArgs {
+		a := slideArgs(p, later, "edge-a", 1, 10)
+		a.Rate, a.Every, a.Fresh = p.Rate, p.Every, true
+		return a
+	}())
+	require.NoError(t, err)
+	require.EqualValues(t, 10, g.Granted)
+	require.True(t, g.Own)
+	r := p.WindowAt(later).ResetAt
+	require.NoError(t, c.SetArgs(ctx, period.SliceKey(r), fmt.Sprintf("0:%d:1:edge-a.1", r.Unix()), redis.SetArgs{KeepTTL: true}).Err())
+	require.NoError(t, c.Del(ctx, period.BucketKey()).Err())
+	a := slideArgs(p, later.Add(100*time.Millisecond), "edge-a", 1, 10)
+	a.Rate, a.Every, a.Own = p.Rate, p.Every, true
+	before, _ := e.store.ShortTakes()
+	g, err = e.store.Take(ctx, period, later.Add(100*time.Millisecond), a)
+	require.NoError(t, err)
+	require.EqualValues(t, 10, g.Granted, "the forged period believed")
+	after, _ := e.store.ShortTakes()
+	require.Equal(t, before+1, after, "by bucket.lua")
 }
 
 // fullEnv is an env whose shard's windows are never compact, as a

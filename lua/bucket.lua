@@ -34,7 +34,10 @@
 --
 -- One EXISTS counts the periods KEYS[1, 3, 4, 6, 7], the reseed marker
 -- and the record; with none there nothing is read, else one MGET reads
--- them. The decision is take.lua's when the marker is missing, every
+-- them. With none there, no reseed to refill from (KEYS[8]), nothing spent
+-- at once and a grant that refills within a second, want is granted and
+-- the period opened with nothing else computed: the decision below comes
+-- to the same. The decision is take.lua's when the marker is missing, every
 -- period there is a compact string, and KEYS[1] is missing or the
 -- holder's own compact period of this reset. The record (record.lua,
 -- windows.md) is read whole: with none, what was spent and has not
@@ -90,6 +93,21 @@ end
 -- One EXISTS: the record and every period near now are counted, and read
 -- only when that count says one may be there. A reseed is take.lua's.
 local there = redis.call("EXISTS", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+-- Nothing there (a client not seen for a few seconds: over many keys
+-- nearly every reservation) and no reseed to refill from: the bucket is
+-- full, nothing else is held, and when what is granted refills within a
+-- second and nothing is spent at once the period is the one write (what
+-- the general way below decides then, without the record's tables).
+local fresh = nil
+if there == 0 then
+  local d = emptied(KEYS[8], now, limit, rate, every)
+  local granted = math.min(want, limit)
+  if d == 0 and spent == "" and granted * every <= rate * 1000 then
+    redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", granted, reset / 1000, holder), "PXAT", int(reset + grace + 1000))
+    return { granted, granted, reset, reset - 1000, 1, 0, granted, -1, 1 }
+  end
+  fresh = { d = d, t = now, f = 0, pend = {}, spent = {}, had = false } -- bucket_of's with no record
+end
 local vs = { false, false, false, false, false, false, false }
 if there > 0 then
   vs = redis.call("MGET", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
@@ -149,7 +167,7 @@ if before == nil or after == nil or two == nil or three == nil then
   return { -1 }
 end
 -- The record (record.lua), as take.lua reads it.
-local b = bucket_of(vs[5], now, KEYS[8], limit, rate, every)
+local b = fresh or bucket_of(vs[5], now, KEYS[8], limit, rate, every)
 if b == nil then
   return { -1 } -- not a record: take.lua says so
 end

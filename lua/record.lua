@@ -25,19 +25,26 @@ local function int(v)
   return string.format("%.0f", v)
 end
 
+-- emptied is d of a bucket with no record at now: what a reseed's
+-- emptying of it (at the time at refill_key, when at or before now: a
+-- record lost with the primary's data) has not refilled at rate every ms
+-- since, else 0.
+local function emptied(refill_key, now, limit, rate, every)
+  local at = tonumber(redis.call("GET", refill_key) or "")
+  if at ~= nil and at <= now then
+    return math.max(0, limit * every - rate * (now - at))
+  end
+  return 0
+end
+
 -- bucket_of returns the record held in v (GET's answer) as
 -- {d, t, f, pend = {[r] = n}, spent = {[r] = x}, had}, or nil when v is
--- not one. With no record (v false, had false), t is now and the bucket is
--- taken as emptied when the shard's primary last began a reseed (the time
--- at refill_key, when at or before now: a record lost with the primary's
--- data), refilled at rate every ms since; else d is 0.
+-- not one. With no record (v false, had false), t is now and d is
+-- emptied's.
 local function bucket_of(v, now, refill_key, limit, rate, every)
   local b = { d = 0, t = now, f = 0, pend = {}, spent = {}, had = v ~= false }
   if v == false then
-    local at = tonumber(redis.call("GET", refill_key) or "")
-    if at ~= nil and at <= now then
-      b.d = math.max(0, limit * every - rate * (now - at))
-    end
+    b.d = emptied(refill_key, now, limit, rate, every)
     return b
   end
   if type(v) ~= "string" or #v > 65536 then

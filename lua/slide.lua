@@ -52,7 +52,8 @@
 -- sub-windows and the marker; when any is there, one MGET reads them and
 -- the record (a hash reads as nil there, and EXISTS tells it from a
 -- missing key); when none is, nothing else is read (a record can outlive
--- none of its spans' sub-windows, so there is none to keep true). With a
+-- none of its spans' sub-windows, so there is none to keep true), nothing
+-- is counted, and want is granted in KEYS[1], opened. With a
 -- level the record is written for the next reservations here (SET ... PXAT reset + grace) when the
 -- holder's own sub-window grows, or where the key had a record of another
 -- sub-window (keep, below). The record is true while none of the others
@@ -123,6 +124,14 @@ else
   -- record, vs[i] KEYS[i]'s, and a hash among them (a full sub-window, or
   -- a key that moved) is what MGET reads as nil and EXISTS counts.
   local there = redis.call("EXISTS", unpack(KEYS, 1, n))
+  if there == 0 then
+    -- The span holds nothing: all the limit is room, want is granted,
+    -- and the sub-window opens compact (what the general way below
+    -- decides then, without counting the span's sub-windows).
+    redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s", want, reset / 1000, len / 1000, holder), "PXAT",
+      string.format("%.0f", reset + grace + (slices - 1) * len))
+    return { want, want, reset, reset - len, 1, 0, want, -1, 0 }
+  end
   local vs = {}
   if there > 0 then
     vs = redis.call("MGET", unpack(KEYS))

@@ -550,7 +550,19 @@ func TestTokenBucketOfAFastRateWritesNoRecord(t *testing.T) {
 	k := e.keys.Key("bucket", "fast")
 	e.replica.WaitSynced(e.primary)
 	require.NoError(t, e.replica.Client().ConfigResetStat(ctx).Err())
-	require.EqualValues(t, 10, fresh(k, t0, false, 10).Granted)
+	require.NoError(t, c.ConfigResetStat(ctx).Err())
+	g := fresh(k, t0, false, 10)
+	require.EqualValues(t, 10, g.Granted)
+	require.EqualValues(t, 10, g.Used)
+	require.True(t, g.Own, "the period is the holder's own: its next take may go the short way")
+	// Nothing near now, no reseed: one EXISTS, the reseed time read, the
+	// period written, and nothing else.
+	pc := commandCalls(t, c)
+	delete(pc, "config|resetstat")
+	require.Equal(t, map[string]int64{"evalsha": 1, "exists": 1, "get": 1, "set": 1}, pc, "the primary's commands")
+	reset := p.WindowAt(t0).ResetAt
+	require.Equal(t, fmt.Sprintf("10:%d:1:edge-a.1", reset.Unix()), c.Get(ctx, k.SliceKey(reset)).Val())
+	require.Equal(t, reset.Add(slideGrace+time.Second).UnixMilli(), c.PExpireTime(ctx, k.SliceKey(reset)).Val().Milliseconds())
 	require.Zero(t, c.Exists(ctx, k.BucketKey()).Val(), "no record")
 	e.replica.WaitSynced(e.primary)
 	rc := commandCalls(t, e.replica.Client())

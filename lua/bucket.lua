@@ -98,15 +98,19 @@ local there = redis.call("EXISTS", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], 
 -- full, nothing else is held, and when what is granted refills within a
 -- second and nothing is spent at once the period is the one write (what
 -- the general way below decides then, without the record's tables).
+-- open opens KEYS[1] compact, n units its holder's (PXAT reset + grace +
+-- one second, as take.lua's expiry of a bucket's period).
+local function open(n)
+  redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", n, reset / 1000, holder), "PXAT", int(reset + grace + 1000))
+end
 local fresh = nil
 if there == 0 then
   local d = emptied(KEYS[8], now, limit, rate, every)
-  local granted = math.min(want, limit)
-  if d == 0 and spent == "" and granted * every <= rate * 1000 then
-    redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", granted, reset / 1000, holder), "PXAT", int(reset + grace + 1000))
-    return { granted, granted, reset, reset - 1000, 1, 0, granted, -1, 1 }
+  if d == 0 and spent == "" and want * every <= rate * 1000 then
+    open(want)
+    return { want, want, reset, reset - 1000, 1, 0, want, -1, 1 }
   end
-  fresh = { d = d, t = now, f = 0, pend = {}, spent = {}, had = false } -- bucket_of's with no record
+  fresh = no_record(d, now)
 end
 local vs = { false, false, false, false, false, false, false }
 if there > 0 then
@@ -195,7 +199,7 @@ if spent == "1" then
 end
 local given = granted
 if mine == nil then
-  redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", granted, reset / 1000, holder), "PXAT", int(reset + grace + 1000))
+  open(granted)
 else
   -- The holder's own period grows, compact, its expiry kept (own.lua's
   -- write).

@@ -37,16 +37,20 @@ local function emptied(refill_key, now, limit, rate, every)
   return 0
 end
 
+-- no_record is a bucket with no record at now, d what it has spent and
+-- not refilled (emptied's): bucket_of's form, had false.
+local function no_record(d, now)
+  return { d = d, t = now, f = 0, pend = {}, spent = {}, had = false }
+end
+
 -- bucket_of returns the record held in v (GET's answer) as
 -- {d, t, f, pend = {[r] = n}, spent = {[r] = x}, had}, or nil when v is
--- not one. With no record (v false, had false), t is now and d is
--- emptied's.
+-- not one. With no record (v false), no_record's with emptied's d.
 local function bucket_of(v, now, refill_key, limit, rate, every)
-  local b = { d = 0, t = now, f = 0, pend = {}, spent = {}, had = v ~= false }
   if v == false then
-    b.d = emptied(refill_key, now, limit, rate, every)
-    return b
+    return no_record(emptied(refill_key, now, limit, rate, every), now)
   end
+  local b = { d = 0, t = now, f = 0, pend = {}, spent = {}, had = true }
   if type(v) ~= "string" or #v > 65536 then
     return nil
   end

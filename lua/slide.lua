@@ -94,6 +94,12 @@ if #holder < 3 or #holder > 100 or not string.find(holder, "^[%w_-][%w_.-]*%.[%w
 end
 if level ~= "" and #level ~= 16 then return redis.error_reply("ERR tally: invalid level") end
 local alone = #KEYS == 3 -- the record, without the other sub-windows
+-- open opens KEYS[1] compact, n units its holder's (PXAT reset + grace +
+-- (slices - 1) * len, as take.lua's expiry of a sub-window).
+local function open(n)
+  redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s", n, reset / 1000, len / 1000, holder), "PXAT",
+    string.format("%.0f", reset + grace + (slices - 1) * len))
+end
 if alone and level == "" then return redis.error_reply("ERR tally: invalid level") end
 
 local n = #KEYS - 1 -- KEYS[n + 1] is the span record
@@ -128,8 +134,7 @@ else
     -- The span holds nothing: all the limit is room, want is granted,
     -- and the sub-window opens compact (what the general way below
     -- decides then, without counting the span's sub-windows).
-    redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s", want, reset / 1000, len / 1000, holder), "PXAT",
-      string.format("%.0f", reset + grace + (slices - 1) * len))
+    open(want)
     return { want, want, reset, reset - len, 1, 0, want, -1, 0 }
   end
   local vs = {}
@@ -233,8 +238,7 @@ if mine == nil then
   end
   local granted = math.min(want, room)
   local own = keep(false)
-  redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s", granted, reset / 1000, len / 1000, holder), "PXAT",
-    string.format("%.0f", reset + grace + (slices - 1) * len))
+  open(granted)
   return { granted, granted + extra, reset, start, 1, 0, granted, -1, own }
 end
 local given = u

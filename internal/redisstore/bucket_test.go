@@ -134,6 +134,25 @@ func TestTokenBucketAfterReseed(t *testing.T) {
 	require.Zero(t, e.bucketTake(t, p, k, t0, "edge-a", 1, 10).Granted, "emptied at the reseed")
 	g := e.bucketTake(t, p, k, t0.Add(1500*time.Millisecond), "edge-a", 1, 10)
 	require.EqualValues(t, 3, g.Granted, "3 refilled at 2 a second")
+
+	// A bucket of a fast rate that nothing is there of, reserved as an
+	// edge reserves a key it never did (bucket.lua first): emptied at the
+	// reseed too, never its burst at once.
+	require.NoError(t, e.store.LoadScripts(context.Background(), 0))
+	q := bucketPolicy(10, 10)
+	fresh := func(name string, at time.Time) limiter.Grant {
+		t.Helper()
+		a := slideArgs(q, at, "edge-a", 1, 10)
+		a.Rate, a.Every, a.Fresh = q.Rate, q.Every, true
+		g, err := e.store.Take(context.Background(), e.keys.Key("bucket", name), at, a)
+		require.NoError(t, err)
+		return g
+	}
+	made, handedOn := e.store.ShortTakes()
+	require.Zero(t, fresh("erin", t0).Granted, "emptied at the reseed")
+	require.EqualValues(t, 5, fresh("frank", t0.Add(500*time.Millisecond)).Granted, "5 refilled at 10 a second")
+	m, h := e.store.ShortTakes()
+	require.Equal(t, [2]uint64{1, 1}, [2]uint64{m - made, h - handedOn}, "bucket.lua: one handed on (no room), one made")
 }
 
 // A caller that spends what it is granted at once (mode exact) holds

@@ -181,19 +181,20 @@ func (b *bench) grpcDoor(ctx context.Context) error {
 	type gtarget struct {
 		name, addr string
 		procs      map[string][]*stack.Proc
+		edge       *stack.Proc // profiled with -profile
 	}
 	auto := target{"tally", "", "", b.edges[0], nil}
 	ts := []gtarget{
-		{"no-op gRPC handler", noopAddr, map[string][]*stack.Proc{"no-op": {noop}}},
-		{"tally: Envoy's rate-limit service (gRPC)", b.rlsAddr, b.processes(auto)},
+		{"no-op gRPC handler", noopAddr, map[string][]*stack.Proc{"no-op": {noop}}, nil},
+		{"tally: Envoy's rate-limit service (gRPC)", b.rlsAddr, b.processes(auto), b.edges[0]},
 	}
 	serveAddr, serveProcs, err := b.startServe(ctx)
 	if err != nil {
 		return err
 	}
-	ts = append(ts, gtarget{serveName, serveAddr, serveProcs})
+	ts = append(ts, gtarget{serveName, serveAddr, serveProcs, nil})
 	if b.reference != nil {
-		ts = append(ts, gtarget{referenceName + " (gRPC)", b.referenceGRPC, b.reference.procs})
+		ts = append(ts, gtarget{referenceName + " (gRPC)", b.referenceGRPC, b.reference.procs, nil})
 	}
 	runs := make([][]float64, len(ts))
 	p99s := make([][]float64, len(ts))
@@ -204,7 +205,9 @@ func (b *bench) grpcDoor(ctx context.Context) error {
 				return err
 			}
 			before := b.sample(ctx, t.procs)
+			stop := b.startProfile(target{name: "grpc", edge: t.edge}, rep)
 			res, err := grpcClosedLoop(ctx, t.addr, doorKeys, b.satDur)
+			stop()
 			if err != nil {
 				return err
 			}

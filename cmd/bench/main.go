@@ -71,7 +71,7 @@ func main() {
 	bin := flag.String("bin", "bin", "directory of edge-checker, accountant and nats-server")
 	keep := flag.Bool("keep", false, "keep the working directory (logs, data) after a successful run")
 	only := flag.String("only", "", "run only the steps whose names contain this (e.g. lag); the report is then partial")
-	profile := flag.String("profile", "", "write CPU and allocation profiles of the edge-checker (and the load generator) during the saturation and key-count runs, and an execution trace during the open loop over many keys, to this directory")
+	profile := flag.String("profile", "", "write CPU and allocation profiles of the edge-checker (and the load generator) during the saturation, key-count and gRPC door runs, and an execution trace during the open loop over many keys, to this directory")
 	ratelimit := flag.String("ratelimit", "", "an envoyproxy/ratelimit binary to measure beside Tally over many keys (the key-count step)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"time"
 
@@ -54,6 +55,8 @@ func serveRLS(addr string, tc servertls.Config, srv *edge.Server, token string, 
 		grpc.ChainUnaryInterceptor(requireMetadataToken(token)),
 		grpc.MaxRecvMsgSize(1<<20),
 		grpc.ConnectionTimeout(5*time.Second),
+		// Calls run on goroutines kept for them (rlsStreamWorkers).
+		grpc.NumStreamWorkers(rlsStreamWorkers()),
 		// Envoy keeps its connection open and may ping it.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)...)
@@ -67,6 +70,16 @@ func serveRLS(addr string, tc servertls.Config, srv *edge.Server, token string, 
 		}
 	}()
 	return &rlsServer{gs: gs, log: log}, nil
+}
+
+// rlsStreamWorkers is how many goroutines the gRPC server keeps to run
+// calls on. Without them it starts a goroutine per call, whose stack grows
+// by copying, two or three times, as the call descends into the decision:
+// a fifth of the door's CPU under load (docs/architecture.md, "The gRPC
+// door's goroutines"). A call that finds every worker busy (each may wait
+// on a reservation) gets a goroutine of its own, as before.
+func rlsStreamWorkers() uint32 {
+	return uint32(max(64, 16*runtime.GOMAXPROCS(0)))
 }
 
 // stop lets the calls in flight finish until ctx ends, then closes.

@@ -160,3 +160,30 @@ func TestSlidingPolicy(t *testing.T) {
 		k.BucketKeys([]string{"first"}, r))
 	require.Equal(t, k.String()+":b", k.BucketKey())
 }
+
+// A take's holder is its producer or one of the producer's "<producer>.<n>";
+// anything else — another producer's, or one whose name only begins with
+// the producer's — is refused before a call is sent.
+func TestTakeHolderBelongsToProducer(t *testing.T) {
+	ks, err := limiter.NewKeySpace("tally", []byte("limiter-tests-secret-0123456789abcdef"))
+	require.NoError(t, err)
+	k := ks.Key("api", "client")
+	for holder, ok := range map[string]bool{
+		"":           true,
+		"edge-a":     true,
+		"edge-a.1":   true,
+		"edge-a.x.2": true,
+		"edge-ab.1":  false,
+		"edge-b.1":   false,
+		"edge-":      false,
+		"edge-a.":    true, // the prefix is all Validate asks of it
+	} {
+		a := limiter.TakeArgs{Window: time.Minute, Limit: 10, Need: 1, Want: 1, Producer: "edge-a", Holder: holder}
+		err := a.Validate(k)
+		if ok {
+			require.NoError(t, err, "holder %q", holder)
+		} else {
+			require.ErrorIs(t, err, limiter.ErrInvalidArgument, "holder %q", holder)
+		}
+	}
+}

@@ -146,7 +146,7 @@ func (a TakeArgs) Validate(k Key) error {
 		return fmt.Errorf("%w: take: producer %q", ErrInvalidArgument, truncate(a.Producer, 70))
 	case len(a.Owed) > MaxOwed:
 		return fmt.Errorf("%w: take: %d owed charges: at most %d", ErrInvalidArgument, len(a.Owed), MaxOwed)
-	case a.Holder != "" && (!validID(a.Holder, MaxHolderLen) || (a.Holder != a.Producer && !strings.HasPrefix(a.Holder, a.Producer+"."))):
+	case a.Holder != "" && (!validID(a.Holder, MaxHolderLen) || (a.Holder != a.Producer && !heldBy(a.Holder, a.Producer))):
 		return fmt.Errorf("%w: take: holder %q of producer %q", ErrInvalidArgument, truncate(a.Holder, 70), a.Producer)
 	case a.Freeze && (a.Keep < 0 || a.Keep > MaxLimit || a.Share < 0 || a.Share > MaxLimit):
 		return fmt.Errorf("%w: take: keep %d, share %d", ErrInvalidArgument, a.Keep, a.Share)
@@ -301,4 +301,10 @@ func (c Claim) Validate() error {
 		return fmt.Errorf("claim: %w", err)
 	}
 	return validWindow(c.Window)
+}
+
+// heldBy reports whether holder is one of producer's, "<producer>.<n>",
+// without building the prefix (Validate runs on every take).
+func heldBy(holder, producer string) bool {
+	return len(holder) > len(producer) && holder[len(producer)] == '.' && strings.HasPrefix(holder, producer)
 }

@@ -51,15 +51,7 @@ func serveRLS(addr string, tc servertls.Config, srv *edge.Server, token string, 
 	if files != nil {
 		creds = append(creds, grpc.Creds(credentials.NewTLS(files.TLSConfig())))
 	}
-	gs := grpc.NewServer(append(creds,
-		grpc.ChainUnaryInterceptor(requireMetadataToken(token)),
-		grpc.MaxRecvMsgSize(1<<20),
-		grpc.ConnectionTimeout(5*time.Second),
-		// Calls run on goroutines kept for them (rlsStreamWorkers).
-		grpc.NumStreamWorkers(rlsStreamWorkers()),
-		// Envoy keeps its connection open and may ping it.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)...)
+	gs := newRLSServer(token, creds...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv.RateLimitService())
 	healthpb.RegisterHealthServer(gs, rlsHealth{srv: srv})
 	log.Info("listening", "addr", ln.Addr().String(), "serves", "envoy.service.ratelimit.v3.RateLimitService (gRPC)",
@@ -70,6 +62,20 @@ func serveRLS(addr string, tc servertls.Config, srv *edge.Server, token string, 
 		}
 	}()
 	return &rlsServer{gs: gs, log: log}, nil
+}
+
+// newRLSServer is the gRPC server the rate-limit service runs on, its
+// calls held to token (requireMetadataToken).
+func newRLSServer(token string, opts ...grpc.ServerOption) *grpc.Server {
+	return grpc.NewServer(append(opts,
+		grpc.ChainUnaryInterceptor(requireMetadataToken(token)),
+		grpc.MaxRecvMsgSize(1<<20),
+		grpc.ConnectionTimeout(5*time.Second),
+		// Calls run on goroutines kept for them (rlsStreamWorkers).
+		grpc.NumStreamWorkers(rlsStreamWorkers()),
+		// Envoy keeps its connection open and may ping it.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)...)
 }
 
 // rlsStreamWorkers is how many goroutines the gRPC server keeps to run

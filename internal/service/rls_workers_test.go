@@ -35,7 +35,9 @@ func (b *blockingRLS) ShouldRateLimit(ctx context.Context, _ *rlsv3.RateLimitReq
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
 }
 
-type servingHealth struct{ healthpb.UnimplementedHealthServer }
+type servingHealth struct {
+	healthpb.UnimplementedHealthServer
+}
 
 func (servingHealth) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil

@@ -93,16 +93,18 @@ end
 -- One EXISTS: the record and every period near now are counted, and read
 -- only when that count says one may be there. A reseed is take.lua's.
 local there = redis.call("EXISTS", KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
--- Nothing there (a client not seen for a few seconds: over many keys
--- nearly every reservation) and no reseed to refill from: the bucket is
--- full, nothing else is held, and when what is granted refills within a
--- second and nothing is spent at once the period is the one write (what
--- the general way below decides then, without the record's tables).
 -- open opens KEYS[1] compact, n units its holder's (PXAT reset + grace +
 -- one second, as take.lua's expiry of a bucket's period).
 local function open(n)
   redis.call("SET", KEYS[1], string.format("%.0f:%.0f:1:%s", n, reset / 1000, holder), "PXAT", int(reset + grace + 1000))
 end
+-- Nothing there (a client not seen for a few seconds: over many keys
+-- nearly every reservation) and no reseed to refill from: the bucket is
+-- full, nothing else is held, and when what is granted refills within a
+-- second and nothing is spent at once the period is the one write (what
+-- the general way below decides then, without the record's tables).
+-- Otherwise fresh is the bucket with no record the general way goes on
+-- from, with nothing to read.
 local fresh = nil
 if there == 0 then
   local d = emptied(KEYS[8], now, limit, rate, every)

@@ -94,13 +94,13 @@ if #holder < 3 or #holder > 100 or not string.find(holder, "^[%w_-][%w_.-]*%.[%w
 end
 if level ~= "" and #level ~= 16 then return redis.error_reply("ERR tally: invalid level") end
 local alone = #KEYS == 3 -- the record, without the other sub-windows
+if alone and level == "" then return redis.error_reply("ERR tally: invalid level") end
 -- open opens KEYS[1] compact, n units its holder's (PXAT reset + grace +
 -- (slices - 1) * len, as take.lua's expiry of a sub-window).
 local function open(n)
   redis.call("SET", KEYS[1], string.format("%.0f:%.0f:%.0f:%s", n, reset / 1000, len / 1000, holder), "PXAT",
     string.format("%.0f", reset + grace + (slices - 1) * len))
 end
-if alone and level == "" then return redis.error_reply("ERR tally: invalid level") end
 
 local n = #KEYS - 1 -- KEYS[n + 1] is the span record
 -- the record this sub-window's spans have: what it says, when it is one
@@ -137,22 +137,19 @@ else
     open(want)
     return { want, want, reset, reset - len, 1, 0, want, -1, 0 }
   end
-  local vs = {}
-  if there > 0 then
-    vs = redis.call("MGET", unpack(KEYS))
-    if vs[2] then
-      return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
+  local vs = redis.call("MGET", unpack(KEYS))
+  if vs[2] then
+    return { -1 } -- a reseed: take.lua tells (window.lua's reseeding)
+  end
+  stored = vs[n + 1]
+  local strings = 0
+  for i = 1, n do
+    if vs[i] then
+      strings = strings + 1
     end
-    stored = vs[n + 1]
-    local strings = 0
-    for i = 1, n do
-      if vs[i] then
-        strings = strings + 1
-      end
-    end
-    if strings ~= there then
-      return { -1 } -- a hash among them: take.lua reads it
-    end
+  end
+  if strings ~= there then
+    return { -1 } -- a hash among them: take.lua reads it
   end
   -- us[m]: the units of the sub-window m after KEYS[1] (m < 0: before).
   local us = { [0] = 0 }
